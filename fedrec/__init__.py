@@ -1,0 +1,1 @@
+"""fedrec: federated recommendation and federated bandits."""

@@ -1,0 +1,316 @@
+"""Linear contextual bandit policies (LinUCB, LinTS) as torch modules over batched ridge statistics.
+
+Every policy holds, for each of ``prod(batch_shape)`` independent rows (clients, replicate seeds, or both):
+the augmented Gram matrix ``G = Σ z zᵀ`` with ``z = [x; y]`` (so ``V = G[:d, :d]`` and ``b = G[:d, d]`` grow
+by one rank-one addition), the inverse ``(V + λI)^{-1}`` kept current by Sherman–Morrison updates, and
+``log det(V + λI)`` kept current by the matrix determinant lemma. A row's inverse and log-determinant are
+recomputed from ``V`` by Cholesky once it has had ``refactor_every`` updates since the last time, which bounds
+the round-off drift of the rank-one updates. Everything is float64.
+
+A step is a pure function of a row's state (:meth:`LinearBandit.gather` → :meth:`scores` / :meth:`advance` →
+:meth:`scatter`), which lets federated protocols compute many clients' steps in one batch.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from fedrec.errors import ConfigError, check_float, check_int
+
+__all__ = ["LinearBandit", "LinUCB", "LinTS", "confidence_radius", "RowState"]
+
+#: a row's state: tensors with a leading row dimension, keyed by buffer name
+RowState = dict[str, Tensor]
+
+
+def confidence_radius(
+    logdet: Tensor, count: Tensor, dim: int, lam: float, sigma: float, delta: float, bound: str = "determinant"
+) -> Tensor:
+    """OFUL radius α_t (Abbasi-Yadkori et al. 2011; Async-LinUCB paper Eq. 5, with ‖θ‖ ≤ 1).
+
+    ``bound="determinant"`` uses log det(V(λ))/det(λI) exactly, as the paper prints it;
+    ``bound="count"`` uses its upper bound d·log(1 + n/(dλ)), as the authors' code does.
+    """
+    if bound == "determinant":
+        info = logdet - dim * math.log(lam)
+    else:
+        info = dim * torch.log1p(count.to(logdet.dtype) / (dim * lam))
+    return sigma * torch.sqrt(info.clamp_min(0) + 2 * math.log(1 / delta)) + math.sqrt(lam)
+
+
+class LinearBandit(nn.Module):
+    """Batched ridge-regression state shared by LinUCB and LinTS.
+
+    Rows are addressed by a flat index into ``batch_shape``; methods taking ``index=None`` act on all rows.
+    """
+
+    #: buffers that make up a row's state
+    state_keys = ("G", "inv", "logdet", "count", "since_refactor")
+
+    def __init__(
+        self,
+        dim: int,
+        lam: float = 1.0,
+        batch_shape: Sequence[int] = (),
+        refactor_every: int = 1000,
+        device: str | torch.device | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim = check_int("dim", dim)
+        self.lam = check_float("lam", lam, low=0.0, low_open=True)
+        self.refactor_every = check_int("refactor_every", refactor_every)
+        self.batch_shape = tuple(check_int("batch_shape", s) for s in batch_shape)
+        rows = math.prod(self.batch_shape)
+        d = self.dim
+        kw = dict(dtype=torch.float64, device=device)
+        eye = torch.eye(d, **kw)
+        self.register_buffer("G", torch.zeros(rows, d + 1, d + 1, **kw))
+        self.register_buffer("inv", (eye / self.lam).expand(rows, d, d).clone())
+        self.register_buffer("logdet", torch.full((rows,), d * math.log(self.lam), **kw))
+        self.register_buffer("count", torch.zeros(rows, dtype=torch.long, device=device))
+        self.register_buffer("since_refactor", torch.zeros(rows, dtype=torch.long, device=device))
+        self.register_buffer("_eye", eye, persistent=False)
+
+    # ------------------------------------------------------------------------------------------ views
+    @property
+    def V(self) -> Tensor:
+        """Unregularised Gram matrices Σ x xᵀ, shape (rows, d, d) (a view into ``G``)."""
+        return self.G[:, : self.dim, : self.dim]
+
+    @property
+    def b(self) -> Tensor:
+        """Response vectors Σ x y, shape (rows, d) (a view into ``G``)."""
+        return self.G[:, : self.dim, self.dim]
+
+    @property
+    def num_rows(self) -> int:
+        return self.G.shape[0]
+
+    def theta(self, index: Tensor | None = None) -> Tensor:
+        """Ridge estimates θ̂ = (V + λI)^{-1} b of the addressed rows, shape (rows, d)."""
+        return _theta(self.gather(self._rows(index)), self.dim)
+
+    # ------------------------------------------------------------------------------- pure row steps
+    def gather(self, rows: Tensor) -> RowState:
+        """Copy the state of ``rows``."""
+        return {k: getattr(self, k).index_select(0, rows) for k in self.state_keys}
+
+    def scatter(self, rows: Tensor, state: RowState) -> None:
+        """Write ``state`` back into ``rows`` (distinct) and refactorise rows that are due."""
+        for k in self.state_keys:
+            getattr(self, k).index_copy_(0, rows, state[k])
+        due = state["since_refactor"] >= self.refactor_every
+        if bool(due.any()):
+            self.refactor(rows[due])
+
+    def scores(self, contexts: Tensor, state: RowState) -> Tensor:  # pragma: no cover - abstract
+        """Scores (m, K) of the arms ``contexts`` (m, K, d) for rows in ``state``."""
+        raise NotImplementedError
+
+    def advance(self, state: RowState, x: Tensor, r: Tensor) -> tuple[RowState, Tensor, Tensor]:
+        """State after observing (x, r): Sherman–Morrison inverse and determinant-lemma log-det.
+
+        Returns (new state, z zᵀ with z = [x; r], log(1 + xᵀ(V+λI)^{-1}x)). Rejects non-finite inputs.
+        """
+        z = torch.cat([x, r.unsqueeze(-1)], dim=-1)
+        if not bool(torch.isfinite(z).all()):
+            raise ValueError("reward and context must be finite (got NaN or inf)")
+        inv = state["inv"]
+        Ax = torch.bmm(inv, x.unsqueeze(-1))  # (m, d, 1)
+        denom = torch.bmm(x.unsqueeze(-2), Ax).add_(1.0)  # (m, 1, 1)
+        gain = denom.view(-1).log()
+        zz = z.unsqueeze(-1) * z.unsqueeze(-2)
+        new = {
+            "G": state["G"] + zz,
+            "inv": inv - torch.bmm(Ax, Ax.transpose(-1, -2)).div_(denom),
+            "logdet": state["logdet"] + gain,
+            "count": state["count"] + 1,
+            "since_refactor": state["since_refactor"] + 1,
+        }
+        return new, zz, gain
+
+    @staticmethod
+    def pick(contexts: Tensor, rewards: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Arg-max arms (the lowest index on ties) with their contexts and rewards (``rewards`` is (m, K))."""
+        arms = torch.argmax(scores, dim=-1)
+        col = arms.view(-1, 1)
+        x = contexts.gather(1, col.unsqueeze(-1).expand(-1, 1, contexts.shape[-1])).squeeze(1)
+        return arms, x, rewards.to(contexts.dtype).gather(1, col).squeeze(1)
+
+    # ------------------------------------------------------------------------------------------- API
+    def _rows(self, index: Tensor | None) -> Tensor:
+        if index is None:
+            return torch.arange(self.num_rows, device=self.G.device)
+        return torch.as_tensor(index, dtype=torch.long, device=self.G.device).reshape(-1)
+
+    def _flat_contexts(self, contexts: Tensor, index: Tensor | None) -> Tensor:
+        contexts = torch.as_tensor(contexts, dtype=torch.float64, device=self.G.device)
+        if contexts.dim() < 2 or contexts.shape[-1] != self.dim:
+            raise ValueError(f"contexts must have shape (..., K, {self.dim}), got {tuple(contexts.shape)}")
+        if contexts.shape[-2] < 1:
+            raise ValueError("contexts must hold at least one arm (K >= 1)")
+        if index is None:
+            expected = self.batch_shape + tuple(contexts.shape[-2:])
+            if tuple(contexts.shape) != expected:
+                raise ValueError(f"contexts must have shape {expected}, got {tuple(contexts.shape)}")
+        return contexts.reshape(-1, *contexts.shape[-2:])
+
+    @torch.no_grad()
+    def select(self, contexts: Tensor, index: Tensor | None = None) -> Tensor:
+        """Pick one arm per addressed row: the arg-max of the policy's scores, ties to the lowest index.
+
+        ``contexts`` is ``(*batch_shape, K, d)`` when ``index`` is None, else ``(len(index), K, d)``.
+        Returns arm indices shaped like the addressed rows (a 0-d tensor for an unbatched policy).
+        """
+        flat = self._flat_contexts(contexts, index)
+        arms = torch.argmax(self.scores(flat, self.gather(self._rows(index))), dim=-1)
+        return arms.reshape(self.batch_shape) if index is None else arms
+
+    @torch.no_grad()
+    def update(self, x: Tensor, reward: Tensor | float, index: Tensor | None = None) -> None:
+        """Add observations (x, reward) to the addressed (distinct) rows. Rejects NaN/inf inputs."""
+        rows = self._rows(index)
+        x = torch.as_tensor(x, dtype=torch.float64, device=self.G.device).reshape(-1, self.dim)
+        r = torch.as_tensor(reward, dtype=torch.float64, device=self.G.device).reshape(-1)
+        if x.shape[0] != rows.shape[0] or r.shape[0] != rows.shape[0]:
+            raise ValueError(
+                f"update expects one context and one reward per addressed row ({rows.shape[0]}), "
+                f"got {x.shape[0]} contexts and {r.shape[0]} rewards"
+            )
+        self.scatter(rows, self.advance(self.gather(rows), x, r)[0])
+
+    @torch.no_grad()
+    def play(self, contexts: Tensor, rewards: Tensor, index: Tensor | None = None) -> Tensor:
+        """One simulated step: select arms, read the picked arms' rewards from ``rewards`` (…, K), update.
+
+        Equivalent to :meth:`select` followed by :meth:`update`, but gathers each row's state once.
+        """
+        flat = self._flat_contexts(contexts, index)
+        rows = self._rows(index)
+        state = self.gather(rows)
+        r = torch.as_tensor(rewards, device=self.G.device).reshape(flat.shape[:2])
+        arms, x, r = self.pick(flat, r, self.scores(flat, state))
+        self.scatter(rows, self.advance(state, x, r)[0])
+        return arms.reshape(self.batch_shape) if index is None else arms
+
+    @torch.no_grad()
+    def refactor(self, index: Tensor | None = None) -> None:
+        """Recompute inverse and log-determinant of the addressed rows from V by Cholesky."""
+        rows = self._rows(index)
+        if rows.numel() == 0:
+            return
+        L = torch.linalg.cholesky(self.V[rows] + self.lam * self._eye)
+        self.inv[rows] = torch.cholesky_inverse(L)
+        self.logdet[rows] = 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+        self.since_refactor[rows] = 0
+
+    @torch.no_grad()
+    def add_statistics(self, index: Tensor, dG: Tensor, dcount: Tensor | int = 0) -> None:
+        """Add aggregated augmented statistics ``dG`` (e.g. a server download) to the rows and refactorise."""
+        self.G[index] += dG
+        self.count[index] += dcount
+        self.refactor(index)
+
+    @torch.no_grad()
+    def set_statistics(self, index: Tensor, G: Tensor, count: Tensor | int) -> None:
+        """Overwrite the augmented statistics of the addressed rows with ``G`` and refactorise."""
+        self.G[index] = G
+        self.count[index] = count
+        self.refactor(index)
+
+    @torch.no_grad()
+    def broadcast_statistics(self, index: Tensor, G: Tensor, count: Tensor | int) -> None:
+        """Give every addressed row the same statistics ``G`` (d+1, d+1), factorising it once."""
+        L = torch.linalg.cholesky(G[: self.dim, : self.dim] + self.lam * self._eye)
+        self.G[index] = G
+        self.count[index] = count
+        self.inv[index] = torch.cholesky_inverse(L)
+        self.logdet[index] = 2 * torch.log(torch.diagonal(L)).sum()
+        self.since_refactor[index] = 0
+
+
+def _theta(state: RowState, dim: int) -> Tensor:
+    return torch.bmm(state["inv"], state["G"][:, :dim, dim:]).squeeze(-1)
+
+
+class LinUCB(LinearBandit):
+    """LinUCB / OFUL: score = xᵀθ̂ + α·‖x‖_{(V+λI)^{-1}} (Async-LinUCB paper Eq. 5).
+
+    ``alpha`` fixes the exploration weight; ``alpha=None`` uses the theoretical radius of
+    :func:`confidence_radius` with noise level ``sigma`` and confidence ``delta``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        alpha: float | None = 1.0,
+        lam: float = 1.0,
+        batch_shape: Sequence[int] = (),
+        sigma: float = 0.1,
+        delta: float = 0.1,
+        radius_bound: str = "determinant",
+        refactor_every: int = 1000,
+        device: str | torch.device | None = None,
+    ) -> None:
+        super().__init__(dim, lam, batch_shape, refactor_every, device)
+        self.alpha = None if alpha is None else check_float("alpha", alpha, low=0.0)
+        self.sigma = check_float("sigma", sigma, low=0.0)
+        self.delta = check_float("delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
+        if radius_bound not in ("determinant", "count"):
+            raise ConfigError(f"radius_bound must be 'determinant' or 'count', got {radius_bound!r}")
+        self.radius_bound = radius_bound
+
+    def radius(self, state: RowState) -> Tensor | float:
+        """Exploration weight α of the rows in ``state``."""
+        if self.alpha is not None:
+            return self.alpha
+        return confidence_radius(
+            state["logdet"], state["count"], self.dim, self.lam, self.sigma, self.delta, self.radius_bound
+        )
+
+    def scores(self, contexts: Tensor, state: RowState) -> Tensor:
+        CA = torch.bmm(contexts, state["inv"])  # (m, K, d); xᵀθ̂ = xᵀ(V+λI)^{-1} b
+        mean = torch.bmm(CA, state["G"][:, : self.dim, self.dim :]).squeeze(-1)
+        width = (CA * contexts).sum(-1).clamp_min_(0).sqrt_()
+        alpha = self.radius(state)
+        if isinstance(alpha, Tensor):
+            return torch.addcmul(mean, alpha.unsqueeze(-1), width)
+        return mean.add_(width, alpha=alpha)
+
+
+class LinTS(LinearBandit):
+    """Linear Thompson sampling: score = xᵀθ̃ with θ̃ ~ N(θ̂, v²(V+λI)^{-1}) (Agrawal & Goyal 2013).
+
+    Draws come from the module's own generator (seeded by ``seed``) whose state is part of ``state_dict``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        v: float = 1.0,
+        lam: float = 1.0,
+        batch_shape: Sequence[int] = (),
+        seed: int = 0,
+        refactor_every: int = 1000,
+        device: str | torch.device | None = None,
+    ) -> None:
+        super().__init__(dim, lam, batch_shape, refactor_every, device)
+        self.v = check_float("v", v, low=0.0)
+        self.generator = torch.Generator(device=self.G.device)
+        self.generator.manual_seed(int(seed))
+
+    def scores(self, contexts: Tensor, state: RowState) -> Tensor:
+        theta = _theta(state, self.dim)
+        L = torch.linalg.cholesky(state["inv"])
+        z = torch.randn(theta.shape, generator=self.generator, dtype=theta.dtype, device=theta.device)
+        sample = theta + self.v * torch.bmm(L, z.unsqueeze(-1)).squeeze(-1)
+        return torch.bmm(contexts, sample.unsqueeze(-1)).squeeze(-1)
+
+    def get_extra_state(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,1 @@
+"""Bandit environments: synthetic linear worlds and streams built from real interaction logs."""

@@ -1,0 +1,101 @@
+"""Bandit environments: a deterministic stream of (active client, arm contexts, rewards) per replicate."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedrec.errors import check_int
+
+
+@dataclass
+class Interactions:
+    """Steps [start, stop) of every replicate's stream.
+
+    ``rewards = expected + noise[..., None]``: the noise of a step is shared by all its arms, so the regret
+    ``max(expected) - expected[arm]`` is the pseudo-regret of the papers.
+    """
+
+    clients: Tensor  # (R, S) long: active client of each step
+    contexts: Tensor  # (R, S, K, d) float64: the arm set A_t
+    expected: Tensor  # (R, S, K) float64: expected reward of each arm for the active client
+    noise: Tensor  # (R, S) float64: reward noise of the step
+
+    @property
+    def rewards(self) -> Tensor:
+        return self.expected + self.noise.unsqueeze(-1)
+
+
+@dataclass
+class Chunk:
+    """One replicate's steps of one chunk, as numpy arrays (see :class:`Interactions`)."""
+
+    clients: np.ndarray  # (S,)
+    contexts: np.ndarray  # (S, K, d)
+    expected: np.ndarray  # (S, K)
+    noise: np.ndarray  # (S,)
+
+
+class BanditEnv:
+    """Base class: subclasses generate chunk ``c`` of replicate ``r`` from a generator derived from (seed, r, c).
+
+    Chunks are pure functions of their indices, so any window of the stream can be regenerated after a
+    resume without stored generator state.
+    """
+
+    name = "env"
+    #: number of steps available (None: unbounded)
+    horizon: int | None = None
+    #: rewards are 0/1 click logs: report reward normalised by a uniformly random policy
+    binary_rewards: bool = False
+
+    def __init__(
+        self, num_clients: int, dim: int, num_arms: int, replicates: int = 1, seed: int = 0, chunk_size: int = 1000
+    ) -> None:
+        self.num_clients = check_int("num_clients", num_clients)
+        self.dim = check_int("dim", dim)
+        self.num_arms = check_int("num_arms", num_arms)
+        self.replicates = check_int("replicates", replicates)
+        self.seed = int(seed)
+        self.chunk_size = check_int("chunk_size", chunk_size)
+        self._cache: dict[tuple[int, int], Chunk] = {}
+
+    def chunk(self, replicate: int, index: int) -> Chunk:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _cached_chunk(self, replicate: int, index: int) -> Chunk:
+        key = (replicate, index)
+        if key not in self._cache:
+            if len(self._cache) >= 2 * self.replicates:
+                self._cache.clear()
+            self._cache[key] = self.chunk(replicate, index)
+        return self._cache[key]
+
+    def interactions(self, start: int, stop: int) -> Interactions:
+        """The steps [start, stop) of every replicate, stacked into tensors."""
+        if self.horizon is not None and stop > self.horizon:
+            raise ValueError(f"{self.name}: the stream has {self.horizon} steps, asked for steps up to {stop}")
+        parts: list[list[Chunk]] = []
+        for r in range(self.replicates):
+            pieces = []
+            t = start
+            while t < stop:
+                c, off = divmod(t, self.chunk_size)
+                end = min(stop - c * self.chunk_size, self.chunk_size)
+                ch = self._cached_chunk(r, c)
+                pieces.append(Chunk(ch.clients[off:end], ch.contexts[off:end], ch.expected[off:end], ch.noise[off:end]))
+                t = c * self.chunk_size + end
+            parts.append(pieces)
+
+        def stack(field: str, dtype: torch.dtype) -> Tensor:
+            per_rep = [np.concatenate([getattr(p, field) for p in pieces]) for pieces in parts]
+            return torch.from_numpy(np.stack(per_rep)).to(dtype)
+
+        return Interactions(
+            clients=stack("clients", torch.long),
+            contexts=stack("contexts", torch.float64),
+            expected=stack("expected", torch.float64),
+            noise=stack("noise", torch.float64),
+        )

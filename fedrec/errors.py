@@ -1,0 +1,60 @@
+"""User-facing errors and argument checks that name the offending field."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A configuration value or input file is invalid; the message names the field and what was expected."""
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset file is missing; the message names the expected path and how to obtain it."""
+
+
+def check_int(name: str, value: object, minimum: int = 1) -> int:
+    """Return ``value`` as an int, or raise ConfigError naming ``name`` if it is not an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) and not (
+        isinstance(value, float) and value.is_integer()
+    ):
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if int(value) < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_float(
+    name: str,
+    value: object,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_inf: bool = False,
+) -> float:
+    """Return ``value`` as a float inside the given interval, or raise ConfigError naming ``name``."""
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    if math.isnan(v) or (math.isinf(v) and not allow_inf):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    too_low = v <= low if low_open else v < low
+    too_high = v >= high if high_open else v > high
+    if too_low or too_high:
+        lo = "(" if low_open else "["
+        hi = ")" if high_open else "]"
+        raise ConfigError(f"{name} must lie in {lo}{low}, {high}{hi}, got {value!r}")
+    return v
+
+
+def check_file(path: Path, how_to_get: str) -> Path:
+    """Return ``path`` if it is an existing file, else raise DatasetNotFoundError saying how to get it."""
+    if not path.is_file():
+        raise DatasetNotFoundError(
+            f"dataset file not found: {path}\n{how_to_get}\n"
+            "Set FEDREC_DATA_DIR (or data_dir=...) to the folder that holds the datasets."
+        )
+    return path

@@ -1,0 +1,30 @@
+"""The channel every federated message passes: it counts the message in the ledger and delivers it."""
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from fedrec.federation.ledger import DIRECTIONS, CommLedger
+
+
+class Channel(nn.Module):
+    """Delivers batched messages between clients and server and records them in a :class:`CommLedger`.
+
+    A message's size is its number of scalars; ``symmetric`` matrices may be sent as their upper triangle,
+    which changes only what is counted. Subclasses may transform payloads in transit (noise, quantisation).
+    """
+
+    def __init__(self, replicates: int = 1, bytes_per_scalar: int = 8) -> None:
+        super().__init__()
+        self.ledger = CommLedger(replicates)
+        self.bytes_per_scalar = int(bytes_per_scalar)
+
+    def send(self, direction: str, owners: Tensor, payload: Tensor, scalars_per_message: int) -> Tensor:
+        """Send one message per row of ``payload``; ``owners`` names each message's replicate."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        self.ledger.record(direction, owners, scalars_per_message, self.bytes_per_scalar)
+        return payload
+
+    def broadcast(self, direction: str, messages: Tensor, scalars_per_message: int) -> None:
+        """Count ``messages[r]`` identical messages per replicate (e.g. a server broadcast of one tensor)."""
+        self.ledger.record_counts(direction, messages, scalars_per_message, self.bytes_per_scalar)

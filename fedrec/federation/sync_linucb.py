@@ -1,0 +1,96 @@
+"""Sync-LinUCB (the paper's Algorithm 4, DisLinUCB of Wang et al. 2019 adapted): global sync rounds."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from fedrec.errors import check_float
+from fedrec.bandits.linear import LinearBandit, RowState
+from fedrec.federation.protocol import EventTriggeredProtocol, make_linucb
+
+
+class SyncLinUCB(EventTriggeredProtocol):
+    """Every client uploads and downloads whenever the active client's Δt_i·log(det V_i(λ)/det S_i(λ)) > D.
+
+    A sync round costs 2 messages per registered client (idle clients upload empty buffers too), after which
+    every registered client holds the server aggregate (V_g, b_g).
+    """
+
+    def __init__(
+        self,
+        num_clients: int,
+        dim: int,
+        replicates: int = 1,
+        threshold: float = 10.0,
+        lam: float = 0.1,
+        alpha: float | None = None,
+        sigma: float = 0.1,
+        delta: float = 0.1,
+        radius_bound: str = "determinant",
+        preregister: bool = False,
+        refactor_every: int = 1000,
+    ) -> None:
+        super().__init__(num_clients, dim, replicates)
+        self.threshold = check_float("threshold", threshold, low=0.0, allow_inf=True)
+        R, N, d = self.replicates, self.num_clients, self.dim
+        self.policy = make_linucb(d, (R, N), lam, alpha, sigma, delta, radius_bound, refactor_every)
+        self.lam = self.policy.lam
+        kw = dict(dtype=torch.float64)
+        self.register_buffer("buffer", torch.zeros(R * N, d + 1, d + 1, **kw))
+        self.register_buffer("buffer_count", torch.zeros(R * N, dtype=torch.long))
+        self.register_buffer("steps_since_sync", torch.zeros(R * N, dtype=torch.long))
+        self.register_buffer("synced_logdet", torch.full((R * N,), d * math.log(self.lam), **kw))
+        self.register_buffer("registered", torch.full((R * N,), bool(preregister)))
+        self.register_buffer("server", torch.zeros(R, d + 1, d + 1, **kw))
+        self.register_buffer("server_count", torch.zeros(R, dtype=torch.long))
+        self.register_buffer("sync_rounds", torch.zeros(R, dtype=torch.long))
+
+    @property
+    def message_scalars(self) -> int:
+        return self.dim * self.dim + self.dim
+
+    def _bandits(self) -> dict[str, LinearBandit]:
+        return {"policy": self.policy}
+
+    def _row_buffers(self) -> dict[str, Tensor]:
+        return {
+            "buffer": self.buffer, "buffer_count": self.buffer_count,
+            "steps_since_sync": self.steps_since_sync, "registered": self.registered,
+        }
+
+    def _advance(self, rows: Tensor, contexts: Tensor, rewards: Tensor, state: RowState):
+        pol = self.policy
+        local = {k: state[f"policy.{k}"] for k in pol.state_keys}
+        arms, x, r = pol.pick(contexts, rewards, pol.scores(contexts, local))
+        local, zz, _ = pol.advance(local, x, r)
+        new = {f"policy.{k}": v for k, v in local.items()}
+        new["buffer"] = state["buffer"] + zz
+        new["buffer_count"] = state["buffer_count"] + 1
+        new["steps_since_sync"] = state["steps_since_sync"] + 1
+        new["registered"] = torch.ones_like(state["registered"])
+        gain = local["logdet"] - self.synced_logdet[rows]
+        due = new["steps_since_sync"].to(torch.float64) * gain > self.threshold
+        return arms, due, new
+
+    def _communicate(self, rows: Tensor) -> None:
+        for rep in (rows // self.num_clients).tolist():
+            self._sync(rep)
+
+    def _sync(self, rep: int) -> None:
+        """One global synchronisation of replicate ``rep``: all registered clients upload, then download."""
+        N = self.num_clients
+        members = self.registered[rep * N : (rep + 1) * N].nonzero().view(-1) + rep * N
+        n = members.numel()
+        owners = torch.full((n,), rep, dtype=torch.long)
+        uploads = self.channel.send("upload", owners, self.buffer[members], self.message_scalars)
+        self.server[rep] += uploads.sum(0)
+        self.server_count[rep] += self.buffer_count[members].sum()
+        self.channel.send("download", owners, self.server[rep].expand(n, -1, -1), self.message_scalars)
+        self.policy.broadcast_statistics(members, self.server[rep], self.server_count[rep])
+        self.synced_logdet[members] = self.policy.logdet[members]
+        self.buffer[members] = 0
+        self.buffer_count[members] = 0
+        self.steps_since_sync[members] = 0
+        self.sync_rounds[rep] += 1

@@ -1,0 +1,5 @@
+"""Tasks: what one round of a federated run does (the LightningModule analogue)."""
+from fedrec.tasks.bandit import BanditTask
+from fedrec.tasks.base import FederatedTask
+
+__all__ = ["BanditTask", "FederatedTask"]

@@ -1,0 +1,5 @@
+"""Trainer core: the federated loop, callbacks, checkpoints."""
+from fedrec.trainer.callbacks import Callback, ProgressBar
+from fedrec.trainer.trainer import FederatedTrainer
+
+__all__ = ["Callback", "FederatedTrainer", "ProgressBar"]
