@@ -48,6 +48,10 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
         output_dir = HydraConfig.get().runtime.output_dir
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.get("num_threads"):
+        import torch
+
+        torch.set_num_threads(int(cfg.num_threads))
     atomic_write(out / "config_resolved.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)), mode="w")
 
     from fedrec.trainer import FederatedTrainer

@@ -98,9 +98,9 @@ def test_communication_obeys_the_per_client_pigeonhole_bounds():
     uploads = torch.zeros(N, dtype=torch.long)
     downloads = torch.zeros(N, dtype=torch.long)
     for s in range(T):
-        up0, down0 = p.ledger.upload_messages.item(), p.synced_logdet.clone()
+        up0, down0 = p.ledger.totals()["comm_upload_messages"].item(), p.synced_logdet.clone()
         p.step(it.clients[:, s], it.contexts[:, s], it.rewards[:, s])
-        if p.ledger.upload_messages.item() > up0:
+        if p.ledger.totals()["comm_upload_messages"].item() > up0:
             uploads[int(it.clients[0, s])] += 1
         downloads += (p.synced_logdet != down0).long()
     downloads -= uploads  # an upload also moves the uploader's cached log det; count downloads only

@@ -8,7 +8,8 @@ recomputed from ``V`` by Cholesky once it has had ``refactor_every`` updates sin
 the round-off drift of the rank-one updates. Everything is float64.
 
 A step is a pure function of a row's state (:meth:`LinearBandit.gather` → :meth:`scores` / :meth:`advance` →
-:meth:`scatter`), which lets federated protocols compute many clients' steps in one batch.
+:meth:`scatter`), which lets federated protocols compute many clients' steps in one batch. ``G`` is not part
+of that state: it only ever grows by the z zᵀ a step returns, so callers add those to ``G`` directly.
 """
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ class LinearBandit(nn.Module):
     Rows are addressed by a flat index into ``batch_shape``; methods taking ``index=None`` act on all rows.
     """
 
-    #: buffers that make up a row's state
-    state_keys = ("G", "inv", "logdet", "count", "since_refactor")
+    #: a row's state; ``b`` is a copy of the b column of ``G`` and is never scattered back
+    state_keys = ("inv", "logdet", "b", "count", "since_refactor")
 
     def __init__(
         self,
@@ -91,7 +92,7 @@ class LinearBandit(nn.Module):
 
     def theta(self, index: Tensor | None = None) -> Tensor:
         """Ridge estimates θ̂ = (V + λI)^{-1} b of the addressed rows, shape (rows, d)."""
-        return _theta(self.gather(self._rows(index)), self.dim)
+        return _theta(self.gather(self._rows(index)))
 
     # ------------------------------------------------------------------------------- pure row steps
     def gather(self, rows: Tensor) -> RowState:
@@ -99,9 +100,13 @@ class LinearBandit(nn.Module):
         return {k: getattr(self, k).index_select(0, rows) for k in self.state_keys}
 
     def scatter(self, rows: Tensor, state: RowState) -> None:
-        """Write ``state`` back into ``rows`` (distinct) and refactorise rows that are due."""
+        """Write ``state`` back into ``rows`` (distinct) and refactorise rows that are due.
+
+        The rows' z zᵀ must already have been added to ``G`` (refactorisation reads V from it).
+        """
         for k in self.state_keys:
-            getattr(self, k).index_copy_(0, rows, state[k])
+            if k != "b":
+                getattr(self, k).index_copy_(0, rows, state[k])
         due = state["since_refactor"] >= self.refactor_every
         if bool(due.any()):
             self.refactor(rows[due])
@@ -110,10 +115,10 @@ class LinearBandit(nn.Module):
         """Scores (m, K) of the arms ``contexts`` (m, K, d) for rows in ``state``."""
         raise NotImplementedError
 
-    def advance(self, state: RowState, x: Tensor, r: Tensor) -> tuple[RowState, Tensor, Tensor]:
+    def advance(self, state: RowState, x: Tensor, r: Tensor) -> tuple[RowState, Tensor]:
         """State after observing (x, r): Sherman–Morrison inverse and determinant-lemma log-det.
 
-        Returns (new state, z zᵀ with z = [x; r], log(1 + xᵀ(V+λI)^{-1}x)). Rejects non-finite inputs.
+        Returns (new state, z = [x; r]); the caller adds z zᵀ to ``G``. Rejects non-finite inputs.
         """
         z = torch.cat([x, r.unsqueeze(-1)], dim=-1)
         if not bool(torch.isfinite(z).all()):
@@ -121,16 +126,18 @@ class LinearBandit(nn.Module):
         inv = state["inv"]
         Ax = torch.bmm(inv, x.unsqueeze(-1))  # (m, d, 1)
         denom = torch.bmm(x.unsqueeze(-2), Ax).add_(1.0)  # (m, 1, 1)
-        gain = denom.view(-1).log()
-        zz = z.unsqueeze(-1) * z.unsqueeze(-2)
         new = {
-            "G": state["G"] + zz,
             "inv": inv - torch.bmm(Ax, Ax.transpose(-1, -2)).div_(denom),
-            "logdet": state["logdet"] + gain,
+            "logdet": state["logdet"] + denom.view(-1).log(),
+            "b": state["b"] + x * r.unsqueeze(-1),  # the same arithmetic as G's b column gets from z zᵀ
             "count": state["count"] + 1,
             "since_refactor": state["since_refactor"] + 1,
         }
-        return new, zz, gain
+        return new, z
+
+    def absorb(self, rows: Tensor, z: Tensor) -> None:
+        """Add z zᵀ to ``G`` of the (distinct) ``rows``."""
+        self.G.index_add_(0, rows, outer(z))
 
     @staticmethod
     def pick(contexts: Tensor, rewards: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -180,7 +187,9 @@ class LinearBandit(nn.Module):
                 f"update expects one context and one reward per addressed row ({rows.shape[0]}), "
                 f"got {x.shape[0]} contexts and {r.shape[0]} rewards"
             )
-        self.scatter(rows, self.advance(self.gather(rows), x, r)[0])
+        new, z = self.advance(self.gather(rows), x, r)
+        self.absorb(rows, z)
+        self.scatter(rows, new)
 
     @torch.no_grad()
     def play(self, contexts: Tensor, rewards: Tensor, index: Tensor | None = None) -> Tensor:
@@ -193,7 +202,9 @@ class LinearBandit(nn.Module):
         state = self.gather(rows)
         r = torch.as_tensor(rewards, device=self.G.device).reshape(flat.shape[:2])
         arms, x, r = self.pick(flat, r, self.scores(flat, state))
-        self.scatter(rows, self.advance(state, x, r)[0])
+        new, z = self.advance(state, x, r)
+        self.absorb(rows, z)
+        self.scatter(rows, new)
         return arms.reshape(self.batch_shape) if index is None else arms
 
     @torch.no_grad()
@@ -232,8 +243,13 @@ class LinearBandit(nn.Module):
         self.since_refactor[index] = 0
 
 
-def _theta(state: RowState, dim: int) -> Tensor:
-    return torch.bmm(state["inv"], state["G"][:, :dim, dim:]).squeeze(-1)
+def outer(z: Tensor) -> Tensor:
+    """Batched outer products z zᵀ of the rows of ``z`` (m, n) -> (m, n, n)."""
+    return z.unsqueeze(-1) * z.unsqueeze(-2)
+
+
+def _theta(state: RowState) -> Tensor:
+    return torch.bmm(state["inv"], state["b"].unsqueeze(-1)).squeeze(-1)
 
 
 class LinUCB(LinearBandit):
@@ -273,7 +289,7 @@ class LinUCB(LinearBandit):
 
     def scores(self, contexts: Tensor, state: RowState) -> Tensor:
         CA = torch.bmm(contexts, state["inv"])  # (m, K, d); xᵀθ̂ = xᵀ(V+λI)^{-1} b
-        mean = torch.bmm(CA, state["G"][:, : self.dim, self.dim :]).squeeze(-1)
+        mean = torch.bmm(CA, state["b"].unsqueeze(-1)).squeeze(-1)
         width = (CA * contexts).sum(-1).clamp_min_(0).sqrt_()
         alpha = self.radius(state)
         if isinstance(alpha, Tensor):
@@ -303,7 +319,7 @@ class LinTS(LinearBandit):
         self.generator.manual_seed(int(seed))
 
     def scores(self, contexts: Tensor, state: RowState) -> Tensor:
-        theta = _theta(state, self.dim)
+        theta = _theta(state)
         L = torch.linalg.cholesky(state["inv"])
         z = torch.randn(theta.shape, generator=self.generator, dtype=theta.dtype, device=theta.device)
         sample = theta + self.v * torch.bmm(L, z.unsqueeze(-1)).squeeze(-1)

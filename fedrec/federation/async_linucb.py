@@ -76,19 +76,21 @@ class AsyncLinUCB(EventTriggeredProtocol):
         return {"policy": self.policy}
 
     def _row_buffers(self) -> dict[str, Tensor]:
-        return {"buffer": self.buffer, "buffer_count": self.buffer_count, "registered": self.registered}
+        return {"buffer_count": self.buffer_count, "registered": self.registered}
+
+    def _additive(self) -> list[Tensor]:
+        return [self.policy.G, self.buffer]
 
     def _advance(self, rows: Tensor, contexts: Tensor, rewards: Tensor, state: RowState):
         pol = self.policy
         local = {k: state[f"policy.{k}"] for k in pol.state_keys}
         arms, x, r = pol.pick(contexts, rewards, pol.scores(contexts, local))
-        local, zz, _ = pol.advance(local, x, r)
+        local, z = pol.advance(local, x, r)
         new = {f"policy.{k}": v for k, v in local.items()}
-        new["buffer"] = state["buffer"] + zz
         new["buffer_count"] = state["buffer_count"] + 1
         new["registered"] = torch.ones_like(state["registered"])  # a newcomer has S_j = 0 (ΔV_{−j} = V_g)
         due = (local["logdet"] - self.synced_logdet[rows]) > self.log_gamma_u  # Eq. (3)
-        return arms, due, new
+        return arms, due, new, z
 
     def _window_limit(self, rows: Tensor) -> Tensor:
         """With ``check_on_register``, a newcomer's registration (and possible download) opens a window."""
@@ -107,43 +109,51 @@ class AsyncLinUCB(EventTriggeredProtocol):
         return torch.where(new, torch.arange(w), w).min(-1).values
 
     # --------------------------------------------------------------------------- Algorithm 1
-    def _communicate(self, rows: Tensor) -> None:
+    def _communicate(self, rows: Tensor) -> Tensor:
         """Upload (Eq. 3 fired for ``rows``), then check the download trigger (Eq. 4) of every registered client."""
-        up_rows = rows
-        reps = up_rows // self.num_clients
-        payload = self.channel.send("upload", reps, self.buffer[up_rows], self.message_scalars)
-        self.server.index_add_(0, reps, payload)
-        self.server_count.index_add_(0, reps, self.buffer_count[up_rows])
-        self.synced_logdet[up_rows] = self.policy.logdet[up_rows]  # S_i = V_i after the upload
-        self.synced_count[up_rows] += self.buffer_count[up_rows]
-        self.buffer[up_rows] = 0
-        self.buffer_count[up_rows] = 0
-        self.server_logdet[reps] = _logdet_reg(self.server[reps], self.dim, self.lam)
+        reps = rows // self.num_clients
+        counts = self.buffer_count[rows]
+        self.server.index_add_(0, reps, self.channel.send("upload", reps, self.buffer[rows], self.message_scalars))
+        self.server_count.index_add_(0, reps, counts)
+        self.synced_logdet[rows] = self.policy.logdet[rows]  # S_i = V_i after the upload
+        self.synced_count[rows] += counts
+        self.buffer[rows] = 0
+        self.buffer_count[rows] = 0
+        L = torch.linalg.cholesky_ex(self.server[reps, :-1, :-1] + self.lam * self.policy._eye).L
+        self.server_logdet[reps] = 2 * torch.diagonal(L, dim1=-2, dim2=-1).log().sum(-1)
         if self.log_gamma_d == math.inf:
-            return
+            return rows
         R, N = self.replicates, self.num_clients
-        gap = self.server_logdet.view(-1, 1) - self.synced_logdet.view(R, N)
-        due = (gap > self.log_gamma_d) & self.registered.view(R, N)
-        uploaded = torch.zeros(R, dtype=torch.bool)
-        uploaded[reps] = True
-        due &= uploaded.view(-1, 1)  # only the servers that just received an upload
+        due = (self.server_logdet[reps].view(-1, 1) - self.synced_logdet.view(R, N)[reps]) > self.log_gamma_d
+        due &= self.registered.view(R, N)[reps]
         if not self.download_to_uploader:
-            due.view(-1)[up_rows] = False
-        down_rows = due.view(-1).nonzero().view(-1)
-        if down_rows.numel():
-            self._download(down_rows // N, down_rows)
+            due[torch.arange(len(rows)), rows % N] = False
+        hit = due.nonzero()
+        if hit.numel() == 0:
+            return rows
+        down_reps = reps[hit[:, 0]]
+        down_rows = down_reps * N + hit[:, 1]
+        self._download(down_reps, down_rows, torch.cholesky_inverse(L)[hit[:, 0]])
+        return torch.cat([rows, down_rows])
 
-    def _download(self, reps: Tensor, rows: Tensor) -> None:
-        """Send ΔV_{−j} = V_g − S_j to the addressed clients (Eq. 4)."""
-        synced = self.policy.G[rows] - self.buffer[rows]
-        payload = self.channel.send("download", reps, self.server[reps] - synced, self.message_scalars)
-        self.policy.add_statistics(rows, payload, self.server_count[reps] - self.synced_count[rows])
+    def _download(self, reps: Tensor, rows: Tensor, server_inv: Tensor | None = None) -> None:
+        """Send ΔV_{−j} = V_g − S_j to the addressed clients (Eq. 4).
+
+        A client with an empty upload buffer then holds exactly V_g, so it takes the server's inverse
+        ``server_inv`` (when given) instead of refactorising.
+        """
+        pol = self.policy
+        synced = pol.G[rows] - self.buffer[rows]
+        pol.G.index_add_(0, rows, self.channel.send("download", reps, self.server[reps] - synced, self.message_scalars))
+        pol.count[rows] += self.server_count[reps] - self.synced_count[rows]
         self.synced_logdet[rows] = self.server_logdet[reps]
         self.synced_count[rows] = self.server_count[reps]
-
-
-def _logdet_reg(G: Tensor, dim: int, lam: float) -> Tensor:
-    """log det(V + λI) of the V block of augmented statistics ``G`` (batched)."""
-    V = G[..., :dim, :dim] + lam * torch.eye(dim, dtype=G.dtype, device=G.device)
-    L = torch.linalg.cholesky(V)
-    return 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+        if server_inv is None:
+            pol.refactor(rows)
+            return
+        empty = self.buffer_count[rows] == 0
+        in_sync = rows[empty]
+        pol.inv[in_sync] = server_inv[empty]
+        pol.logdet[in_sync] = self.server_logdet[reps[empty]]
+        pol.since_refactor[in_sync] = 0
+        pol.refactor(rows[~empty])

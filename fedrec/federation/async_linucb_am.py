@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedrec.bandits.linear import LinearBandit, RowState
+from fedrec.bandits.linear import LinearBandit, RowState, outer
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.federation.async_linucb import AsyncLinUCB
 from fedrec.federation.protocol import make_linucb
@@ -104,13 +104,20 @@ class AsyncLinUCBAM(AsyncLinUCB):
         return out
 
     def _row_buffers(self) -> dict[str, Tensor]:
-        out = super()._row_buffers()
+        # AM reads whole Gram matrices, so they are carried as state instead of being added after the window
+        out = {"buffer": self.buffer, **super()._row_buffers()}
+        out.update({f"G.{name}": bandit.G for name, bandit in self._bandits().items()})
         if self.warmup:
             out["am_ready"] = self.am_ready
         return out
 
+    def _additive(self) -> list[Tensor]:
+        return []
+
     def _advance(self, rows: Tensor, contexts: Tensor, rewards: Tensor, state: RowState):
         parts = {name: {k: state[f"{name}.{k}"] for k in b.state_keys} for name, b in self._bandits().items()}
+        for name in parts:
+            parts[name]["G"] = state[f"G.{name}"]
         cg, cl = self._split(contexts)
         scores = self.policy.scores(cg, parts["policy"])  # Eq. (8): global UCB + local UCB
         if self.local is not None:
@@ -121,25 +128,31 @@ class AsyncLinUCBAM(AsyncLinUCB):
         arms, x, y = self.policy.pick(contexts, rewards, scores)
         xg, xl = self._split(x)
         yg, yl = self._partial_rewards(parts, xg, xl, y)
-        g, zz, _ = self.policy.advance(parts["policy"], xg, yg)
-        new = {f"policy.{k}": v for k, v in g.items()}
-        new["buffer"] = state["buffer"] + zz
+        new: RowState = {}
+        z = self._advance_part(new, "policy", parts, xg, yg)
+        new["buffer"] = state["buffer"] + outer(z)
         new["buffer_count"] = state["buffer_count"] + 1
         new["registered"] = torch.ones_like(state["registered"])
         if self.local is not None:
-            new.update({f"local.{k}": v for k, v in self.local.advance(parts["local"], xl, yl)[0].items()})
-        due = (g["logdet"] - self.synced_logdet[rows]) > self.log_gamma_u
+            self._advance_part(new, "local", parts, xl, yl)
+        due = (new["policy.logdet"] - self.synced_logdet[rows]) > self.log_gamma_u
         if self.warmup:  # State-0 clients keep their global and local statistics and never upload
-            w = self.warm.advance(parts["warm"], x, y)[0]
-            new.update({f"warm.{k}": v for k, v in w.items()})
+            self._advance_part(new, "warm", parts, x, y)
             for k in list(new):
-                if not k.startswith("warm."):
+                if not k.endswith("warm") and not k.startswith("warm."):
                     new[k] = _where_rows(ready, new[k], state[k])
             new["registered"] = torch.ones_like(state["registered"])
             new["am_ready"] = ready.clone()
             due &= ready
             self._leave_warmup(new, ~ready)
-        return arms, due, new
+        return arms, due, new, z
+
+    def _advance_part(self, new: RowState, name: str, parts: dict[str, RowState], x: Tensor, y: Tensor) -> Tensor:
+        """Advance one of the bandits (global, local or warm-up) by (x, y) into ``new``; returns z."""
+        state, z = self._bandits()[name].advance(parts[name], x, y)
+        new.update({f"{name}.{k}": v for k, v in state.items()})
+        new[f"G.{name}"] = parts[name]["G"] + outer(z)
+        return z
 
     def _partial_rewards(self, parts: dict[str, RowState], xg: Tensor, xl: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """Alternating minimisation of Eq. (7) on the new point; returns (ŷ^(g), ŷ^(l))."""
@@ -168,8 +181,8 @@ class AsyncLinUCBAM(AsyncLinUCB):
         if idx.numel() == 0:
             return
         D, dg = self.context_dim, self.global_dim
-        full = torch.linalg.matrix_rank(new["warm.G"][idx, :D, :D], hermitian=True) == D
-        glob = torch.linalg.matrix_rank(new["policy.G"][idx, :dg, :dg], hermitian=True) == dg
+        full = torch.linalg.matrix_rank(new["G.warm"][idx, :D, :D], hermitian=True) == D
+        glob = torch.linalg.matrix_rank(new["G.policy"][idx, :dg, :dg], hermitian=True) == dg
         for i, f, gf in zip(idx.tolist(), full.tolist(), glob.tolist()):
             if f or gf:
                 self._initialise_am(new, i, use_local=f)
@@ -177,13 +190,13 @@ class AsyncLinUCBAM(AsyncLinUCB):
     def _initialise_am(self, new: RowState, i: int, use_local: bool) -> None:
         """Batch AM (Eq. 6) on the client's warm-up data, then seed its global and local statistics."""
         dg = self.global_dim
-        W = new["warm.G"][i]
+        W = new["G.warm"][i]
         gram, xy = W[:-1, :-1], W[:-1, -1]
         Agg, Agl, All = gram[:dg, :dg], gram[:dg, dg:], gram[dg:, dg:]
         if use_local:  # global block of the least-squares estimate: unbiased for θ^(g) (Remark 1)
             theta_g = (torch.linalg.pinv(gram, hermitian=True) @ xy)[:dg]
         else:  # the client's downloaded global statistics are full rank
-            Vg = new["policy.G"][i]
+            Vg = new["G.policy"][i]
             theta_g = torch.linalg.solve(Vg[:dg, :dg], Vg[:dg, dg])
         Pg, Pl = torch.linalg.pinv(Agg, hermitian=True), torch.linalg.pinv(All, hermitian=True)
         theta_l = torch.zeros(self.local_dim, dtype=W.dtype)
@@ -195,10 +208,11 @@ class AsyncLinUCBAM(AsyncLinUCB):
         zl = torch.zeros(self.local_dim + 1, self.local_dim + 1, dtype=W.dtype)
         zl[:-1, :-1], zl[:-1, -1] = All, xy[dg:] - Agl.T @ theta_g  # X_lᵀX_l, X_lᵀŷ^(l)
         n = new["warm.count"][i]
-        for name, G, count in (("policy", new["policy.G"][i] + zg, new["policy.count"][i] + n), ("local", zl, n)):
+        for name, G, count in (("policy", new["G.policy"][i] + zg, new["policy.count"][i] + n), ("local", zl, n)):
             bandit = self._bandits()[name]
             L = torch.linalg.cholesky(G[:-1, :-1] + bandit.lam * bandit._eye)
-            new[f"{name}.G"][i] = G
+            new[f"G.{name}"][i] = G
+            new[f"{name}.b"][i] = G[:-1, -1]
             new[f"{name}.inv"][i] = torch.cholesky_inverse(L)
             new[f"{name}.logdet"][i] = 2 * torch.log(torch.diagonal(L)).sum()
             new[f"{name}.count"][i] = count

@@ -9,8 +9,8 @@ from fedrec.federation.ledger import DIRECTIONS, CommLedger
 class Channel(nn.Module):
     """Delivers batched messages between clients and server and records them in a :class:`CommLedger`.
 
-    A message's size is its number of scalars; ``symmetric`` matrices may be sent as their upper triangle,
-    which changes only what is counted. Subclasses may transform payloads in transit (noise, quantisation).
+    A message's size is its number of scalars. Subclasses may transform payloads in transit (noise,
+    quantisation).
     """
 
     def __init__(self, replicates: int = 1, bytes_per_scalar: int = 8) -> None:
@@ -24,7 +24,3 @@ class Channel(nn.Module):
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         self.ledger.record(direction, owners, scalars_per_message, self.bytes_per_scalar)
         return payload
-
-    def broadcast(self, direction: str, messages: Tensor, scalars_per_message: int) -> None:
-        """Count ``messages[r]`` identical messages per replicate (e.g. a server broadcast of one tensor)."""
-        self.ledger.record_counts(direction, messages, scalars_per_message, self.bytes_per_scalar)

@@ -5,6 +5,7 @@ import torch
 from torch import Tensor, nn
 
 DIRECTIONS = ("upload", "download", "peer")
+UNITS = ("messages", "scalars", "bytes")
 
 
 class CommLedger(nn.Module):
@@ -16,30 +17,21 @@ class CommLedger(nn.Module):
 
     def __init__(self, replicates: int = 1) -> None:
         super().__init__()
-        for d in DIRECTIONS:
-            for unit in ("messages", "scalars", "bytes"):
-                self.register_buffer(f"{d}_{unit}", torch.zeros(replicates, dtype=torch.long))
+        self.register_buffer("counts", torch.zeros(len(DIRECTIONS), replicates, len(UNITS), dtype=torch.long))
+        self._units: dict[tuple[int, int], Tensor] = {}
 
     def record(self, direction: str, owners: Tensor, scalars_per_message: int, bytes_per_scalar: int) -> None:
         """Count one message per entry of ``owners`` (the replicate index each message belongs to)."""
-        ones = torch.ones_like(owners)
-        getattr(self, f"{direction}_messages").index_add_(0, owners, ones)
-        getattr(self, f"{direction}_scalars").index_add_(0, owners, ones * scalars_per_message)
-        getattr(self, f"{direction}_bytes").index_add_(0, owners, ones * (scalars_per_message * bytes_per_scalar))
-
-    def record_counts(self, direction: str, messages: Tensor, scalars_per_message: int, bytes_per_scalar: int) -> None:
-        """Count ``messages[r]`` messages for each replicate ``r`` at once."""
-        messages = messages.to(torch.long)
-        getattr(self, f"{direction}_messages").add_(messages)
-        getattr(self, f"{direction}_scalars").add_(messages * scalars_per_message)
-        getattr(self, f"{direction}_bytes").add_(messages * (scalars_per_message * bytes_per_scalar))
+        key = (scalars_per_message, bytes_per_scalar)
+        if key not in self._units:
+            self._units[key] = torch.tensor([[1, scalars_per_message, scalars_per_message * bytes_per_scalar]])
+        self.counts[DIRECTIONS.index(direction)].index_add_(0, owners, self._units[key].expand(len(owners), -1))
 
     def totals(self) -> dict[str, Tensor]:
         """Per-replicate totals: ``comm_messages``, ``comm_scalars``, ``comm_bytes`` and each per direction."""
         out: dict[str, Tensor] = {}
-        for unit in ("messages", "scalars", "bytes"):
-            total = sum(getattr(self, f"{d}_{unit}") for d in DIRECTIONS)
-            out[f"comm_{unit}"] = total
-            for d in DIRECTIONS:
-                out[f"comm_{d}_{unit}"] = getattr(self, f"{d}_{unit}").clone()
+        for u, unit in enumerate(UNITS):
+            out[f"comm_{unit}"] = self.counts[:, :, u].sum(0)
+            for d, direction in enumerate(DIRECTIONS):
+                out[f"comm_{direction}_{unit}"] = self.counts[d, :, u].clone()
         return out

@@ -6,7 +6,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from fedrec.bandits.linear import LinearBandit, LinUCB, RowState
+from fedrec.bandits.linear import LinearBandit, LinUCB, RowState, outer
 from fedrec.errors import check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
@@ -93,8 +93,8 @@ class EventTriggeredProtocol(BanditProtocol):
     trigger fires; that step's communication runs, and the next window starts after it. The decisions equal
     those of playing the steps one at a time.
 
-    Subclasses declare their per-client state (:meth:`_bandits`, :meth:`_row_buffers`) and implement
-    :meth:`_advance` and :meth:`_communicate`.
+    Subclasses declare their per-client state (:meth:`_bandits`, :meth:`_row_buffers`, :meth:`_additive`) and
+    implement :meth:`_advance` and :meth:`_communicate`.
     """
 
     max_window = 1024
@@ -112,14 +112,21 @@ class EventTriggeredProtocol(BanditProtocol):
         """Other per-client buffers (leading dim R·N) that a step reads or changes, by name."""
         raise NotImplementedError
 
+    def _additive(self) -> list[Tensor]:
+        """Per-client buffers (R·N, n, n) that grow by the z zᵀ of every step (not carried as state)."""
+        return []
+
     def _advance(
         self, rows: Tensor, contexts: Tensor, rewards: Tensor, state: RowState
-    ) -> tuple[Tensor, Tensor, RowState]:  # pragma: no cover - abstract
-        """One step of distinct ``rows`` from ``state``: (arms, trigger fired, new state)."""
+    ) -> tuple[Tensor, Tensor, RowState, Tensor]:  # pragma: no cover - abstract
+        """One step of distinct ``rows`` from ``state``: (arms, trigger fired, new state, z)."""
         raise NotImplementedError
 
-    def _communicate(self, rows: Tensor) -> None:  # pragma: no cover - abstract
-        """Communication after a committed step whose trigger fired (at most one row per replicate)."""
+    def _communicate(self, rows: Tensor) -> Tensor:  # pragma: no cover - abstract
+        """Communication after committed steps whose trigger fired (at most one row per replicate).
+
+        Returns the rows whose state the communication changed (their pending steps are recomputed).
+        """
         raise NotImplementedError
 
     def _window_limit(self, rows: Tensor) -> Tensor:
@@ -154,52 +161,94 @@ class EventTriggeredProtocol(BanditProtocol):
             in_range = idx < S
             idx = idx.clamp_max(S - 1)
             rows = self._offsets.view(-1, 1) + clients.gather(1, idx)
-            same = (rows.unsqueeze(2) == rows.unsqueeze(1)) & _strictly_lower(w)  # [r, i, j]: j < i, same client
-            rank = same.sum(-1)
-            prev = torch.where(same, steps, -1).max(-1).values + (reps * w)  # flat position of the previous visit
             limit = torch.minimum(torch.where(in_range, w, steps).min(-1).values, self._window_limit(rows))
-            flat_rows = rows.view(-1)
-            ctx = contexts[reps, idx].flatten(0, 1)
-            rew = rewards[reps, idx].flatten(0, 1)
-            arms_w = torch.zeros(R * w, dtype=torch.long)
-            due_w = torch.zeros(R * w, dtype=torch.bool)
-            carry: RowState = {}
-            for k in range(int(rank.max()) + 1):
-                sel = ((rank == k) & (steps < limit.view(-1, 1))).view(-1).nonzero().view(-1)
-                if sel.numel() == 0:
+            window = _Window(self, rows, contexts[reps, idx].flatten(0, 1), rewards[reps, idx].flatten(0, 1), limit)
+            start = torch.zeros(R, dtype=torch.long)
+            while True:  # commit up to the next fired trigger, communicate, and carry on with the unaffected steps
+                due = window.due.view(R, w) & (steps >= start.view(-1, 1)) & (steps < limit.view(-1, 1))
+                first_due = torch.where(due, steps, w).min(-1).values
+                end = torch.minimum(limit, first_due + 1)
+                keep = (steps >= start.view(-1, 1)) & (steps < end.view(-1, 1))
+                window.commit(keep)
+                arms[reps.expand(R, w)[keep], idx[keep]] = window.arms.view(R, w)[keep]
+                fired = first_due < limit
+                if not bool(fired.any()):
                     break
-                if k == 0:
-                    state = self._gather(flat_rows[sel])
-                else:
-                    src = prev.view(-1)[sel]
-                    state = {name: v[src] for name, v in carry.items()}
-                a, due, new = self._advance(flat_rows[sel], ctx[sel], rew[sel], state)
-                if not carry:
-                    carry = {name: v.new_empty((R * w,) + v.shape[1:]) for name, v in new.items()}
-                for name, v in new.items():
-                    carry[name][sel] = v
-                arms_w[sel] = a
-                due_w[sel] = due
-                first_due = torch.where(due_w.view(R, w) & (steps < limit.view(-1, 1)), steps, w).min(-1).values
-                limit = torch.minimum(limit, first_due + 1)
-            keep = steps < limit.view(-1, 1)
-            later = (same & keep.unsqueeze(2)).any(1)  # [r, j]: a kept later step visits the same client
-            last = (keep & ~later).view(-1).nonzero().view(-1)
-            self._scatter(flat_rows[last], {name: v[last] for name, v in carry.items()})
-            arms[reps.expand(R, w)[keep], idx[keep]] = arms_w.view(R, w)[keep]
-            end = (limit - 1).clamp_min(0)
-            fired = (limit > 0) & due_w.view(R, w).gather(1, end.view(-1, 1)).view(-1)
-            if bool(fired.any()):
-                self._communicate(rows[fired, end[fired]])
+                changed = self._communicate(rows[fired, first_due[fired]])
+                stale = torch.isin(rows, changed) & (steps >= end.view(-1, 1))
+                limit = torch.minimum(limit, torch.where(stale, steps, w).min(-1).values)
+                start = end
             pos += limit
             self._window = max(8, min(self.max_window, 2 * int(limit.max())))
 
 
-_LOWER: dict[int, Tensor] = {}
+class _Window:
+    """Speculative steps of one window: decisions and new row states of every step, in batched waves.
+
+    Wave k holds the k-th visit of each client in the window and starts from the states of wave k−1.
+    """
+
+    def __init__(self, protocol: EventTriggeredProtocol, rows: Tensor, ctx: Tensor, rew: Tensor, limit: Tensor):
+        R, w = rows.shape
+        self.protocol, self.w = protocol, w
+        self.flat_rows = rows.view(-1)
+        rank, prev, self.succ = _visits(rows)
+        self.arms = torch.zeros(R * w, dtype=torch.long)
+        self.due = torch.zeros(R * w, dtype=torch.bool)
+        self.carry: RowState = {}
+        self.waves: list[tuple[Tensor, Tensor]] = []  # (positions, z) of every wave
+        active = torch.arange(w) < limit.view(-1, 1)
+        for k in range(int(rank.max()) + 1):
+            sel = ((rank == k) & active).view(-1).nonzero().view(-1)
+            if sel.numel() == 0:
+                break
+            if k == 0:
+                state = protocol._gather(self.flat_rows[sel])
+            else:
+                src = prev.view(-1)[sel] + (sel // w) * w
+                state = {name: v[src] for name, v in self.carry.items()}
+            a, due, new, z = protocol._advance(self.flat_rows[sel], ctx[sel], rew[sel], state)
+            if not self.carry:
+                self.carry = {name: v.new_empty((R * w,) + v.shape[1:]) for name, v in new.items()}
+            for name, v in new.items():
+                self.carry[name][sel] = v
+            self.waves.append((sel, z))
+            self.arms[sel] = a
+            self.due[sel] = due
+
+    def commit(self, keep: Tensor) -> None:
+        """Write the steps where ``keep`` (R, w) is true into the protocol's state."""
+        protocol, flat_keep = self.protocol, keep.view(-1)
+        targets = protocol._additive()
+        for sel, z in self.waves:  # wave order is time order for every client
+            kept = flat_keep[sel]
+            if targets and bool(kept.any()):
+                rows_k, zz = self.flat_rows[sel[kept]], outer(z[kept])
+                for buf in targets:
+                    buf.index_add_(0, rows_k, zz)
+        later = keep.gather(1, self.succ.clamp_min(0)) & (self.succ >= 0)  # the client's next visit is kept too
+        last = (keep & ~later).view(-1).nonzero().view(-1)
+        if last.numel():
+            protocol._scatter(self.flat_rows[last], {name: v[last] for name, v in self.carry.items()})
 
 
-def _strictly_lower(w: int) -> Tensor:
-    """Boolean (w, w) mask of j < i, cached per size."""
-    if w not in _LOWER:
-        _LOWER[w] = torch.ones(w, w, dtype=torch.bool).tril(-1)
-    return _LOWER[w]
+def _visits(rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """For every step of ``rows`` (R, w): how many earlier steps visit the same client (its wave), and the
+    positions of the client's previous and next visits in the window (-1 if none)."""
+    R, w = rows.shape
+    order = torch.sort(rows, dim=1, stable=True).indices  # groups of equal rows, in time order
+    srt = rows.gather(1, order)
+    first = torch.ones(R, w, dtype=torch.bool)
+    first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    pos = torch.arange(w).expand(R, w)
+    start = torch.where(first, pos, 0).cummax(1).values
+    none = torch.full((R, 1), -1, dtype=torch.long)
+    prev_sorted = torch.where(first, -1, torch.cat([none, order[:, :-1]], 1))
+    last = torch.ones(R, w, dtype=torch.bool)
+    last[:, :-1] = first[:, 1:]
+    succ_sorted = torch.where(last, -1, torch.cat([order[:, 1:], none], 1))
+    rank, prev, succ = (torch.empty_like(rows) for _ in range(3))
+    rank.scatter_(1, order, pos - start)
+    prev.scatter_(1, order, prev_sorted)
+    succ.scatter_(1, order, succ_sorted)
+    return rank, prev, succ

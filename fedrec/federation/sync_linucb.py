@@ -55,31 +55,31 @@ class SyncLinUCB(EventTriggeredProtocol):
         return {"policy": self.policy}
 
     def _row_buffers(self) -> dict[str, Tensor]:
-        return {
-            "buffer": self.buffer, "buffer_count": self.buffer_count,
-            "steps_since_sync": self.steps_since_sync, "registered": self.registered,
-        }
+        return {"buffer_count": self.buffer_count, "steps_since_sync": self.steps_since_sync, "registered": self.registered}
+
+    def _additive(self) -> list[Tensor]:
+        return [self.policy.G, self.buffer]
 
     def _advance(self, rows: Tensor, contexts: Tensor, rewards: Tensor, state: RowState):
         pol = self.policy
         local = {k: state[f"policy.{k}"] for k in pol.state_keys}
         arms, x, r = pol.pick(contexts, rewards, pol.scores(contexts, local))
-        local, zz, _ = pol.advance(local, x, r)
+        local, z = pol.advance(local, x, r)
         new = {f"policy.{k}": v for k, v in local.items()}
-        new["buffer"] = state["buffer"] + zz
         new["buffer_count"] = state["buffer_count"] + 1
         new["steps_since_sync"] = state["steps_since_sync"] + 1
         new["registered"] = torch.ones_like(state["registered"])
         gain = local["logdet"] - self.synced_logdet[rows]
         due = new["steps_since_sync"].to(torch.float64) * gain > self.threshold
-        return arms, due, new
+        return arms, due, new, z
 
-    def _communicate(self, rows: Tensor) -> None:
-        for rep in (rows // self.num_clients).tolist():
-            self._sync(rep)
+    def _communicate(self, rows: Tensor) -> Tensor:
+        return torch.cat([self._sync(rep) for rep in (rows // self.num_clients).tolist()])
 
-    def _sync(self, rep: int) -> None:
-        """One global synchronisation of replicate ``rep``: all registered clients upload, then download."""
+    def _sync(self, rep: int) -> Tensor:
+        """One global synchronisation of replicate ``rep``: all registered clients upload, then download.
+
+        Returns the rows of the synchronised clients."""
         N = self.num_clients
         members = self.registered[rep * N : (rep + 1) * N].nonzero().view(-1) + rep * N
         n = members.numel()
@@ -94,3 +94,4 @@ class SyncLinUCB(EventTriggeredProtocol):
         self.buffer_count[members] = 0
         self.steps_since_sync[members] = 0
         self.sync_rounds[rep] += 1
+        return members

@@ -13,16 +13,22 @@ from fedrec.tasks.base import FederatedTask
 
 
 class BanditTask(FederatedTask):
-    """Plays ``steps`` interactions, ``steps_per_round`` per trainer round, for all replicates at once.
+    """Plays ``steps`` interactions (None: the whole stream), ``steps_per_round`` per trainer round.
+
+    All replicates run at once.
 
     Tracks per replicate the cumulative pseudo-regret, reward, and the expected reward of a uniformly random
     policy on the same stream (the paper's normaliser on real data).
     """
 
-    def __init__(self, env: BanditEnv, protocol: BanditProtocol, steps: int, steps_per_round: int = 100) -> None:
+    def __init__(
+        self, env: BanditEnv, protocol: BanditProtocol, steps: int | None, steps_per_round: int = 100
+    ) -> None:
         self.env = env
         self.protocol = protocol
-        self.steps = check_int("steps", steps)
+        if steps is None and env.horizon is None:
+            raise ConfigError(f"steps: the {env.name} stream is unbounded, give a number of steps")
+        self.steps = check_int("steps", env.horizon if steps is None else steps)
         self.steps_per_round = check_int("steps_per_round", steps_per_round)
         if env.horizon is not None and self.steps > env.horizon:
             raise ConfigError(f"steps ({self.steps}) exceeds the {env.name} stream length ({env.horizon})")

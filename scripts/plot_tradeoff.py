@@ -1,0 +1,73 @@
+"""Regret (or normalised reward) against communication, one dot per threshold: the paper's Fig. 2 / Fig. 4.
+
+Reads one or more Hydra multirun folders (each job folder holds summary.json and .hydra/config.yaml), writes a
+PNG and prints a Markdown table. Example:
+
+    python train.py -m +experiment=async_linucb_synthetic protocol.gamma_u=1.01,1.5,3,10,100,inf
+    python train.py -m +experiment=sync_linucb_synthetic protocol.threshold=0.1,1,10,100,1000
+    python scripts/plot_tradeoff.py multirun/async_linucb_synthetic/<date> multirun/sync_linucb_synthetic/<date> \
+        --out fig2a.png
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+PROTOCOL_NAMES = {"AsyncLinUCB": "Async-LinUCB", "SyncLinUCB": "Sync-LinUCB", "AsyncLinUCBAM": "Async-LinUCB-AM",
+                  "CentralizedLinUCB": "centralised"}
+
+
+def load_jobs(folders: list[Path]) -> list[dict]:
+    """One record per finished job: protocol name, threshold, and the summary."""
+    jobs = []
+    for folder in folders:
+        for summary in sorted(folder.glob("**/summary.json")):
+            cfg = OmegaConf.load(summary.parent / ".hydra" / "config.yaml")
+            proto = cfg.protocol._target_.rsplit(".", 1)[-1]
+            threshold = cfg.protocol.get("threshold", cfg.protocol.get("gamma_u"))
+            jobs.append({"protocol": PROTOCOL_NAMES.get(proto, proto), "threshold": float(threshold),
+                         **json.loads(summary.read_text())})
+    return jobs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="Hydra multirun folders")
+    parser.add_argument("--out", type=Path, default=Path("tradeoff.png"))
+    parser.add_argument("--metric", default=None, help="y axis (default: normalized_reward on real data, else regret)")
+    args = parser.parse_args()
+
+    jobs = load_jobs(args.folders)
+    if not jobs:
+        raise SystemExit(f"no summary.json found under {', '.join(map(str, args.folders))}")
+    metric = args.metric or ("normalized_reward" if "normalized_reward" in jobs[0] else "cumulative_regret")
+
+    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=120)
+    print(f"| protocol | threshold | C_T (messages) | {metric} | replicates |")
+    print("|---|---|---|---|---|")
+    for name in sorted({j["protocol"] for j in jobs}):
+        rows = sorted((j for j in jobs if j["protocol"] == name), key=lambda j: j["threshold"])
+        ax.scatter([j["comm_messages"] for j in rows], [j[metric] for j in rows], label=name)
+        for j in rows:
+            ax.annotate(f"{j['threshold']:g}", (j["comm_messages"], j[metric]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+            print(f"| {name} | {j['threshold']:g} | {j['comm_messages']:.0f} | {j[metric]:.4g} | {j['replicates']} |")
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlabel("communication cost C_T (messages)")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
