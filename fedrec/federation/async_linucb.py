@@ -13,11 +13,11 @@ import math
 import torch
 from torch import Tensor
 
-from fedrec.bandits.linear import LinearBandit, RowState
-from fedrec.federation.protocol import EventTriggeredProtocol, log_threshold, make_linucb
+from fedrec.bandits.linear import RowState
+from fedrec.federation.protocol import ClientServerLinUCB, log_threshold
 
 
-class AsyncLinUCB(EventTriggeredProtocol):
+class AsyncLinUCB(ClientServerLinUCB):
     """Async-LinUCB for homogeneous clients, batched over replicates and clients.
 
     Args:
@@ -46,50 +46,20 @@ class AsyncLinUCB(EventTriggeredProtocol):
         check_on_register: bool = False,
         refactor_every: int = 1000,
     ) -> None:
-        super().__init__(num_clients, dim, replicates)
+        super().__init__(
+            num_clients, dim, replicates, lam, alpha, sigma, delta, radius_bound, preregister, refactor_every
+        )
         self.log_gamma_u = log_threshold("gamma_u", gamma_u)
         self.log_gamma_d = log_threshold("gamma_d", gamma_d)
         self.download_to_uploader = bool(download_to_uploader)
         self.check_on_register = bool(check_on_register)
-        R, N, d = self.replicates, self.num_clients, self.dim
-        self.policy = make_linucb(d, (R, N), lam, alpha, sigma, delta, radius_bound, refactor_every)
-        self.lam = self.policy.lam
-        kw = dict(dtype=torch.float64)
-        # client upload buffers (ΔV_i, Δb_i) as augmented matrices, and cached log det S_i(λ)
-        self.register_buffer("buffer", torch.zeros(R * N, d + 1, d + 1, **kw))
-        self.register_buffer("buffer_count", torch.zeros(R * N, dtype=torch.long))
-        self.register_buffer("synced_logdet", torch.full((R * N,), d * math.log(self.lam), **kw))
+        R, N = self.replicates, self.num_clients
         self.register_buffer("synced_count", torch.zeros(R * N, dtype=torch.long))
-        self.register_buffer("registered", torch.full((R * N,), bool(preregister)))
-        # server aggregate (V_g, b_g) and log det V_g(λ)
-        self.register_buffer("server", torch.zeros(R, d + 1, d + 1, **kw))
-        self.register_buffer("server_logdet", torch.full((R,), d * math.log(self.lam), **kw))
-        self.register_buffer("server_count", torch.zeros(R, dtype=torch.long))
-
-    @property
-    def message_scalars(self) -> int:
-        """Scalars in one {ΔV, Δb} message."""
-        return self.dim * self.dim + self.dim
-
-    # -------------------------------------------------------------------------- steps (Algorithm 2)
-    def _bandits(self) -> dict[str, LinearBandit]:
-        return {"policy": self.policy}
-
-    def _row_buffers(self) -> dict[str, Tensor]:
-        return {"buffer_count": self.buffer_count, "registered": self.registered}
-
-    def _additive(self) -> list[Tensor]:
-        return [self.policy.G, self.buffer]
+        self.register_buffer("server_logdet", torch.full((R,), self.dim * math.log(self.lam), dtype=torch.float64))
 
     def _advance(self, rows: Tensor, contexts: Tensor, rewards: Tensor, state: RowState):
-        pol = self.policy
-        local = {k: state[f"policy.{k}"] for k in pol.state_keys}
-        arms, x, r = pol.pick(contexts, rewards, pol.scores(contexts, local))
-        local, z = pol.advance(local, x, r)
-        new = {f"policy.{k}": v for k, v in local.items()}
-        new["buffer_count"] = state["buffer_count"] + 1
-        new["registered"] = torch.ones_like(state["registered"])  # a newcomer has S_j = 0 (ΔV_{−j} = V_g)
-        due = (local["logdet"] - self.synced_logdet[rows]) > self.log_gamma_u  # Eq. (3)
+        arms, new, z = self._local_step(contexts, rewards, state)
+        due = (new["policy.logdet"] - self.synced_logdet[rows]) > self.log_gamma_u  # Eq. (3)
         return arms, due, new, z
 
     def _window_limit(self, rows: Tensor) -> Tensor:
@@ -111,49 +81,58 @@ class AsyncLinUCB(EventTriggeredProtocol):
     # --------------------------------------------------------------------------- Algorithm 1
     def _communicate(self, rows: Tensor) -> Tensor:
         """Upload (Eq. 3 fired for ``rows``), then check the download trigger (Eq. 4) of every registered client."""
-        reps = rows // self.num_clients
-        counts = self.buffer_count[rows]
-        self.server.index_add_(0, reps, self.channel.send("upload", reps, self.buffer[rows], self.message_scalars))
+        R, N = self.replicates, self.num_clients
+        pol, buffer, buffer_count, server = self.policy, self.buffer, self.buffer_count, self.server
+        reps = rows.div(N, rounding_mode="floor")
+        counts = buffer_count.index_select(0, rows)
+        server.index_add_(0, reps, self.channel.send("upload", reps, buffer.index_select(0, rows), self.message_scalars))
         self.server_count.index_add_(0, reps, counts)
-        self.synced_logdet[rows] = self.policy.logdet[rows]  # S_i = V_i after the upload
-        self.synced_count[rows] += counts
-        self.buffer[rows] = 0
-        self.buffer_count[rows] = 0
-        L = torch.linalg.cholesky_ex(self.server[reps, :-1, :-1] + self.lam * self.policy._eye).L
-        self.server_logdet[reps] = 2 * torch.diagonal(L, dim1=-2, dim2=-1).log().sum(-1)
+        self.synced_logdet.index_copy_(0, rows, pol.logdet.index_select(0, rows))  # S_i = V_i after the upload
+        self.synced_count.index_add_(0, rows, counts)
+        buffer.index_fill_(0, rows, 0)
+        buffer_count.index_fill_(0, rows, 0)
+        aggregate = server.index_select(0, reps)
+        L = torch.linalg.cholesky_ex(aggregate[:, :-1, :-1] + self.lam * pol._eye).L
+        logdet = 2 * torch.diagonal(L, dim1=-2, dim2=-1).log().sum(-1)
+        self.server_logdet.index_copy_(0, reps, logdet)
         if self.log_gamma_d == math.inf:
             return rows
-        R, N = self.replicates, self.num_clients
-        due = (self.server_logdet[reps].view(-1, 1) - self.synced_logdet.view(R, N)[reps]) > self.log_gamma_d
-        due &= self.registered.view(R, N)[reps]
+        due = (logdet.unsqueeze(1) - self.synced_logdet.view(R, N).index_select(0, reps)) > self.log_gamma_d
+        due &= self.registered.view(R, N).index_select(0, reps)
         if not self.download_to_uploader:
-            due[torch.arange(len(rows)), rows % N] = False
+            due[torch.arange(len(rows)), rows - reps * N] = False
         hit = due.nonzero()
         if hit.numel() == 0:
             return rows
-        down_reps = reps[hit[:, 0]]
+        k = hit[:, 0]
+        down_reps = reps.index_select(0, k)
         down_rows = down_reps * N + hit[:, 1]
-        self._download(down_reps, down_rows, torch.cholesky_inverse(L)[hit[:, 0]])
+        self._download(down_reps, down_rows, aggregate.index_select(0, k), torch.cholesky_inverse(L).index_select(0, k))
         return torch.cat([rows, down_rows])
 
-    def _download(self, reps: Tensor, rows: Tensor, server_inv: Tensor | None = None) -> None:
+    def _download(self, reps: Tensor, rows: Tensor, aggregate: Tensor | None = None, inverse: Tensor | None = None) -> None:
         """Send ΔV_{−j} = V_g − S_j to the addressed clients (Eq. 4).
 
-        A client with an empty upload buffer then holds exactly V_g, so it takes the server's inverse
-        ``server_inv`` (when given) instead of refactorising.
+        ``aggregate`` (V_g of each addressed client's server) and its ``inverse`` may be passed when known. A
+        client with an empty upload buffer then holds exactly V_g and takes that inverse instead of refactorising.
         """
         pol = self.policy
-        synced = pol.G[rows] - self.buffer[rows]
-        pol.G.index_add_(0, rows, self.channel.send("download", reps, self.server[reps] - synced, self.message_scalars))
-        pol.count[rows] += self.server_count[reps] - self.synced_count[rows]
-        self.synced_logdet[rows] = self.server_logdet[reps]
-        self.synced_count[rows] = self.server_count[reps]
-        if server_inv is None:
+        if aggregate is None:
+            aggregate = self.server.index_select(0, reps)
+        synced = pol.G.index_select(0, rows) - self.buffer.index_select(0, rows)
+        pol.G.index_add_(0, rows, self.channel.send("download", reps, aggregate - synced, self.message_scalars))
+        server_count = self.server_count.index_select(0, reps)
+        pol.count.index_add_(0, rows, server_count - self.synced_count.index_select(0, rows))
+        self.synced_count.index_copy_(0, rows, server_count)
+        logdet = self.server_logdet.index_select(0, reps)
+        self.synced_logdet.index_copy_(0, rows, logdet)
+        if inverse is None:
             pol.refactor(rows)
             return
-        empty = self.buffer_count[rows] == 0
-        in_sync = rows[empty]
-        pol.inv[in_sync] = server_inv[empty]
-        pol.logdet[in_sync] = self.server_logdet[reps[empty]]
-        pol.since_refactor[in_sync] = 0
-        pol.refactor(rows[~empty])
+        empty = self.buffer_count.index_select(0, rows) == 0
+        if not bool(empty.all()):
+            pol.refactor(rows[~empty])
+            rows, inverse, logdet = rows[empty], inverse[empty], logdet[empty]
+        pol.inv.index_copy_(0, rows, inverse)
+        pol.logdet.index_copy_(0, rows, logdet)
+        pol.since_refactor.index_fill_(0, rows, 0)

@@ -252,3 +252,53 @@ def _visits(rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     prev.scatter_(1, order, prev_sorted)
     succ.scatter_(1, order, succ_sorted)
     return rank, prev, succ
+
+
+class ClientServerLinUCB(EventTriggeredProtocol):
+    """Star-network LinUCB state shared by Async- and Sync-LinUCB.
+
+    Each client holds a LinUCB (``policy``, rows = replicate × client), an upload buffer (ΔV_i, Δb_i) as an
+    augmented matrix, and the cached log det S_i(λ) of its last synchronised copy S_i = V_i − ΔV_i; each
+    replicate's server holds the aggregate (V_g, b_g). Every step adds its z zᵀ to V_i and ΔV_i.
+    """
+
+    def __init__(
+        self, num_clients: int, dim: int, replicates: int, lam: float, alpha: float | None, sigma: float,
+        delta: float, radius_bound: str, preregister: bool, refactor_every: int,
+    ) -> None:
+        super().__init__(num_clients, dim, replicates)
+        R, N, d = self.replicates, self.num_clients, self.dim
+        self.policy = make_linucb(d, (R, N), lam, alpha, sigma, delta, radius_bound, refactor_every)
+        self.lam = self.policy.lam
+        kw = dict(dtype=torch.float64)
+        self.register_buffer("buffer", torch.zeros(R * N, d + 1, d + 1, **kw))
+        self.register_buffer("buffer_count", torch.zeros(R * N, dtype=torch.long))
+        self.register_buffer("synced_logdet", torch.full((R * N,), d * math.log(self.lam), **kw))
+        self.register_buffer("registered", torch.full((R * N,), bool(preregister)))
+        self.register_buffer("server", torch.zeros(R, d + 1, d + 1, **kw))
+        self.register_buffer("server_count", torch.zeros(R, dtype=torch.long))
+
+    @property
+    def message_scalars(self) -> int:
+        """Scalars in one {ΔV, Δb} message."""
+        return self.dim * self.dim + self.dim
+
+    def _bandits(self) -> dict[str, LinearBandit]:
+        return {"policy": self.policy}
+
+    def _row_buffers(self) -> dict[str, Tensor]:
+        return {"buffer_count": self.buffer_count, "registered": self.registered}
+
+    def _additive(self) -> list[Tensor]:
+        return [self.policy.G, self.buffer]
+
+    def _local_step(self, contexts: Tensor, rewards: Tensor, state: RowState) -> tuple[Tensor, RowState, Tensor]:
+        """A client's LinUCB decision and update (Eq. 5): (arms, new state, z)."""
+        pol = self.policy
+        local = {k: state[f"policy.{k}"] for k in pol.state_keys}
+        arms, x, r = pol.pick(contexts, rewards, pol.scores(contexts, local))
+        local, z = pol.advance(local, x, r)
+        new = {f"policy.{k}": v for k, v in local.items()}
+        new["buffer_count"] = state["buffer_count"] + 1
+        new["registered"] = torch.ones_like(state["registered"])  # a newcomer has S_j = 0 (ΔV_{−j} = V_g)
+        return arms, new, z

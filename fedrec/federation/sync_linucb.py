@@ -1,17 +1,15 @@
 """Sync-LinUCB (the paper's Algorithm 4, DisLinUCB of Wang et al. 2019 adapted): global sync rounds."""
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from fedrec.errors import check_float
-from fedrec.bandits.linear import LinearBandit, RowState
-from fedrec.federation.protocol import EventTriggeredProtocol, make_linucb
+from fedrec.bandits.linear import RowState
+from fedrec.federation.protocol import ClientServerLinUCB
 
 
-class SyncLinUCB(EventTriggeredProtocol):
+class SyncLinUCB(ClientServerLinUCB):
     """Every client uploads and downloads whenever the active client's Δt_i·log(det V_i(λ)/det S_i(λ)) > D.
 
     A sync round costs 2 messages per registered client (idle clients upload empty buffers too), after which
@@ -32,44 +30,20 @@ class SyncLinUCB(EventTriggeredProtocol):
         preregister: bool = False,
         refactor_every: int = 1000,
     ) -> None:
-        super().__init__(num_clients, dim, replicates)
+        super().__init__(
+            num_clients, dim, replicates, lam, alpha, sigma, delta, radius_bound, preregister, refactor_every
+        )
         self.threshold = check_float("threshold", threshold, low=0.0, allow_inf=True)
-        R, N, d = self.replicates, self.num_clients, self.dim
-        self.policy = make_linucb(d, (R, N), lam, alpha, sigma, delta, radius_bound, refactor_every)
-        self.lam = self.policy.lam
-        kw = dict(dtype=torch.float64)
-        self.register_buffer("buffer", torch.zeros(R * N, d + 1, d + 1, **kw))
-        self.register_buffer("buffer_count", torch.zeros(R * N, dtype=torch.long))
-        self.register_buffer("steps_since_sync", torch.zeros(R * N, dtype=torch.long))
-        self.register_buffer("synced_logdet", torch.full((R * N,), d * math.log(self.lam), **kw))
-        self.register_buffer("registered", torch.full((R * N,), bool(preregister)))
-        self.register_buffer("server", torch.zeros(R, d + 1, d + 1, **kw))
-        self.register_buffer("server_count", torch.zeros(R, dtype=torch.long))
-        self.register_buffer("sync_rounds", torch.zeros(R, dtype=torch.long))
-
-    @property
-    def message_scalars(self) -> int:
-        return self.dim * self.dim + self.dim
-
-    def _bandits(self) -> dict[str, LinearBandit]:
-        return {"policy": self.policy}
+        self.register_buffer("steps_since_sync", torch.zeros(self.replicates * self.num_clients, dtype=torch.long))
+        self.register_buffer("sync_rounds", torch.zeros(self.replicates, dtype=torch.long))
 
     def _row_buffers(self) -> dict[str, Tensor]:
-        return {"buffer_count": self.buffer_count, "steps_since_sync": self.steps_since_sync, "registered": self.registered}
-
-    def _additive(self) -> list[Tensor]:
-        return [self.policy.G, self.buffer]
+        return {**super()._row_buffers(), "steps_since_sync": self.steps_since_sync}
 
     def _advance(self, rows: Tensor, contexts: Tensor, rewards: Tensor, state: RowState):
-        pol = self.policy
-        local = {k: state[f"policy.{k}"] for k in pol.state_keys}
-        arms, x, r = pol.pick(contexts, rewards, pol.scores(contexts, local))
-        local, z = pol.advance(local, x, r)
-        new = {f"policy.{k}": v for k, v in local.items()}
-        new["buffer_count"] = state["buffer_count"] + 1
+        arms, new, z = self._local_step(contexts, rewards, state)
         new["steps_since_sync"] = state["steps_since_sync"] + 1
-        new["registered"] = torch.ones_like(state["registered"])
-        gain = local["logdet"] - self.synced_logdet[rows]
+        gain = new["policy.logdet"] - self.synced_logdet[rows]
         due = new["steps_since_sync"].to(torch.float64) * gain > self.threshold
         return arms, due, new, z
 
