@@ -99,9 +99,8 @@ class EventTriggeredProtocol(BanditProtocol):
 
     max_window = 1024
 
-    def __init__(self, num_clients: int, dim: int, replicates: int = 1) -> None:
-        super().__init__(num_clients, dim, replicates)
-        self._window = 16
+    #: steps in the first window of every :meth:`run` call; later windows adapt to the committed lengths
+    first_window = 16
 
     # ------------------------------------------------------------------------------- subclass hooks
     def _bandits(self) -> dict[str, LinearBandit]:  # pragma: no cover - abstract
@@ -152,8 +151,9 @@ class EventTriggeredProtocol(BanditProtocol):
         arms = torch.empty(R, S, dtype=torch.long)
         pos = torch.zeros(R, dtype=torch.long)
         reps = self._replicate_ids.view(-1, 1)
+        window = self.first_window  # a function of this call alone, so a resumed run computes identically
         while True:
-            w = min(self._window, int((S - pos).max()))
+            w = min(window, int((S - pos).max()))
             if w <= 0:
                 return arms
             steps = torch.arange(w)
@@ -162,15 +162,15 @@ class EventTriggeredProtocol(BanditProtocol):
             idx = idx.clamp_max(S - 1)
             rows = self._offsets.view(-1, 1) + clients.gather(1, idx)
             limit = torch.minimum(torch.where(in_range, w, steps).min(-1).values, self._window_limit(rows))
-            window = _Window(self, rows, contexts[reps, idx].flatten(0, 1), rewards[reps, idx].flatten(0, 1), limit)
+            block = _Window(self, rows, contexts[reps, idx].flatten(0, 1), rewards[reps, idx].flatten(0, 1), limit)
             start = torch.zeros(R, dtype=torch.long)
             while True:  # commit up to the next fired trigger, communicate, and carry on with the unaffected steps
-                due = window.due.view(R, w) & (steps >= start.view(-1, 1)) & (steps < limit.view(-1, 1))
+                due = block.due.view(R, w) & (steps >= start.view(-1, 1)) & (steps < limit.view(-1, 1))
                 first_due = torch.where(due, steps, w).min(-1).values
                 end = torch.minimum(limit, first_due + 1)
                 keep = (steps >= start.view(-1, 1)) & (steps < end.view(-1, 1))
-                window.commit(keep)
-                arms[reps.expand(R, w)[keep], idx[keep]] = window.arms.view(R, w)[keep]
+                block.commit(keep)
+                arms[reps.expand(R, w)[keep], idx[keep]] = block.arms.view(R, w)[keep]
                 fired = first_due < limit
                 if not bool(fired.any()):
                     break
@@ -179,7 +179,7 @@ class EventTriggeredProtocol(BanditProtocol):
                 limit = torch.minimum(limit, torch.where(stale, steps, w).min(-1).values)
                 start = end
             pos += limit
-            self._window = max(8, min(self.max_window, 2 * int(limit.max())))
+            window = max(8, min(self.max_window, 2 * int(limit.max())))
 
 
 class _Window:

@@ -63,6 +63,11 @@ class FederatedTrainer:
         if ckpt_path is not None:
             self._restore(task, load_checkpoint(ckpt_path))
         total = task.num_rounds if self.max_rounds is None else min(self.max_rounds, task.num_rounds)
+        if ckpt_path is not None:  # the history is authoritative: loggers get the rounds logged before again
+            for metrics in self.history:
+                r = int(metrics["round"]) + 1
+                if r % self.log_every == 0 or r == total or (r == self.round and self.should_stop):
+                    self._log(metrics)
         task.setup(self)
         self._hook("on_fit_start", task)
         started = time.perf_counter()
@@ -121,8 +126,3 @@ class FederatedTrainer:
         self.history = list(ckpt["history"])
         self.wall_seconds = float(ckpt["wall_seconds"])
         self.should_stop = bool(ckpt["should_stop"])
-        # the history is authoritative: loggers get the rounds logged before the interruption again
-        for metrics in self.history:
-            r = int(metrics["round"]) + 1
-            if r % self.log_every == 0 or r == self.round:
-                self._log(metrics)
