@@ -60,6 +60,9 @@ def main() -> None:
                         xytext=(3, 3), textcoords="offset points")
             print(f"| {name} | {j['threshold']:g} | {j['comm_messages']:.0f} | {j[metric]:.4g} | {j['replicates']} |")
     ax.set_xscale("symlog", linthresh=1.0)
+    values = [j[metric] for j in jobs]
+    if min(values) > 0 and max(values) / min(values) > 10:
+        ax.set_yscale("log")
     ax.set_xlabel("communication cost C_T (messages)")
     ax.set_ylabel(metric.replace("_", " "))
     ax.grid(alpha=0.3)

@@ -21,6 +21,19 @@ from __future__ import annotations
 import numpy as np
 
 
+def ucb_argmax(theta: np.ndarray, AInv: np.ndarray, alpha: float, arms: np.ndarray) -> int:
+    """The authors' arm loop: θᵀx + α·sqrt(xᵀA⁻¹x) arm by arm, the first maximum wins ties."""
+    best_score = -np.inf
+    best = 0
+    for k in range(len(arms)):
+        x = arms[k]
+        score = np.dot(theta, x) + alpha * np.sqrt(np.dot(np.dot(x, AInv), x))
+        if score > best_score:
+            best_score = score
+            best = k
+    return best
+
+
 class RefLinUCB:
     """Single-agent LinUCB with a fixed α: one ``np.linalg.inv`` per update and a Python loop over the arms."""
 
@@ -35,15 +48,7 @@ class RefLinUCB:
 
     def decide(self, arms: np.ndarray) -> int:
         """Index of the arm with the largest UCB in ``arms`` (K, d). The first maximum wins ties."""
-        best_score = -np.inf
-        best = 0
-        for k in range(len(arms)):
-            x = arms[k]
-            score = np.dot(self.theta, x) + self.alpha * np.sqrt(np.dot(np.dot(x, self.AInv), x))
-            if score > best_score:
-                best_score = score
-                best = k
-        return best
+        return ucb_argmax(self.theta, self.AInv, self.alpha, arms)
 
     def update(self, x: np.ndarray, reward: float) -> None:
         self.A += np.outer(x, x)
@@ -74,15 +79,7 @@ class RefClient:
         self.theta = np.zeros(dim)
 
     def decide(self, arms: np.ndarray) -> int:
-        best_score = -np.inf
-        best = 0
-        for k in range(len(arms)):
-            x = arms[k]
-            score = np.dot(self.theta, x) + self.alpha * np.sqrt(np.dot(np.dot(x, self.AInv), x))
-            if score > best_score:
-                best_score = score
-                best = k
-        return best
+        return ucb_argmax(self.theta, self.AInv, self.alpha, arms)
 
     def _refresh(self) -> None:
         self.AInv = np.linalg.inv(self.lam * np.identity(self.dim) + self.A_local)
