@@ -31,7 +31,8 @@ def load_jobs(folders: list[Path]) -> list[dict]:
         for summary in sorted(folder.glob("**/summary.json")):
             cfg = OmegaConf.load(summary.parent / ".hydra" / "config.yaml")
             proto = cfg.protocol._target_.rsplit(".", 1)[-1]
-            threshold = cfg.protocol.get("threshold", cfg.protocol.get("gamma_u"))
+            # the centralised protocol is the γ = 1 end of the trade-off
+            threshold = cfg.protocol.get("threshold", cfg.protocol.get("gamma_u", 1.0))
             jobs.append({"protocol": PROTOCOL_NAMES.get(proto, proto), "threshold": float(threshold),
                          **json.loads(summary.read_text())})
     return jobs

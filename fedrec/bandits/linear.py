@@ -73,6 +73,8 @@ class LinearBandit(nn.Module):
         self.register_buffer("logdet", torch.full((rows,), d * math.log(self.lam), **kw))
         self.register_buffer("count", torch.zeros(rows, dtype=torch.long, device=device))
         self.register_buffer("since_refactor", torch.zeros(rows, dtype=torch.long, device=device))
+        # rows whose G changed wholesale (a download) and whose inverse is recomputed when next used
+        self.register_buffer("stale", torch.zeros(rows, dtype=torch.bool, device=device))
         self.register_buffer("_eye", eye, persistent=False)
 
     # ------------------------------------------------------------------------------------------ views
@@ -96,8 +98,19 @@ class LinearBandit(nn.Module):
 
     # ------------------------------------------------------------------------------- pure row steps
     def gather(self, rows: Tensor) -> RowState:
-        """Copy the state of ``rows``."""
+        """Copy the state of ``rows`` (refactorising stale ones first)."""
+        self.refresh(rows)
         return {k: getattr(self, k).index_select(0, rows) for k in self.state_keys}
+
+    def invalidate(self, rows: Tensor) -> None:
+        """Mark ``rows`` for refactorisation when next used (their ``G`` was replaced or added to)."""
+        self.stale.index_fill_(0, rows, True)
+
+    def refresh(self, rows: Tensor | None = None) -> None:
+        """Refactorise the stale rows among ``rows`` (all rows if None)."""
+        stale = self.stale if rows is None else self.stale.index_select(0, rows)
+        if bool(stale.any()):
+            self.refactor(stale.nonzero().view(-1) if rows is None else rows[stale])
 
     def scatter(self, rows: Tensor, state: RowState) -> None:
         """Write ``state`` back into ``rows`` (distinct) and refactorise rows that are due.
@@ -217,20 +230,7 @@ class LinearBandit(nn.Module):
         self.inv[rows] = torch.cholesky_inverse(L)
         self.logdet[rows] = 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
         self.since_refactor[rows] = 0
-
-    @torch.no_grad()
-    def add_statistics(self, index: Tensor, dG: Tensor, dcount: Tensor | int = 0) -> None:
-        """Add aggregated augmented statistics ``dG`` (e.g. a server download) to the rows and refactorise."""
-        self.G[index] += dG
-        self.count[index] += dcount
-        self.refactor(index)
-
-    @torch.no_grad()
-    def set_statistics(self, index: Tensor, G: Tensor, count: Tensor | int) -> None:
-        """Overwrite the augmented statistics of the addressed rows with ``G`` and refactorise."""
-        self.G[index] = G
-        self.count[index] = count
-        self.refactor(index)
+        self.stale[rows] = False
 
     @torch.no_grad()
     def broadcast_statistics(self, index: Tensor, G: Tensor, count: Tensor | int) -> None:
@@ -241,6 +241,7 @@ class LinearBandit(nn.Module):
         self.inv[index] = torch.cholesky_inverse(L)
         self.logdet[index] = 2 * torch.log(torch.diagonal(L)).sum()
         self.since_refactor[index] = 0
+        self.stale[index] = False
 
 
 def outer(z: Tensor) -> Tensor:

@@ -9,12 +9,13 @@ upload instead of the 2N determinants of the authors' code.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from fedrec.bandits.linear import RowState
-from fedrec.federation.protocol import ClientServerLinUCB, log_threshold
+from fedrec.bandits.linear import RowState, outer
+from fedrec.federation.protocol import ClientServerLinUCB, _Window, log_threshold
 
 
 class AsyncLinUCB(ClientServerLinUCB):
@@ -79,60 +80,157 @@ class AsyncLinUCB(ClientServerLinUCB):
         return torch.where(new, torch.arange(w), w).min(-1).values
 
     # --------------------------------------------------------------------------- Algorithm 1
-    def _communicate(self, rows: Tensor) -> Tensor:
-        """Upload (Eq. 3 fired for ``rows``), then check the download trigger (Eq. 4) of every registered client."""
-        R, N = self.replicates, self.num_clients
-        pol, buffer, buffer_count, server = self.policy, self.buffer, self.buffer_count, self.server
-        reps = rows.div(N, rounding_mode="floor")
-        counts = buffer_count.index_select(0, rows)
-        server.index_add_(0, reps, self.channel.send("upload", reps, buffer.index_select(0, rows), self.message_scalars))
-        self.server_count.index_add_(0, reps, counts)
+    def _plan(self, block: _Window, start: Tensor, limit: Tensor) -> tuple[Tensor, _Plan | None]:
+        """Plan every upload in [start, limit) and the downloads each triggers (Algorithm 1) before committing.
+
+        Uploads are replayed in time order on the server: upload k adds the uploader's buffer C_k (its committed
+        buffer plus z zᵀ of its window steps up to the upload) to V_g, and the download trigger of Eq. (4) is a
+        vector comparison over the replicate's clients. A step of a client that uploaded or downloaded earlier
+        in the range is stale, so the range ends at the first such step and only the uploads before it count.
+        """
+        R, w = block.rows.shape
+        N, d = self.num_clients, self.dim
+        steps = torch.arange(w)
+        in_range = (steps >= start.view(-1, 1)) & (steps < limit.view(-1, 1))
+        due = block.due.view(R, w) & in_range
+        if not bool(due.any()):
+            return limit, None
+        ev = due.nonzero()  # upload events in time order within each replicate
+        ev_rep, ev_pos = ev[:, 0], ev[:, 1]
+        ev_flat = ev_rep * w + ev_pos
+        ev_row = block.flat_rows[ev_flat]
+        n_ev = len(ev_row)
+        # C_k = committed buffer + z zᵀ of the uploader's steps in [start, its upload]
+        event_of_row = torch.full((R * N,), -1, dtype=torch.long)
+        event_of_row.scatter_reduce_(0, ev_row, torch.arange(n_ev), reduce="amin", include_self=False)
+        C = self.buffer.index_select(0, ev_row)
+        flat_range = in_range.view(-1)
+        for sel, z in block.waves:
+            k = event_of_row.index_select(0, block.flat_rows[sel])
+            take = (k >= 0) & flat_range[sel] & (sel <= ev_flat[k.clamp_min(0)])
+            if bool(take.any()):
+                C.index_add_(0, k[take], outer(z[take]))
+        # V_g after each upload, summed in time order: ((V_g + C_1) + C_2) + ...
+        first = torch.ones(n_ev, dtype=torch.bool)
+        first[1:] = ev_rep[1:] != ev_rep[:-1]
+        C[first] += self.server.index_select(0, ev_rep[first])
+        counts = block.carry["buffer_count"].index_select(0, ev_flat)
+        counts[first] += self.server_count.index_select(0, ev_rep[first])
+        aggregate, agg_count = _segment_cumsum(C, first), _segment_cumsum(counts, first)
+        L = torch.linalg.cholesky_ex(aggregate[:, :d, :d] + self.lam * self.policy._eye).L
+        logdet = 2 * torch.diagonal(L, dim1=-2, dim2=-1).log().sum(-1)
+        # replay: cached log det S_j(λ) of every client, and who downloads after each upload
+        synced = self.synced_logdet.view(R, N).clone()
+        eligible_from = torch.where(self.registered.view(R, N), -1, w)  # a newcomer registers at its first step
+        newcomer = block.first_visit & in_range & ~self.registered[block.rows]
+        eligible_from.view(-1).scatter_reduce_(0, block.rows[newcomer], steps.expand(R, w)[newcomer], reduce="amin")
+        upload_logdet = block.carry["policy.logdet"].index_select(0, ev_flat)
+        is_first = event_of_row[ev_row] == torch.arange(n_ev)  # a client's second upload is stale anyway
+        dl_events, dl_rows = [], []
+        for k, (r, p, row, ok) in enumerate(zip(ev_rep.tolist(), ev_pos.tolist(), ev_row.tolist(), is_first.tolist())):
+            if not ok:
+                continue
+            synced_r = synced[r]
+            synced_r[row - r * N] = upload_logdet[k]  # S_i = V_i after the upload
+            if self.log_gamma_d == math.inf:
+                continue
+            hit = (logdet[k] - synced_r > self.log_gamma_d) & (eligible_from[r] <= p)
+            if not self.download_to_uploader:
+                hit[row - r * N] = False
+            clients = hit.nonzero().view(-1)
+            if clients.numel():
+                synced_r[clients] = logdet[k]
+                dl_events.append(torch.full_like(clients, k))
+                dl_rows.append(clients + r * N)
+        dl_event = torch.cat(dl_events) if dl_events else torch.zeros(0, dtype=torch.long)
+        dl_row = torch.cat(dl_rows) if dl_rows else torch.zeros(0, dtype=torch.long)
+        # the first upload or download of each client ends the range before its next step
+        touched = torch.full((R * N,), w, dtype=torch.long)
+        touched.scatter_reduce_(0, torch.cat([ev_row, dl_row]), torch.cat([ev_pos, ev_pos[dl_event]]), reduce="amin")
+        stale = (touched[block.rows] < steps) & in_range
+        end = torch.minimum(limit, torch.where(stale, steps, w).min(-1).values)
+        kept = (ev_pos < end[ev_rep]) & is_first
+        dl_kept = kept[dl_event]
+        return end, _Plan(
+            events=kept.nonzero().view(-1), rows=ev_row, reps=ev_rep, aggregate=aggregate, agg_count=agg_count,
+            logdet=logdet, L=L, dl_event=dl_event[dl_kept], dl_row=dl_row[dl_kept],
+        )
+
+    def _communicate(self, plan: _Plan) -> Tensor:
+        """Carry out the planned uploads and downloads (their steps are committed)."""
+        N = self.num_clients
+        pol, buffer, buffer_count = self.policy, self.buffer, self.buffer_count
+        ev = plan.events
+        rows, reps = plan.rows[ev], plan.reps[ev]
+        self.channel.send("upload", reps, buffer.index_select(0, rows), self.message_scalars)
+        # each server ends at its replicate's last planned upload
+        last = torch.full((self.replicates,), -1, dtype=torch.long)
+        last.scatter_reduce_(0, reps, ev, reduce="amax")
+        served = (last >= 0).nonzero().view(-1)
+        last = last[served]
+        self.server.index_copy_(0, served, plan.aggregate[last])
+        self.server_count.index_copy_(0, served, plan.agg_count[last])
+        self.server_logdet.index_copy_(0, served, plan.logdet[last])
         self.synced_logdet.index_copy_(0, rows, pol.logdet.index_select(0, rows))  # S_i = V_i after the upload
-        self.synced_count.index_add_(0, rows, counts)
+        self.synced_count.index_add_(0, rows, buffer_count.index_select(0, rows))
         buffer.index_fill_(0, rows, 0)
         buffer_count.index_fill_(0, rows, 0)
-        aggregate = server.index_select(0, reps)
-        L = torch.linalg.cholesky_ex(aggregate[:, :-1, :-1] + self.lam * pol._eye).L
-        logdet = 2 * torch.diagonal(L, dim1=-2, dim2=-1).log().sum(-1)
-        self.server_logdet.index_copy_(0, reps, logdet)
-        if self.log_gamma_d == math.inf:
+        if plan.dl_row.numel() == 0:
             return rows
-        due = (logdet.unsqueeze(1) - self.synced_logdet.view(R, N).index_select(0, reps)) > self.log_gamma_d
-        due &= self.registered.view(R, N).index_select(0, reps)
-        if not self.download_to_uploader:
-            due[torch.arange(len(rows)), rows - reps * N] = False
-        hit = due.nonzero()
-        if hit.numel() == 0:
-            return rows
-        k = hit[:, 0]
-        down_reps = reps.index_select(0, k)
-        down_rows = down_reps * N + hit[:, 1]
-        self._download(down_reps, down_rows, aggregate.index_select(0, k), torch.cholesky_inverse(L).index_select(0, k))
-        return torch.cat([rows, down_rows])
+        # a client's downloads in this plan arrive together: it ends holding V_g of its last one
+        self.channel.ledger.record("download", plan.reps[plan.dl_event], self.message_scalars, self.channel.bytes_per_scalar)
+        clients = torch.unique(plan.dl_row)
+        final = torch.full((self.replicates * N,), -1, dtype=torch.long)
+        final.scatter_reduce_(0, plan.dl_row, plan.dl_event, reduce="amax")
+        k = final[clients]
+        synced = pol.G.index_select(0, clients) - buffer.index_select(0, clients)
+        pol.G.index_add_(0, clients, self.channel.deliver("download", plan.aggregate[k] - synced))
+        pol.count.index_add_(0, clients, plan.agg_count[k] - self.synced_count.index_select(0, clients))
+        self.synced_count.index_copy_(0, clients, plan.agg_count[k])
+        self.synced_logdet.index_copy_(0, clients, plan.logdet[k])
+        empty = buffer_count.index_select(0, clients) == 0  # such a client now holds exactly V_g
+        in_sync, k = (clients, k) if bool(empty.all()) else (clients[empty], k[empty])
+        used, which = torch.unique(k, return_inverse=True)  # factorise each planned V_g once
+        pol.inv.index_copy_(0, in_sync, torch.cholesky_inverse(plan.L[used])[which])
+        pol.logdet.index_copy_(0, in_sync, plan.logdet[k])
+        pol.since_refactor.index_fill_(0, in_sync, 0)
+        pol.stale.index_fill_(0, in_sync, False)
+        if len(in_sync) < len(clients):
+            pol.invalidate(clients[~empty])  # refactorised when next used: most download again before that
+        return torch.cat([rows, clients])
 
-    def _download(self, reps: Tensor, rows: Tensor, aggregate: Tensor | None = None, inverse: Tensor | None = None) -> None:
-        """Send ΔV_{−j} = V_g − S_j to the addressed clients (Eq. 4).
-
-        ``aggregate`` (V_g of each addressed client's server) and its ``inverse`` may be passed when known. A
-        client with an empty upload buffer then holds exactly V_g and takes that inverse instead of refactorising.
-        """
+    def _download(self, reps: Tensor, rows: Tensor) -> None:
+        """Send ΔV_{−j} = V_g − S_j to newly registered clients (the optional registration-time check)."""
         pol = self.policy
-        if aggregate is None:
-            aggregate = self.server.index_select(0, reps)
         synced = pol.G.index_select(0, rows) - self.buffer.index_select(0, rows)
-        pol.G.index_add_(0, rows, self.channel.send("download", reps, aggregate - synced, self.message_scalars))
+        payload = self.server.index_select(0, reps) - synced
+        pol.G.index_add_(0, rows, self.channel.send("download", reps, payload, self.message_scalars))
         server_count = self.server_count.index_select(0, reps)
         pol.count.index_add_(0, rows, server_count - self.synced_count.index_select(0, rows))
         self.synced_count.index_copy_(0, rows, server_count)
-        logdet = self.server_logdet.index_select(0, reps)
-        self.synced_logdet.index_copy_(0, rows, logdet)
-        if inverse is None:
-            pol.refactor(rows)
-            return
-        empty = self.buffer_count.index_select(0, rows) == 0
-        if not bool(empty.all()):
-            pol.refactor(rows[~empty])
-            rows, inverse, logdet = rows[empty], inverse[empty], logdet[empty]
-        pol.inv.index_copy_(0, rows, inverse)
-        pol.logdet.index_copy_(0, rows, logdet)
-        pol.since_refactor.index_fill_(0, rows, 0)
+        self.synced_logdet.index_copy_(0, rows, self.server_logdet.index_select(0, reps))
+        pol.refactor(rows)
+
+
+@dataclass
+class _Plan:
+    """Upload events of a range (``events`` index the planned ones) and the downloads they trigger."""
+
+    events: Tensor
+    rows: Tensor
+    reps: Tensor
+    aggregate: Tensor  # V_g after each upload
+    agg_count: Tensor
+    logdet: Tensor  # log det V_g(λ) after each upload
+    L: Tensor  # its Cholesky factor
+    dl_event: Tensor  # upload event of each download
+    dl_row: Tensor  # its client
+
+
+def _segment_cumsum(x: Tensor, first: Tensor) -> Tensor:
+    """Cumulative sums of ``x`` along dim 0, restarting where ``first`` is true (``first[0]`` must be true)."""
+    cs = x.cumsum(0)
+    starts = first.nonzero().view(-1)
+    base = torch.zeros_like(cs[:1]).expand(len(starts), *cs.shape[1:]).clone()
+    base[1:] = cs[starts[1:] - 1]
+    return cs - base[first.cumsum(0) - 1]

@@ -23,4 +23,8 @@ class Channel(nn.Module):
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         self.ledger.record(direction, owners, scalars_per_message, self.bytes_per_scalar)
+        return self.deliver(direction, payload)
+
+    def deliver(self, direction: str, payload: Tensor) -> Tensor:
+        """What arrives of ``payload`` (already counted); the identity here."""
         return payload

@@ -121,8 +121,23 @@ class EventTriggeredProtocol(BanditProtocol):
         """One step of distinct ``rows`` from ``state``: (arms, trigger fired, new state, z)."""
         raise NotImplementedError
 
-    def _communicate(self, rows: Tensor) -> Tensor:  # pragma: no cover - abstract
-        """Communication after committed steps whose trigger fired (at most one row per replicate).
+    def _plan(self, block: _Window, start: Tensor, limit: Tensor) -> tuple[Tensor, object | None]:
+        """Per replicate, where the steps to commit before the next communication end, and what to send then.
+
+        The default ends each replicate's range just after its first fired trigger in [start, limit) and
+        plans that step's communication (:meth:`_communicate` gets its rows); ``None`` when nothing fired.
+        """
+        R, w = block.rows.shape
+        steps = torch.arange(w)
+        due = block.due.view(R, w) & (steps >= start.view(-1, 1)) & (steps < limit.view(-1, 1))
+        first_due = torch.where(due, steps, w).min(-1).values
+        fired = first_due < limit
+        if not bool(fired.any()):
+            return limit, None
+        return torch.minimum(limit, first_due + 1), block.rows[fired, first_due[fired]]
+
+    def _communicate(self, plan: object) -> Tensor:  # pragma: no cover - abstract
+        """Carry out a communication planned by :meth:`_plan`, after the steps before it were committed.
 
         Returns the rows whose state the communication changed (their pending steps are recomputed).
         """
@@ -155,6 +170,8 @@ class EventTriggeredProtocol(BanditProtocol):
         while True:
             w = min(window, int((S - pos).max()))
             if w <= 0:
+                for bandit in self._bandits().values():  # leave every inverse current between calls
+                    bandit.refresh()
                 return arms
             steps = torch.arange(w)
             idx = pos.view(-1, 1) + steps
@@ -164,17 +181,14 @@ class EventTriggeredProtocol(BanditProtocol):
             limit = torch.minimum(torch.where(in_range, w, steps).min(-1).values, self._window_limit(rows))
             block = _Window(self, rows, contexts[reps, idx].flatten(0, 1), rewards[reps, idx].flatten(0, 1), limit)
             start = torch.zeros(R, dtype=torch.long)
-            while True:  # commit up to the next fired trigger, communicate, and carry on with the unaffected steps
-                due = block.due.view(R, w) & (steps >= start.view(-1, 1)) & (steps < limit.view(-1, 1))
-                first_due = torch.where(due, steps, w).min(-1).values
-                end = torch.minimum(limit, first_due + 1)
+            while True:  # commit up to the next communication, communicate, carry on with the unaffected steps
+                end, plan = self._plan(block, start, limit)
                 keep = (steps >= start.view(-1, 1)) & (steps < end.view(-1, 1))
                 block.commit(keep)
                 arms[reps.expand(R, w)[keep], idx[keep]] = block.arms.view(R, w)[keep]
-                fired = first_due < limit
-                if not bool(fired.any()):
+                if plan is None:
                     break
-                changed = self._communicate(rows[fired, first_due[fired]])
+                changed = self._communicate(plan)
                 stale = torch.isin(rows, changed) & (steps >= end.view(-1, 1))
                 limit = torch.minimum(limit, torch.where(stale, steps, w).min(-1).values)
                 start = end
@@ -190,9 +204,10 @@ class _Window:
 
     def __init__(self, protocol: EventTriggeredProtocol, rows: Tensor, ctx: Tensor, rew: Tensor, limit: Tensor):
         R, w = rows.shape
-        self.protocol, self.w = protocol, w
+        self.protocol, self.w, self.rows = protocol, w, rows
         self.flat_rows = rows.view(-1)
         rank, prev, self.succ = _visits(rows)
+        self.first_visit = rank == 0
         self.arms = torch.zeros(R * w, dtype=torch.long)
         self.due = torch.zeros(R * w, dtype=torch.bool)
         self.carry: RowState = {}
