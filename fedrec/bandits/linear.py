@@ -13,6 +13,8 @@ of that state: it only ever grows by the z zᵀ a step returns, so callers add t
 """
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
+
 import math
 from typing import Sequence
 
@@ -42,7 +44,7 @@ def confidence_radius(
     return sigma * torch.sqrt(info.clamp_min(0) + 2 * math.log(1 / delta)) + math.sqrt(lam)
 
 
-class LinearBandit(nn.Module):
+class LinearBandit(nn.Module, metaclass=ABCMeta):
     """Batched ridge-regression state shared by LinUCB and LinTS.
 
     Rows are addressed by a flat index into ``batch_shape``; methods taking ``index=None`` act on all rows.
@@ -124,9 +126,9 @@ class LinearBandit(nn.Module):
         if bool(due.any()):
             self.refactor(rows[due])
 
-    def scores(self, contexts: Tensor, state: RowState) -> Tensor:  # pragma: no cover - abstract
+    @abstractmethod
+    def scores(self, contexts: Tensor, state: RowState) -> Tensor:
         """Scores (m, K) of the arms ``contexts`` (m, K, d) for rows in ``state``."""
-        raise NotImplementedError
 
     def advance(self, state: RowState, x: Tensor, r: Tensor) -> tuple[RowState, Tensor]:
         """State after observing (x, r): Sherman–Morrison inverse and determinant-lemma log-det.

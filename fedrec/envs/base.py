@@ -1,6 +1,8 @@
 """Bandit environments: a deterministic stream of (active client, arm contexts, rewards) per replicate."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +40,7 @@ class Chunk:
     noise: np.ndarray  # (S,)
 
 
-class BanditEnv:
+class BanditEnv(ABC):
     """Base class: subclasses generate chunk ``c`` of replicate ``r`` from a generator derived from (seed, r, c).
 
     Chunks are pure functions of their indices, so any window of the stream can be regenerated after a
@@ -62,8 +64,9 @@ class BanditEnv:
         self.chunk_size = check_int("chunk_size", chunk_size)
         self._cache: dict[tuple[int, int], Chunk] = {}
 
-    def chunk(self, replicate: int, index: int) -> Chunk:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def chunk(self, replicate: int, index: int) -> Chunk:
+        ...
 
     def _cached_chunk(self, replicate: int, index: int) -> Chunk:
         key = (replicate, index)

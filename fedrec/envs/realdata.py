@@ -8,6 +8,8 @@ as LinUCB's analysis assumes.
 """
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import csv
 import re
 from dataclasses import dataclass
@@ -107,8 +109,9 @@ class LoggedEventsEnv(BanditEnv):
             )
         self._streams: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def _load(self, data_dir: Path, dim: int, seed: int) -> EventLog:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def _load(self, data_dir: Path, dim: int, seed: int) -> EventLog:
+        ...
 
     def stream(self, replicate: int) -> tuple[np.ndarray, np.ndarray]:
         """(client, item row) of every step of a replicate, each user's events in their documented order.

@@ -1,6 +1,8 @@
 """Step-wise federated bandit protocols: the base class, the batched window executor, the centralised baseline."""
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
+
 import math
 
 import torch
@@ -12,7 +14,7 @@ from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
 
 
-class BanditProtocol(nn.Module):
+class BanditProtocol(nn.Module, metaclass=ABCMeta):
     """Interaction steps of ``replicates`` independent runs × ``num_clients`` clients, batched.
 
     State rows are flat: ``replicate * num_clients + client``. :meth:`run` plays a block of steps.
@@ -35,9 +37,9 @@ class BanditProtocol(nn.Module):
         """Flat state rows of the active client of every replicate."""
         return self._offsets + clients
 
-    def run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:  # pragma: no cover - abstract
+    @abstractmethod
+    def run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
         """Play steps in order: ``clients`` (R, S), ``contexts`` (R, S, K, d), ``rewards`` (R, S, K) -> arms (R, S)."""
-        raise NotImplementedError
 
     def step(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
         """Play one step: ``clients`` (R,), ``contexts`` (R, K, d), ``rewards`` (R, K) -> arms (R,)."""
@@ -103,23 +105,23 @@ class EventTriggeredProtocol(BanditProtocol):
     first_window = 16
 
     # ------------------------------------------------------------------------------- subclass hooks
-    def _bandits(self) -> dict[str, LinearBandit]:  # pragma: no cover - abstract
+    @abstractmethod
+    def _bandits(self) -> dict[str, LinearBandit]:
         """The per-client bandit modules whose row state a step changes, by name."""
-        raise NotImplementedError
 
-    def _row_buffers(self) -> dict[str, Tensor]:  # pragma: no cover - abstract
+    @abstractmethod
+    def _row_buffers(self) -> dict[str, Tensor]:
         """Other per-client buffers (leading dim R·N) that a step reads or changes, by name."""
-        raise NotImplementedError
 
     def _additive(self) -> list[Tensor]:
         """Per-client buffers (R·N, n, n) that grow by the z zᵀ of every step (not carried as state)."""
         return []
 
+    @abstractmethod
     def _advance(
         self, rows: Tensor, contexts: Tensor, rewards: Tensor, state: RowState
-    ) -> tuple[Tensor, Tensor, RowState, Tensor]:  # pragma: no cover - abstract
+    ) -> tuple[Tensor, Tensor, RowState, Tensor]:
         """One step of distinct ``rows`` from ``state``: (arms, trigger fired, new state, z)."""
-        raise NotImplementedError
 
     def _plan(self, block: _Window, start: Tensor, limit: Tensor) -> tuple[Tensor, object | None]:
         """Per replicate, where the steps to commit before the next communication end, and what to send then.
@@ -136,12 +138,12 @@ class EventTriggeredProtocol(BanditProtocol):
             return limit, None
         return torch.minimum(limit, first_due + 1), block.rows[fired, first_due[fired]]
 
-    def _communicate(self, plan: object) -> Tensor:  # pragma: no cover - abstract
+    @abstractmethod
+    def _communicate(self, plan: object) -> Tensor:
         """Carry out a communication planned by :meth:`_plan`, after the steps before it were committed.
 
         Returns the rows whose state the communication changed (their pending steps are recomputed).
         """
-        raise NotImplementedError
 
     def _window_limit(self, rows: Tensor) -> Tensor:
         """Per replicate, how many leading steps of the window ``rows`` (R, w) may be committed together."""

@@ -1,10 +1,12 @@
 """The task interface (the LightningModule analogue): what one round of a federated task does."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from typing import Any
 
 
-class FederatedTask:
+class FederatedTask(ABC):
     """A task runs ``num_rounds`` rounds; the trainer owns the loop, hooks, logging and checkpoints.
 
     Subclasses implement :meth:`run_round`, :meth:`state_dict`, :meth:`load_state_dict` and :meth:`summary`.
@@ -16,16 +18,18 @@ class FederatedTask:
     def setup(self, trainer: Any) -> None:
         """Called once before the first round (also after a resume)."""
 
-    def run_round(self, round_idx: int) -> dict[str, float]:  # pragma: no cover - abstract
+    @abstractmethod
+    def run_round(self, round_idx: int) -> dict[str, float]:
         """Run round ``round_idx`` and return scalar metrics to log."""
-        raise NotImplementedError
 
-    def state_dict(self) -> dict[str, Any]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
 
-    def summary(self) -> dict[str, Any]:  # pragma: no cover - abstract
+    @abstractmethod
+    def summary(self) -> dict[str, Any]:
         """Final results for ``summary.json``."""
-        raise NotImplementedError
