@@ -6,6 +6,8 @@ from typing import Sequence
 
 import matplotlib
 
+from fedrec.io import atomic_write
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -25,8 +27,7 @@ def plot_bandit_run(history: Sequence[dict[str, float]], out_dir: str | Path, ti
         ax.set_title(title)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        path = out_dir / name
-        fig.savefig(path)
+        path = atomic_write(out_dir / name, lambda f: fig.savefig(f, format="png"))
         plt.close(fig)
         paths.append(path)
     return paths
