@@ -119,42 +119,82 @@ class AsyncLinUCB(ClientServerLinUCB):
         aggregate, agg_count = _segment_cumsum(C, first), _segment_cumsum(counts, first)
         L = torch.linalg.cholesky_ex(aggregate[:, :d, :d] + self.lam * self.policy._eye).L
         logdet = 2 * torch.diagonal(L, dim1=-2, dim2=-1).log().sum(-1)
-        # replay: cached log det S_j(λ) of every client, and who downloads after each upload
-        synced = self.synced_logdet.view(R, N).clone()
-        eligible_from = torch.where(self.registered.view(R, N), -1, w)  # a newcomer registers at its first step
-        newcomer = block.first_visit & in_range & ~self.registered[block.rows]
-        eligible_from.view(-1).scatter_reduce_(0, block.rows[newcomer], steps.expand(R, w)[newcomer], reduce="amin")
-        upload_logdet = block.carry["policy.logdet"].index_select(0, ev_flat)
-        is_first = event_of_row[ev_row] == torch.arange(n_ev)  # a client's second upload is stale anyway
-        dl_events, dl_rows = [], []
-        for k, (r, p, row, ok) in enumerate(zip(ev_rep.tolist(), ev_pos.tolist(), ev_row.tolist(), is_first.tolist())):
-            if not ok:
-                continue
-            synced_r = synced[r]
-            synced_r[row - r * N] = upload_logdet[k]  # S_i = V_i after the upload
-            if self.log_gamma_d == math.inf:
-                continue
-            hit = (logdet[k] - synced_r > self.log_gamma_d) & (eligible_from[r] <= p)
-            if not self.download_to_uploader:
-                hit[row - r * N] = False
-            clients = hit.nonzero().view(-1)
-            if clients.numel():
-                synced_r[clients] = logdet[k]
-                dl_events.append(torch.full_like(clients, k))
-                dl_rows.append(clients + r * N)
-        dl_event = torch.cat(dl_events) if dl_events else torch.zeros(0, dtype=torch.long)
-        dl_row = torch.cat(dl_rows) if dl_rows else torch.zeros(0, dtype=torch.long)
+        dl_event, dl_row = self._replay_downloads(block, in_range, ev_rep, ev_pos, ev_row, event_of_row, logdet)
         # the first upload or download of each client ends the range before its next step
         touched = torch.full((R * N,), w, dtype=torch.long)
         touched.scatter_reduce_(0, torch.cat([ev_row, dl_row]), torch.cat([ev_pos, ev_pos[dl_event]]), reduce="amin")
         stale = (touched[block.rows] < steps) & in_range
         end = torch.minimum(limit, torch.where(stale, steps, w).min(-1).values)
-        kept = (ev_pos < end[ev_rep]) & is_first
+        kept = (ev_pos < end[ev_rep]) & (event_of_row[ev_row] == torch.arange(n_ev))  # a 2nd upload is stale
         dl_kept = kept[dl_event]
         return end, _Plan(
             events=kept.nonzero().view(-1), rows=ev_row, reps=ev_rep, aggregate=aggregate, agg_count=agg_count,
             logdet=logdet, L=L, dl_event=dl_event[dl_kept], dl_row=dl_row[dl_kept],
         )
+
+    def _replay_downloads(
+        self, block: _Window, in_range: Tensor, ev_rep: Tensor, ev_pos: Tensor, ev_row: Tensor,
+        event_of_row: Tensor, logdet: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """The downloads (event, client row) that the planned uploads trigger, by Eq. (4).
+
+        log det V_g(λ) only grows from upload to upload, so a client that last synchronised at log-det s
+        downloads first at the first upload k with L_k > s + log γ_D, and next at the first k' with
+        L_k' > L_k + log γ_D: every client's downloads form a chain through the same successor table. An
+        uploader's chain restarts at its upload, where its S_i becomes its own V_i. (Rounding can make L dip by
+        1e-15 between uploads; the chains follow its running maximum.)
+        """
+        R, w = block.rows.shape
+        N, n_ev = self.num_clients, len(ev_row)
+        empty = torch.zeros(0, dtype=torch.long)
+        if self.log_gamma_d == math.inf:
+            return empty, empty
+        tau = self.log_gamma_d
+        counts = torch.bincount(ev_rep, minlength=R)
+        seg_start = counts.cumsum(0) - counts
+        seg_end = seg_start + counts
+        local = torch.arange(n_ev) - seg_start[ev_rep]
+        width = int(counts.max())
+        L = torch.full((R, width), math.inf, dtype=logdet.dtype)
+        L[ev_rep, local] = logdet
+        L = L.cummax(1).values
+        P = torch.full((R, width), w, dtype=torch.long)
+        P[ev_rep, local] = ev_pos
+
+        def first_above(r: Tensor, level: Tensor) -> Tensor:  # global index of the first upload of r with L > level
+            return seg_start[r] + torch.searchsorted(L[r], level.unsqueeze(-1), right=True).squeeze(-1)
+
+        successor = torch.cat([first_above(ev_rep, L[ev_rep, local] + tau), torch.tensor([n_ev])])
+        # chains of every client from its cached log det S_j(λ), from the step where it is registered
+        eligible_from = torch.where(self.registered.view(R, N), -1, w)
+        newcomer = block.first_visit & in_range & ~self.registered[block.rows]
+        eligible_from.view(-1).scatter_reduce_(0, block.rows[newcomer], torch.arange(w).expand(R, w)[newcomer], reduce="amin")
+        start = torch.maximum(
+            torch.searchsorted(L, self.synced_logdet.view(R, N) + tau, right=True),
+            torch.searchsorted(P, eligible_from),
+        ) + seg_start.view(-1, 1)
+        bound = seg_end.view(-1, 1).expand(R, N).reshape(-1).clone()
+        uploaders = ev_row[event_of_row[ev_row] == torch.arange(n_ev)]
+        first_upload = event_of_row[uploaders]
+        bound[uploaders] = first_upload  # an uploader's chain restarts at its upload ...
+        rows = torch.cat([torch.arange(R * N), uploaders])
+        k = torch.cat([start.view(-1), torch.maximum(
+            first_above(ev_rep[first_upload], block.carry["policy.logdet"][ev_rep[first_upload] * w + ev_pos[first_upload]] + tau),
+            first_upload + (0 if self.download_to_uploader else 1),
+        )])
+        bound = torch.cat([bound, seg_end[ev_rep[first_upload]]])  # ... and runs to the end
+        events, clients = [], []
+        while True:
+            live = k < bound
+            if not bool(live.any()):
+                break
+            k, rows, bound = k[live], rows[live], bound[live]
+            events.append(k)
+            clients.append(rows)
+            k = successor[k]
+        if not events:
+            return empty, empty
+        return torch.cat(events), torch.cat(clients)
 
     def _communicate(self, plan: _Plan) -> Tensor:
         """Carry out the planned uploads and downloads (their steps are committed)."""
