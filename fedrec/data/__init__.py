@@ -1,0 +1,28 @@
+"""Rating datasets (MovieLens-100K, FilmTrust, MovieLens-1M) split for federated recommendation."""
+from fedrec.data.ratings import (
+    DATASETS,
+    NORMALIZATIONS,
+    RatingData,
+    Ratings,
+    arrival_rounds,
+    group_users,
+    load_filmtrust,
+    load_ml1m,
+    load_ml100k,
+    load_ratings,
+    read_ratings,
+)
+
+__all__ = [
+    "DATASETS",
+    "NORMALIZATIONS",
+    "RatingData",
+    "Ratings",
+    "arrival_rounds",
+    "group_users",
+    "load_filmtrust",
+    "load_ml1m",
+    "load_ml100k",
+    "load_ratings",
+    "read_ratings",
+]

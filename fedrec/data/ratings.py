@@ -1,0 +1,502 @@
+"""Explicit-rating datasets for federated recommendation (BGTplanner spec §1.1 and §5; paper §VII-A).
+
+Datasets (files under ``data_dir``):
+
+* ``ml-100k``: MovieLens 100K, ``ml-100k/u.data``, tab-separated ``user item rating timestamp``, ratings 1..5.
+  943 users, 1,682 items, 100,000 ratings.
+* ``filmtrust``: FilmTrust (Guo et al. 2013), ``filmtrust/ratings.txt``, space-separated ``user item rating``,
+  ratings 0.5..4 in steps of 0.5. The file holds 35,497 lines: 1,508 users, 2,071 items. Three (user, item)
+  pairs occur twice (lines 7411/7437, 7412/7468, 7414/7489; two of them with different ratings); the later
+  line is kept, as a sparse rating matrix built from the file would, which leaves 35,494 ratings. The paper
+  reports 18,662 ratings from 874 users (and the authors' pickle 1,957 items): that is another version of the
+  dataset, and no filter is applied here to imitate it.
+* ``ml-1m``: MovieLens 1M, ``ml-1m/ratings.dat``, ``user::item::rating::timestamp``, ratings 1..5.
+  6,040 users, 3,706 rated items, 1,000,209 ratings (per its README). Users are grouped at random into 605
+  clients (paper §VII-A); the other datasets have one client per user.
+
+Users and items are re-indexed to ``0..n-1`` in increasing order of their dataset ids.
+
+Normalisation (the paper only says "all rating scores are normalized to the range [0,1]"):
+
+* ``"max"`` (default): ``r / r_max`` with ``r_max`` the largest rating in the file. ML 1..5 -> 0.2..1,
+  FilmTrust 0.5..4 -> 0.125..1. It is the default because the metrics binarise ratings and predictions at 0.5
+  (spec §5): with ``"max"`` an ML rating is positive iff it is >= 3 (0.6; a 2 is 0.4), so no rating sits on the
+  threshold, and FilmTrust ratings >= 2 are positive. It also matches the paper's RMSE scale: ML-100K's 0.2017
+  is a raw-scale RMSE of about 1.0 under ``r / 5`` (plausible for a private FedGNN) but 0.81 under min-max.
+* ``"minmax"``: ``(r - r_min) / (r_max - r_min)``, exactly [0, 1]. ML rating 3 then maps to exactly 0.5.
+
+Splits (all random numbers come from :func:`fedrec.seeding.numpy_generator`, so a seed fixes everything):
+
+1. ``test``: a uniformly random ``test_fraction`` (default 1/5, the paper's 4:1) of all ratings.
+2. ``val``: a random ``val_fraction`` of the remaining (training) ratings, held out of training; empty by
+   default. A planner can take its reward from it instead of from the test set.
+3. The rest is split at random into two halves: ``initial`` (available from round 0; it gets the odd rating)
+   and ``stream`` (spec §5: "randomly and evenly sampled and added" as training proceeds).
+
+Streaming rule (spec §5, from the authors' code): for each client, its ``n`` streamed ratings arrive in a
+random order over the ``T = rounds`` rounds 0..T-1: if ``n >= T``, ``floor(n/T)`` per round plus one more in
+each of the first ``n mod T`` rounds; if ``n < T``, one every ``floor(T/n)`` rounds starting at round 0.
+Clients are users on ML-100K and FilmTrust, so there the rule is per user; on ML-1M it is per client (the
+authors ran ML-1M as a dataset of 605 merged "users", so their per-user rule is this per-client rule).
+
+Every split is sorted by (user, item); ``stream`` is sorted by (arrival round, user, item), so the ratings
+available at a round are ``initial`` plus a prefix of ``stream``.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from fedrec.errors import ConfigError, check_file, check_float, check_int
+from fedrec.seeding import numpy_generator
+
+#: Names accepted by :func:`load_ratings`.
+DATASETS = ("ml-100k", "filmtrust", "ml-1m")
+#: Normalisation rules accepted by the loaders.
+NORMALIZATIONS = ("max", "minmax")
+#: Clients of ML-1M when ``num_clients`` is not given (paper §VII-A: 6,040 users in 605 clients).
+ML1M_CLIENTS = 605
+
+_ML_URL = "https://grouplens.org/datasets/movielens/"
+_FILMTRUST_URL = "https://guoguibing.github.io/librec/datasets.html"
+
+
+@dataclass(frozen=True, eq=False)
+class Ratings:
+    """Parallel arrays of (user, item, rating): int64 user and item indices, float32 normalised ratings."""
+
+    user: np.ndarray
+    item: np.ndarray
+    rating: np.ndarray
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "user", np.asarray(self.user, dtype=np.int64))
+        object.__setattr__(self, "item", np.asarray(self.item, dtype=np.int64))
+        object.__setattr__(self, "rating", np.asarray(self.rating, dtype=np.float32))
+        if not len(self.user) == len(self.item) == len(self.rating):
+            raise ValueError(
+                f"Ratings arrays differ in length: user {len(self.user)}, item {len(self.item)}, "
+                f"rating {len(self.rating)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.user)
+
+    def take(self, index: np.ndarray | slice) -> "Ratings":
+        """The ratings at ``index`` (an index array, boolean mask or slice)."""
+        return Ratings(self.user[index], self.item[index], self.rating[index])
+
+    @staticmethod
+    def concat(*parts: "Ratings") -> "Ratings":
+        """The ratings of all ``parts``, in order."""
+        if not parts:
+            return Ratings(np.zeros(0), np.zeros(0), np.zeros(0))
+        return Ratings(
+            np.concatenate([p.user for p in parts]),
+            np.concatenate([p.item for p in parts]),
+            np.concatenate([p.rating for p in parts]),
+        )
+
+
+@dataclass(eq=False)
+class RatingData:
+    """A rating dataset split for federated training (see the module docstring for every rule).
+
+    ``test``, ``val``, ``initial`` and ``stream`` partition the ratings: each rating is in exactly one.
+    ``stream_round[k]`` is the round (0-based) at which ``stream``'s k-th rating joins the training data.
+    """
+
+    name: str
+    num_users: int
+    num_items: int
+    num_clients: int
+    client_of_user: np.ndarray  # (num_users,) int64 client id of each user
+    test: Ratings
+    val: Ratings
+    initial: Ratings
+    stream: Ratings
+    stream_round: np.ndarray  # (len(stream),) int64, non-decreasing
+    rounds: int
+    normalize: str
+    rating_range: tuple[float, float]  # (min, max) raw rating in the file, which fixes the normalisation
+    user_ids: np.ndarray = field(repr=False)  # (num_users,) dataset id of each user index
+    item_ids: np.ndarray = field(repr=False)  # (num_items,) dataset id of each item index
+    duplicates_dropped: int = 0  # repeated (user, item) lines in the file (the last one is kept)
+
+    @property
+    def num_ratings(self) -> int:
+        return len(self.test) + len(self.val) + len(self.initial) + len(self.stream)
+
+    @property
+    def training(self) -> Ratings:
+        """All training ratings: ``initial`` plus every streamed rating (the data at the last round)."""
+        return Ratings.concat(self.initial, self.stream)
+
+    def training_until(self, round: int) -> Ratings:
+        """Training ratings available at ``round``: ``initial`` plus the streamed ones with
+        ``stream_round <= round`` (``round = -1`` gives ``initial`` alone)."""
+        round = check_int("round", round, minimum=-1)
+        end = int(np.searchsorted(self.stream_round, round, side="right"))
+        return Ratings.concat(self.initial, self.stream.take(slice(0, end)))
+
+    def denormalize(self, rating: np.ndarray) -> np.ndarray:
+        """Map normalised ratings (or predictions) back to the dataset's rating scale."""
+        lo, hi = self.rating_range
+        rating = np.asarray(rating, dtype=np.float64)
+        return rating * hi if self.normalize == "max" else lo + rating * (hi - lo)
+
+    def summary(self) -> dict[str, object]:
+        """Counts for logs and READMEs."""
+        return {
+            "dataset": self.name,
+            "users": self.num_users,
+            "items": self.num_items,
+            "ratings": self.num_ratings,
+            "clients": self.num_clients,
+            "test": len(self.test),
+            "val": len(self.val),
+            "initial": len(self.initial),
+            "stream": len(self.stream),
+            "rounds": self.rounds,
+            "normalize": self.normalize,
+            "rating_range": list(self.rating_range),
+            "duplicates_dropped": self.duplicates_dropped,
+        }
+
+
+# ---------------------------------------------------------------------------------------------- loaders
+
+
+@dataclass(frozen=True)
+class _Format:
+    folder: str
+    file: str
+    sep: str
+    columns: tuple[str, ...]
+    how_to_get: Callable[[Path], str]
+
+
+def _movielens_help(zip_name: str, what: str) -> Callable[[Path], str]:
+    def how(data_dir: Path) -> str:
+        return (
+            f"Download {zip_name}.zip ({what}) from {_ML_URL} and unzip it into {data_dir}/ "
+            f"(it creates {data_dir / zip_name}/)."
+        )
+
+    return how
+
+
+def _filmtrust_help(data_dir: Path) -> str:
+    return (
+        f"Download the FilmTrust archive from {_FILMTRUST_URL} and unzip it so that "
+        f"{data_dir / 'filmtrust' / 'ratings.txt'} exists (make the folder {data_dir / 'filmtrust'}/ first "
+        "if the archive has no top folder)."
+    )
+
+
+_FORMATS = {
+    "ml-100k": _Format(
+        "ml-100k", "u.data", "\t", ("user", "item", "rating", "timestamp"),
+        _movielens_help("ml-100k", "MovieLens 100K"),
+    ),
+    "filmtrust": _Format("filmtrust", "ratings.txt", " ", ("user", "item", "rating"), _filmtrust_help),
+    "ml-1m": _Format(
+        "ml-1m", "ratings.dat", "::", ("user", "item", "rating", "timestamp"),
+        _movielens_help("ml-1m", "MovieLens 1M"),
+    ),
+}  # fmt: skip
+
+
+def read_ratings(name: str, data_dir: str | Path, normalize: str = "max") -> pd.DataFrame:
+    """Read dataset ``name`` (one of :data:`DATASETS`) from ``data_dir``.
+
+    Returns one row per (user, item) pair, in file order, with columns ``user`` and ``item`` (indices
+    ``0..n-1`` in increasing order of the dataset ids), ``rating`` (normalised by ``normalize``, float64),
+    ``raw_rating``, ``user_id`` and ``item_id`` (the dataset's own ids). ``frame.attrs`` holds
+    ``rating_range`` (raw min, max) and ``duplicates_dropped``.
+
+    Raises DatasetNotFoundError (file path and where to download it) if the file is missing, and
+    ConfigError naming the file and 1-based line of the first malformed line.
+    """
+    name = _check_name(name)
+    normalize = _check_normalize(normalize)
+    fmt = _FORMATS[name]
+    data_dir = Path(data_dir)
+    path = check_file(data_dir / fmt.folder / fmt.file, fmt.how_to_get(data_dir))
+    raw = _read_table(path, fmt.sep, fmt.columns)
+
+    bad = np.flatnonzero(~np.isfinite(raw["rating"].to_numpy()) | (raw["rating"].to_numpy() < 0))
+    if len(bad):
+        line = int(bad[0]) + 1
+        raise ConfigError(
+            f"{path}, line {line}: field 'rating' must be a finite number >= 0, got {raw['rating'].iloc[bad[0]]!r}"
+        )
+    before = len(raw)
+    raw = raw.drop_duplicates(subset=["user", "item"], keep="last")
+    user_ids, user = np.unique(raw["user"].to_numpy(), return_inverse=True)
+    item_ids, item = np.unique(raw["item"].to_numpy(), return_inverse=True)
+    raw_rating = raw["rating"].to_numpy(np.float64)
+    lo, hi = float(raw_rating.min()), float(raw_rating.max())
+    frame = pd.DataFrame(
+        {
+            "user": user.astype(np.int64),
+            "item": item.astype(np.int64),
+            "rating": _normalize(raw_rating, normalize, lo, hi, path),
+            "raw_rating": raw_rating,
+            "user_id": raw["user"].to_numpy(),
+            "item_id": raw["item"].to_numpy(),
+        }
+    )
+    frame.attrs["rating_range"] = (lo, hi)
+    frame.attrs["duplicates_dropped"] = before - len(raw)
+    return frame
+
+
+def load_ml100k(data_dir: str | Path, normalize: str = "max") -> pd.DataFrame:
+    """MovieLens 100K ratings (``<data_dir>/ml-100k/u.data``); see :func:`read_ratings`."""
+    return read_ratings("ml-100k", data_dir, normalize)
+
+
+def load_filmtrust(data_dir: str | Path, normalize: str = "max") -> pd.DataFrame:
+    """FilmTrust ratings (``<data_dir>/filmtrust/ratings.txt``); see :func:`read_ratings`."""
+    return read_ratings("filmtrust", data_dir, normalize)
+
+
+def load_ml1m(data_dir: str | Path, normalize: str = "max") -> pd.DataFrame:
+    """MovieLens 1M ratings (``<data_dir>/ml-1m/ratings.dat``); see :func:`read_ratings`."""
+    return read_ratings("ml-1m", data_dir, normalize)
+
+
+def _normalize(rating: np.ndarray, normalize: str, lo: float, hi: float, path: Path) -> np.ndarray:
+    if normalize == "max":
+        if hi <= 0:
+            raise ConfigError(f"{path}: normalize='max' needs a positive rating, but the largest is {hi}")
+        return rating / hi
+    if hi <= lo:
+        raise ConfigError(f"{path}: normalize='minmax' needs two distinct ratings, but every rating is {lo}")
+    return (rating - lo) / (hi - lo)
+
+
+def _read_table(path: Path, sep: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Read ``path`` (no header; ``rating`` a number, the other columns integers) with pandas' C parser; a
+    malformed or empty file raises a ConfigError naming the file and the 1-based line."""
+    dtypes = {c: np.float64 if c == "rating" else np.int64 for c in columns}
+    source: Path | io.StringIO = path
+    if len(sep) > 1:  # the C parser takes one-character separators only; "::" lines become tab-separated
+        source = io.StringIO(path.read_text(encoding="latin-1").replace(sep, "\t"))
+    try:
+        frame = pd.read_csv(
+            source,
+            sep=sep if len(sep) == 1 else "\t",
+            header=None,
+            names=list(columns),
+            index_col=False,
+            dtype=dtypes,
+            quoting=csv.QUOTE_NONE,
+            skip_blank_lines=False,
+            keep_default_na=False,
+            na_filter=False,
+            encoding="latin-1",
+        )
+    except (ValueError, OverflowError) as exc:  # pandas' EmptyDataError and ParserError are ValueErrors
+        raise _malformed(path, sep, columns, exc) from None
+    if frame.empty:
+        raise _malformed(path, sep, columns, ValueError("no rows"))
+    return frame
+
+
+def _malformed(path: Path, sep: str, columns: tuple[str, ...], exc: Exception) -> ConfigError:
+    """The error for the first line of ``path`` that cannot be parsed (scanned only after a failure)."""
+    expected = sep.join(columns)
+    number = 0
+    with path.open(encoding="latin-1") as f:
+        for number, line in enumerate(f, start=1):
+            fields = line.rstrip("\r\n").split(sep)
+            if len(fields) != len(columns):
+                return ConfigError(
+                    f"{path}, line {number}: expected {len(columns)} fields {expected!r} separated by {sep!r}, "
+                    f"found {len(fields)}: {line.rstrip()!r}"
+                )
+            for column, value in zip(columns, fields):
+                if column == "rating":
+                    try:
+                        finite = math.isfinite(float(value))
+                    except ValueError:
+                        return ConfigError(f"{path}, line {number}: field 'rating' must be a number, got {value!r}")
+                    if not finite:
+                        return ConfigError(
+                            f"{path}, line {number}: field 'rating' must be a finite number, got {value!r}"
+                        )
+                elif not re.fullmatch(r"\s*[+-]?\d+\s*", value):
+                    return ConfigError(f"{path}, line {number}: field {column!r} must be an integer, got {value!r}")
+    if number == 0:
+        return ConfigError(f"{path}, line 1: the file is empty; expected lines {expected!r}")
+    return ConfigError(f"{path}: cannot be parsed ({exc})")
+
+
+# ---------------------------------------------------------------------------------------------- splits
+
+
+def load_ratings(
+    name: str,
+    data_dir: str | Path,
+    seed: int = 0,
+    rounds: int = 100,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
+    num_clients: int | None = None,
+    normalize: str = "max",
+) -> RatingData:
+    """Load dataset ``name`` from ``data_dir`` and split it for federated training with streaming.
+
+    Args:
+        name: one of :data:`DATASETS`.
+        data_dir: folder that holds the dataset folders (``ml-100k/``, ``filmtrust/``, ``ml-1m/``).
+        seed: fixes the test/val/initial/stream split, the arrival order and the ML-1M client grouping.
+        rounds: T, the rounds over which ``stream`` arrives.
+        test_fraction: share of all ratings in ``test`` (0.2 = the paper's 4:1 split).
+        val_fraction: share of the training ratings held out in ``val`` (0 = no validation set).
+        num_clients: clients; None = one per user (ML-100K, FilmTrust) or 605 (ML-1M). Fewer clients than
+            users groups the users at random into clients of near-equal size (sizes differ by at most one).
+        normalize: ``"max"`` or ``"minmax"`` (module docstring).
+
+    The test split has ``round(N * test_fraction)`` ratings (at least 1, at most N - 1), ``val`` has
+    ``round(n_train * val_fraction)``, ``initial`` gets ``ceil(rest / 2)`` and ``stream`` the other half.
+    """
+    name = _check_name(name)
+    seed = check_int("seed", seed, minimum=0)
+    rounds = check_int("rounds", rounds, minimum=1)
+    test_fraction = check_float("test_fraction", test_fraction, low=0.0, high=1.0, low_open=True, high_open=True)
+    val_fraction = check_float("val_fraction", val_fraction, low=0.0, high=1.0, high_open=True)
+    normalize = _check_normalize(normalize)
+    frame = read_ratings(name, data_dir, normalize)
+    user_ids = np.unique(frame["user_id"].to_numpy())
+    item_ids = np.unique(frame["item_id"].to_numpy())
+    num_users, n = len(user_ids), len(frame)
+
+    if num_clients is None:
+        num_clients = ML1M_CLIENTS if name == "ml-1m" else num_users
+        what = f"the {name} default"
+    else:
+        what = "given"
+    num_clients = check_int("num_clients", num_clients)
+    if num_clients > num_users:
+        raise ConfigError(
+            f"num_clients must lie in [1, {num_users}] (the users of {name}), got {num_clients} ({what})"
+        )
+    if n < 2:
+        raise ConfigError(f"{name}: a train/test split needs at least 2 ratings, the file has {n}")
+    client_of_user = group_users(num_users, num_clients, seed)
+
+    everything = Ratings(frame["user"].to_numpy(), frame["item"].to_numpy(), frame["rating"].to_numpy())
+    order = numpy_generator(seed, "ratings-split").permutation(n)
+    n_test = min(max(_round(n * test_fraction), 1), n - 1)
+    n_val = _round((n - n_test) * val_fraction)
+    n_rest = n - n_test - n_val
+    n_initial = n_rest - n_rest // 2
+    cuts = np.cumsum([n_test, n_val, n_initial])
+    test, val, initial, stream = (everything.take(_by_user(everything, part)) for part in np.split(order, cuts))
+
+    stream_round = arrival_rounds_by_group(client_of_user[stream.user], rounds, seed)
+    by_round = np.lexsort((stream.item, stream.user, stream_round))
+    return RatingData(
+        name=name,
+        num_users=num_users,
+        num_items=len(item_ids),
+        num_clients=num_clients,
+        client_of_user=client_of_user,
+        test=test,
+        val=val,
+        initial=initial,
+        stream=stream.take(by_round),
+        stream_round=stream_round[by_round],
+        rounds=rounds,
+        normalize=normalize,
+        rating_range=frame.attrs["rating_range"],
+        user_ids=user_ids,
+        item_ids=item_ids,
+        duplicates_dropped=int(frame.attrs["duplicates_dropped"]),
+    )
+
+
+def group_users(num_users: int, num_clients: int, seed: int) -> np.ndarray:
+    """Client id of each user: the identity if ``num_clients == num_users``, else users in a random order
+    dealt round-robin into ``num_clients`` clients (every client gets ``floor`` or ``ceil`` of U / C users)."""
+    num_users = check_int("num_users", num_users)
+    num_clients = check_int("num_clients", num_clients)
+    if num_clients > num_users:
+        raise ConfigError(f"num_clients must lie in [1, {num_users}] (the users), got {num_clients}")
+    if num_clients == num_users:
+        return np.arange(num_users, dtype=np.int64)
+    client_of_user = np.empty(num_users, dtype=np.int64)
+    client_of_user[numpy_generator(seed, "ratings-clients").permutation(num_users)] = (
+        np.arange(num_users) % num_clients
+    )
+    return client_of_user
+
+
+def arrival_rounds(n: int, rounds: int) -> np.ndarray:
+    """Rounds at which one client's ``n`` streamed ratings arrive, in arrival order (module docstring):
+    ``floor(n/T)`` per round plus one in the first ``n mod T`` rounds if ``n >= T``, else one every
+    ``floor(T/n)`` rounds from round 0."""
+    n = check_int("n", n, minimum=0)
+    rounds = check_int("rounds", rounds, minimum=1)
+    return _arrival(np.arange(n, dtype=np.int64), np.full(n, n, dtype=np.int64), rounds)
+
+
+def arrival_rounds_by_group(group: np.ndarray, rounds: int, seed: int) -> np.ndarray:
+    """Arrival round of each streamed rating, the rule applied per ``group`` (client) with each group's
+    ratings taken in a seeded random order."""
+    group = np.asarray(group, dtype=np.int64)
+    key = numpy_generator(seed, "ratings-stream").random(len(group))
+    order = np.lexsort((key, group))
+    sorted_group = group[order]
+    starts = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]]) if len(group) else np.zeros(0, int)
+    sizes = np.diff(np.r_[starts, len(group)])
+    position = np.arange(len(group)) - np.repeat(starts, sizes)
+    result = np.empty(len(group), dtype=np.int64)
+    result[order] = _arrival(position, np.repeat(sizes, sizes), rounds)
+    return result
+
+
+def _arrival(position: np.ndarray, count: np.ndarray, rounds: int) -> np.ndarray:
+    """Vectorised streaming rule: round of the ``position``-th of ``count`` ratings of a client."""
+    per = count // rounds  # >= 1 where count >= rounds
+    extra = count % rounds
+    head = extra * (per + 1)  # ratings delivered in the first ``extra`` rounds
+    many = np.where(
+        position < head,
+        position // np.maximum(per + 1, 1),
+        extra + (position - head) // np.maximum(per, 1),
+    )
+    few = position * (rounds // np.maximum(count, 1))
+    return np.where(count >= rounds, many, few).astype(np.int64)
+
+
+def _by_user(ratings: Ratings, index: np.ndarray) -> np.ndarray:
+    """``index`` reordered by (user, item)."""
+    return index[np.lexsort((ratings.item[index], ratings.user[index]))]
+
+
+def _round(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def _check_name(name: object) -> str:
+    if name not in DATASETS:
+        raise ConfigError(f"name must be one of {', '.join(DATASETS)}; got {name!r}")
+    return str(name)
+
+
+def _check_normalize(normalize: object) -> str:
+    if normalize not in NORMALIZATIONS:
+        raise ConfigError(f"normalize must be one of {', '.join(NORMALIZATIONS)}; got {normalize!r}")
+    return str(normalize)
