@@ -44,10 +44,7 @@ available at a round are ``initial`` plus a prefix of ``stream``.
 """
 from __future__ import annotations
 
-import csv
-import io
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -57,6 +54,7 @@ import pandas as pd
 
 from fedrec.errors import ConfigError, check_file, check_float, check_int
 from fedrec.seeding import numpy_generator
+from fedrec.tables import read_table
 
 #: Names accepted by :func:`load_ratings`.
 DATASETS = ("ml-100k", "filmtrust", "ml-1m")
@@ -231,7 +229,7 @@ def read_ratings(name: str, data_dir: str | Path, normalize: str = "max") -> pd.
     fmt = _FORMATS[name]
     data_dir = Path(data_dir)
     path = check_file(data_dir / fmt.folder / fmt.file, fmt.how_to_get(data_dir))
-    raw = _read_table(path, fmt.sep, fmt.columns)
+    raw = read_table(path, fmt.columns, sep=fmt.sep, numbers=("rating",))
 
     bad = np.flatnonzero(~np.isfinite(raw["rating"].to_numpy()) | (raw["rating"].to_numpy() < 0))
     if len(bad):
@@ -283,63 +281,6 @@ def _normalize(rating: np.ndarray, normalize: str, lo: float, hi: float, path: P
     if hi <= lo:
         raise ConfigError(f"{path}: normalize='minmax' needs two distinct ratings, but every rating is {lo}")
     return (rating - lo) / (hi - lo)
-
-
-def _read_table(path: Path, sep: str, columns: tuple[str, ...]) -> pd.DataFrame:
-    """Read ``path`` (no header; ``rating`` a number, the other columns integers) with pandas' C parser; a
-    malformed or empty file raises a ConfigError naming the file and the 1-based line."""
-    dtypes = {c: np.float64 if c == "rating" else np.int64 for c in columns}
-    source: Path | io.StringIO = path
-    if len(sep) > 1:  # the C parser takes one-character separators only; "::" lines become tab-separated
-        source = io.StringIO(path.read_text(encoding="latin-1").replace(sep, "\t"))
-    try:
-        frame = pd.read_csv(
-            source,
-            sep=sep if len(sep) == 1 else "\t",
-            header=None,
-            names=list(columns),
-            index_col=False,
-            dtype=dtypes,
-            quoting=csv.QUOTE_NONE,
-            skip_blank_lines=False,
-            keep_default_na=False,
-            na_filter=False,
-            encoding="latin-1",
-        )
-    except (ValueError, OverflowError) as exc:  # pandas' EmptyDataError and ParserError are ValueErrors
-        raise _malformed(path, sep, columns, exc) from None
-    if frame.empty:
-        raise _malformed(path, sep, columns, ValueError("no rows"))
-    return frame
-
-
-def _malformed(path: Path, sep: str, columns: tuple[str, ...], exc: Exception) -> ConfigError:
-    """The error for the first line of ``path`` that cannot be parsed (scanned only after a failure)."""
-    expected = sep.join(columns)
-    number = 0
-    with path.open(encoding="latin-1") as f:
-        for number, line in enumerate(f, start=1):
-            fields = line.rstrip("\r\n").split(sep)
-            if len(fields) != len(columns):
-                return ConfigError(
-                    f"{path}, line {number}: expected {len(columns)} fields {expected!r} separated by {sep!r}, "
-                    f"found {len(fields)}: {line.rstrip()!r}"
-                )
-            for column, value in zip(columns, fields):
-                if column == "rating":
-                    try:
-                        finite = math.isfinite(float(value))
-                    except ValueError:
-                        return ConfigError(f"{path}, line {number}: field 'rating' must be a number, got {value!r}")
-                    if not finite:
-                        return ConfigError(
-                            f"{path}, line {number}: field 'rating' must be a finite number, got {value!r}"
-                        )
-                elif not re.fullmatch(r"\s*[+-]?\d+\s*", value):
-                    return ConfigError(f"{path}, line {number}: field {column!r} must be an integer, got {value!r}")
-    if number == 0:
-        return ConfigError(f"{path}, line 1: the file is empty; expected lines {expected!r}")
-    return ConfigError(f"{path}: cannot be parsed ({exc})")
 
 
 # ---------------------------------------------------------------------------------------------- splits

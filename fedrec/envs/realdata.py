@@ -8,15 +8,12 @@ as LinUCB's analysis assumes.
 """
 from __future__ import annotations
 
-from abc import abstractmethod
-
-import csv
 import re
+from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import scipy.sparse as sp
 from sklearn.decomposition import TruncatedSVD
 from sklearn.feature_extraction.text import TfidfTransformer, TfidfVectorizer
@@ -25,6 +22,7 @@ from threadpoolctl import threadpool_limits
 from fedrec.envs.base import BanditEnv, Chunk
 from fedrec.errors import ConfigError, check_file, check_int
 from fedrec.seeding import numpy_generator
+from fedrec.tables import read_table
 
 #: SVD rows shorter than this are numerical zeros: the item's TF-IDF vector is orthogonal to the kept
 #: components (on LastFM the zeros are at most ~2e-9 and the smallest genuine norm is ~2e-5).
@@ -200,8 +198,8 @@ class LastFMEnv(LoggedEventsEnv):
         )
         listened_path = check_file(root / "user_artists.dat", how)
         tagged_path = check_file(root / "user_taggedartists.dat", how)
-        listened = _read_table(listened_path, ["user", "artist", "weight"], sep="\t", header=True)
-        tagged = _read_table(tagged_path, ["user", "artist", "tag", "day", "month", "year"], sep="\t", header=True)
+        listened = read_table(listened_path, ["user", "artist", "weight"], sep="\t", header=True)
+        tagged = read_table(tagged_path, ["user", "artist", "tag", "day", "month", "year"], sep="\t", header=True)
 
         artists, artist_row = np.unique(tagged["artist"].to_numpy(), return_inverse=True)
         tags, tag_col = np.unique(tagged["tag"].to_numpy(), return_inverse=True)
@@ -247,8 +245,8 @@ class MovieLensEnv(LoggedEventsEnv):
         )
         ratings_path = check_file(root / "u.data", how)
         movies_path = check_file(root / "u.item", how)
-        ratings = _read_table(ratings_path, ["user", "item", "rating", "timestamp"], sep="\t", header=False)
-        movies = _read_table(
+        ratings = read_table(ratings_path, ["user", "item", "rating", "timestamp"], sep="\t", header=False)
+        movies = read_table(
             movies_path,
             ["item", "title", "release", "video_release", "url", *ML_GENRES],
             sep="|",
@@ -297,45 +295,3 @@ def _rows(item_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Feature row of each dataset id in ``ids`` (``item_ids`` is increasing); -1 where the item has none."""
     found = np.searchsorted(item_ids, ids).clip(max=len(item_ids) - 1)
     return np.where(item_ids[found] == ids, found, -1)
-
-
-def _read_table(
-    path: Path, names: list[str], *, sep: str, header: bool, text: tuple[str, ...] = ()
-) -> pd.DataFrame:
-    """Read a ``sep``-separated file whose columns are integers except ``text``; a malformed line raises a
-    ConfigError naming the file and line number."""
-    try:
-        return pd.read_csv(
-            path,
-            sep=sep,
-            header=0 if header else None,
-            names=names,
-            index_col=False,
-            dtype={c: str if c in text else np.int64 for c in names},
-            quoting=csv.QUOTE_NONE,
-            skip_blank_lines=False,
-            keep_default_na=False,
-            encoding="latin-1",
-        )
-    except (ValueError, OverflowError) as exc:
-        raise _malformed(path, names, sep, header, text, exc) from None
-
-
-def _malformed(
-    path: Path, names: list[str], sep: str, header: bool, text: tuple[str, ...], exc: Exception
-) -> ConfigError:
-    """The error for the first line of ``path`` that pandas could not parse (scanned only after a failure)."""
-    with path.open(encoding="latin-1") as f:
-        for number, line in enumerate(f, start=1):
-            if header and number == 1:
-                continue
-            fields = line.rstrip("\r\n").split(sep)
-            if len(fields) != len(names):
-                return ConfigError(
-                    f"{path}, line {number}: expected {len(names)} fields separated by {sep!r}, "
-                    f"found {len(fields)}: {line.rstrip()!r}"
-                )
-            for name, value in zip(names, fields):
-                if name not in text and not re.fullmatch(r"\s*[+-]?\d+\s*", value):
-                    return ConfigError(f"{path}, line {number}: field {name!r} must be an integer, got {value!r}")
-    return ConfigError(f"{path}: cannot be parsed ({exc})")
