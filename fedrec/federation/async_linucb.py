@@ -223,11 +223,7 @@ class AsyncLinUCB(ClientServerLinUCB):
         final = torch.full((self.replicates * N,), -1, dtype=torch.long)
         final.scatter_reduce_(0, plan.dl_row, plan.dl_event, reduce="amax")
         k = final[clients]
-        synced = pol.G.index_select(0, clients) - buffer.index_select(0, clients)
-        pol.G.index_add_(0, clients, self.channel.deliver("download", plan.aggregate[k] - synced))
-        pol.count.index_add_(0, clients, plan.agg_count[k] - self.synced_count.index_select(0, clients))
-        self.synced_count.index_copy_(0, clients, plan.agg_count[k])
-        self.synced_logdet.index_copy_(0, clients, plan.logdet[k])
+        self._receive(clients, plan.aggregate[k], plan.agg_count[k], plan.logdet[k])
         empty = buffer_count.index_select(0, clients) == 0  # such a client now holds exactly V_g
         in_sync, k = (clients, k) if bool(empty.all()) else (clients[empty], k[empty])
         used, which = torch.unique(k, return_inverse=True)  # factorise each planned V_g once
@@ -241,15 +237,24 @@ class AsyncLinUCB(ClientServerLinUCB):
 
     def _download(self, reps: Tensor, rows: Tensor) -> None:
         """Send ΔV_{−j} = V_g − S_j to newly registered clients (the optional registration-time check)."""
+        self.channel.ledger.record("download", reps, self.message_scalars, self.channel.bytes_per_scalar)
+        self._receive(
+            rows, self.server.index_select(0, reps), self.server_count.index_select(0, reps),
+            self.server_logdet.index_select(0, reps),
+        )
+        self.policy.invalidate(rows)
+
+    def _receive(self, rows: Tensor, aggregate: Tensor, agg_count: Tensor, logdet: Tensor) -> None:
+        """Clients ``rows`` (distinct) take the server state ``aggregate``: V_j += V_g − S_j, so S_j = V_g.
+
+        The message is counted by the caller; their inverses are the caller's to update.
+        """
         pol = self.policy
         synced = pol.G.index_select(0, rows) - self.buffer.index_select(0, rows)
-        payload = self.server.index_select(0, reps) - synced
-        pol.G.index_add_(0, rows, self.channel.send("download", reps, payload, self.message_scalars))
-        server_count = self.server_count.index_select(0, reps)
-        pol.count.index_add_(0, rows, server_count - self.synced_count.index_select(0, rows))
-        self.synced_count.index_copy_(0, rows, server_count)
-        self.synced_logdet.index_copy_(0, rows, self.server_logdet.index_select(0, reps))
-        pol.refactor(rows)
+        pol.G.index_add_(0, rows, self.channel.deliver("download", aggregate - synced))
+        pol.count.index_add_(0, rows, agg_count - self.synced_count.index_select(0, rows))
+        self.synced_count.index_copy_(0, rows, agg_count)
+        self.synced_logdet.index_copy_(0, rows, logdet)
 
 
 @dataclass

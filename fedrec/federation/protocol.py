@@ -206,7 +206,7 @@ class _Window:
 
     def __init__(self, protocol: EventTriggeredProtocol, rows: Tensor, ctx: Tensor, rew: Tensor, limit: Tensor):
         R, w = rows.shape
-        self.protocol, self.w, self.rows = protocol, w, rows
+        self.protocol, self.rows = protocol, rows
         self.flat_rows = rows.view(-1)
         rank, prev, self.succ = _visits(rows)
         self.first_visit = rank == 0
