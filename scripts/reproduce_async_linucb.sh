@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce the Async-LinUCB paper's experiments (Fig. 2a/2b, Fig. 3, Fig. 4a/4c) as Hydra multiruns, then draw
 # the regret-vs-communication figures. Usage: bash scripts/reproduce_async_linucb.sh [OUT_DIR] [REPLICATES]
-# (the paper averages 10 runs; the default here is 3 to keep a 2-core machine under about an hour).
+# (the paper averages 10 runs; the default here is 3 to keep a 2-core machine at about half an hour).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-reproductions/async_linucb}
