@@ -26,14 +26,43 @@ def build_loggers(cfg: DictConfig, out_dir: Path) -> list[Any]:
 
 
 def _build(node: DictConfig, key: str, **kwargs: Any) -> Any:
-    try:
-        return instantiate(node, **kwargs, _recursive_=False)
+    """Instantiate config ``node`` with ``kwargs``; errors name the config group ``key``."""
+    try:  # partial first: Hydra would turn dataclass arguments (e.g. RatingData) into configs
+        factory = instantiate(node, _partial_=True, _recursive_=False)
     except InstantiationException as e:
-        cause = e.__cause__
-        if isinstance(cause, (ConfigError, DatasetNotFoundError)):
-            raise type(cause)(f"{key}: {cause}") from cause
         msg = re.sub(r"\s+", " ", str(e)).strip()
         raise ConfigError(f"{key}: {msg}") from e
+    try:
+        return factory(**kwargs)
+    except (ConfigError, DatasetNotFoundError) as e:
+        raise type(e)(f"{key}: {e}") from e
+    except TypeError as e:
+        if "argument" not in str(e):  # not a bad or missing config key: a genuine error
+            raise
+        raise ConfigError(f"{key}: {e}") from e
+
+
+def build_task(cfg: DictConfig) -> Any:
+    """The task a config describes: a bandit task (``env`` + ``protocol``) or federated recommendation
+    (``data`` + ``model`` + ``privacy`` + ``aggregator``)."""
+    if cfg.get("data") is None:
+        env = _build(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
+        protocol = _build(cfg.protocol, "protocol", num_clients=env.num_clients, dim=env.dim,
+                          replicates=cfg.replicates)
+        return _build(cfg.task, "task", env=env, protocol=protocol)
+    if cfg.replicates != 1:
+        raise ConfigError(f"replicates: federated recommendation runs one replicate (got {cfg.replicates}); "
+                          "sweep seeds with -m seed=0,1,2 instead")
+    import torch
+
+    data = _build(cfg.data, "data", seed=cfg.seed, rounds=cfg.task.rounds)
+    torch.manual_seed(cfg.seed)  # model initialisation
+    model = _build(cfg.model, "model", num_users=data.num_users, num_items=data.num_items)
+    privacy = None
+    if cfg.privacy.get("mechanism") != "none":
+        privacy = _build(cfg.privacy, "privacy", num_clients=data.num_clients)
+    aggregator = _build(cfg.aggregator, "aggregator")
+    return _build(cfg.task, "task", data=data, model=model, aggregator=aggregator, privacy=privacy, seed=cfg.seed)
 
 
 def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
@@ -56,9 +85,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
 
     from fedrec.trainer import FederatedTrainer
 
-    env = _build(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
-    protocol = _build(cfg.protocol, "protocol", num_clients=env.num_clients, dim=env.dim, replicates=cfg.replicates)
-    task = _build(cfg.task, "task", env=env, protocol=protocol)
+    task = build_task(cfg)
     trainer = FederatedTrainer(
         default_root_dir=out, loggers=build_loggers(cfg.logger, out), **OmegaConf.to_container(cfg.trainer)
     )
@@ -72,7 +99,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     }
     atomic_write_json(out / "summary.json", summary)
     if cfg.get("plots", True) and history:
-        from fedrec.plots import plot_bandit_run
+        from fedrec.plots import plot_run
 
-        plot_bandit_run(history, out, title=str(cfg.name))
+        plot_run(history, out, title=str(cfg.name))
     return summary

@@ -11,23 +11,31 @@ from fedrec.io import atomic_write
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+#: (file name, x metric, x label, y metric, y label) of the plots a run gets, when its history has both metrics
+PLOTS = (
+    ("regret.png", "steps", "step t", "cumulative_regret", "cumulative regret R_t"),
+    ("regret_vs_comm.png", "comm_messages", "communication C_t (messages)", "cumulative_regret",
+     "cumulative regret R_t"),
+    ("test_rmse.png", "round", "round t", "test_rmse", "test RMSE"),
+    ("test_f1.png", "round", "round t", "test_f1", "test F1 (threshold 0.5)"),
+    ("rmse_vs_epsilon.png", "epsilon_spent", "epsilon spent (max over clients)", "test_rmse", "test RMSE"),
+)
 
-def plot_bandit_run(history: Sequence[dict[str, float]], out_dir: str | Path, title: str = "") -> list[Path]:
-    """Cumulative regret over time, and regret against communication, as two PNGs in ``out_dir``."""
+
+def plot_run(history: Sequence[dict[str, float]], out_dir: str | Path, title: str = "") -> list[Path]:
+    """Every plot of :data:`PLOTS` whose metrics the history has, as PNGs in ``out_dir``."""
     out_dir = Path(out_dir)
-    steps = [h["steps"] for h in history]
-    regret = [h["cumulative_regret"] for h in history]
-    comm = [h["comm_messages"] for h in history]
     paths = []
-    for name, x, xlabel in (("regret.png", steps, "step t"), ("regret_vs_comm.png", comm, "communication C_t (messages)")):
+    for name, x_key, xlabel, y_key, ylabel in PLOTS:
+        if not history or x_key not in history[0] or y_key not in history[0]:
+            continue
         fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
-        ax.plot(x, regret)
+        ax.plot([h[x_key] for h in history], [h[y_key] for h in history])
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("cumulative regret R_t")
+        ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        path = atomic_write(out_dir / name, lambda f: fig.savefig(f, format="png"))
+        paths.append(atomic_write(out_dir / name, lambda f: fig.savefig(f, format="png")))
         plt.close(fig)
-        paths.append(path)
     return paths

@@ -1,6 +1,8 @@
 """The channel every federated message passes: it counts the message in the ledger and delivers it."""
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 from fedrec.federation.ledger import DIRECTIONS, CommLedger
@@ -18,13 +20,13 @@ class Channel(nn.Module):
         self.ledger = CommLedger(replicates)
         self.bytes_per_scalar = int(bytes_per_scalar)
 
-    def send(self, direction: str, owners: Tensor, payload: Tensor, scalars_per_message: int) -> Tensor:
+    def send(self, direction: str, owners: Tensor, payload: Any, scalars_per_message: int | Tensor) -> Any:
         """Send one message per row of ``payload``; ``owners`` names each message's replicate."""
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         self.ledger.record(direction, owners, scalars_per_message, self.bytes_per_scalar)
         return self.deliver(direction, payload)
 
-    def deliver(self, direction: str, payload: Tensor) -> Tensor:
+    def deliver(self, direction: str, payload: Any) -> Any:
         """What arrives of ``payload`` (already counted); the identity here."""
         return payload

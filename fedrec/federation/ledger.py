@@ -20,12 +20,18 @@ class CommLedger(nn.Module):
         self.register_buffer("counts", torch.zeros(len(DIRECTIONS), replicates, len(UNITS), dtype=torch.long))
         self._units: dict[tuple[int, int], Tensor] = {}
 
-    def record(self, direction: str, owners: Tensor, scalars_per_message: int, bytes_per_scalar: int) -> None:
-        """Count one message per entry of ``owners`` (the replicate index each message belongs to)."""
-        key = (scalars_per_message, bytes_per_scalar)
-        if key not in self._units:
-            self._units[key] = torch.tensor([[1, scalars_per_message, scalars_per_message * bytes_per_scalar]])
-        self.counts[DIRECTIONS.index(direction)].index_add_(0, owners, self._units[key].expand(len(owners), -1))
+    def record(self, direction: str, owners: Tensor, scalars_per_message: int | Tensor, bytes_per_scalar: int) -> None:
+        """Count one message per entry of ``owners`` (the replicate index each message belongs to); its size is
+        ``scalars_per_message``, one number for all or a tensor with one size per message."""
+        if isinstance(scalars_per_message, Tensor):
+            s = scalars_per_message.to(torch.long)
+            units = torch.stack([torch.ones_like(s), s, s * bytes_per_scalar], 1)
+        else:
+            key = (scalars_per_message, bytes_per_scalar)
+            if key not in self._units:
+                self._units[key] = torch.tensor([[1, scalars_per_message, scalars_per_message * bytes_per_scalar]])
+            units = self._units[key].expand(len(owners), -1)
+        self.counts[DIRECTIONS.index(direction)].index_add_(0, owners, units)
 
     def totals(self) -> dict[str, Tensor]:
         """Per-replicate totals: ``comm_messages``, ``comm_scalars``, ``comm_bytes`` and each per direction."""

@@ -1,28 +1,36 @@
-"""FedGNN as BGTplanner's authors run it (spec bgtplanner.md §1.2): one graph-attention layer over each user's
-local star graph, rating prediction sigmoid(h_u · e_i), and per-client gradients computed for all clients at once.
+"""FedGNN as BGTplanner's authors run it (spec bgtplanner.md §1.2): one single-head graph-attention layer over
+each user's local star graph, and rating prediction ``sigmoid(h_u · e_i)``.
 
-Each client's local graph has the user as node 0 and its rated items as the other nodes, with edges item → user
-and self-loops; the user representation is the GAT output at node 0. The layer is written densely over padded
-item lists so that ``torch.func.vmap`` can differentiate every client in one call; it computes exactly what
-``torch_geometric.nn.GATConv(k, k, heads=1)`` computes at node 0 (tested).
+A user's local graph has the user as the centre and its rated items as neighbours, with edges item → user and a
+self-loop; ``h_u`` is the GAT output at the centre. The layer is evaluated for all users at once over flat
+entries with segment softmax, and it computes exactly what ``torch_geometric.nn.GATConv(k, k, heads=1)``
+computes at the centre (tested). Its parameters may carry a leading per-user dimension, which is how every
+client differentiates its own copy of ω in a single backward pass (see :mod:`fedrec.federation.local`).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value, vmap
 
-from fedrec.errors import check_float, check_int
+from fedrec.errors import check_float
+from fedrec.models.recommender import FederatedRecommender
+
+
+def _rows(p: Tensor, base_dim: int, index: Tensor | None = None) -> Tensor:
+    """A parameter shared by all rows (``base_dim`` dims) as is, or its per-row copies (``index``-gathered)."""
+    if p.dim() == base_dim:
+        return p
+    return p if index is None else p[index]
 
 
 class StarGAT(nn.Module):
-    """Single-head GAT layer evaluated at the centre of star graphs (centre + neighbours, with a self-loop)."""
+    """Single-head GAT (Veličković et al.) evaluated at the centres of star graphs given as flat entries."""
 
     def __init__(self, embed_dim: int, negative_slope: float = 0.2) -> None:
         super().__init__()
-        k = check_int("embed_dim", embed_dim)
-        self.negative_slope = check_float("negative_slope", negative_slope, low=0.0)
+        k = int(embed_dim)
+        self.negative_slope = check_float("model.negative_slope", negative_slope, low=0.0)
         self.lin_weight = nn.Parameter(torch.empty(k, k))
         self.att_src = nn.Parameter(torch.empty(k))
         self.att_dst = nn.Parameter(torch.empty(k))
@@ -31,60 +39,32 @@ class StarGAT(nn.Module):
         nn.init.xavier_uniform_(self.att_src.view(1, k))
         nn.init.xavier_uniform_(self.att_dst.view(1, k))
 
-    def forward(self, centre: Tensor, neighbours: Tensor, mask: Tensor) -> Tensor:
-        """``centre`` (..., k), ``neighbours`` (..., M, k), ``mask`` (..., M) -> centre output (..., k)."""
-        xc = centre @ self.lin_weight.T
-        xn = neighbours @ self.lin_weight.T
-        dst = (xc * self.att_dst).sum(-1, keepdim=True)  # (..., 1)
-        logits = torch.cat([(xc * self.att_src).sum(-1, keepdim=True), (xn * self.att_src).sum(-1)], -1) + dst
-        logits = F.leaky_relu(logits, self.negative_slope)
-        keep = torch.cat([torch.ones_like(mask[..., :1]), mask], -1)
-        logits = logits.masked_fill(~keep, float("-inf"))
-        alpha = torch.softmax(logits, -1)
-        values = torch.cat([xc.unsqueeze(-2), xn], -2)
-        return (alpha.unsqueeze(-1) * values).sum(-2) + self.bias
+    def attend(self, params: dict[str, Tensor], centre: Tensor, neighbours: Tensor, owner: Tensor) -> Tensor:
+        """Centre outputs ``(S, k)`` of ``S`` stars: ``centre`` ``(S, k)``, ``neighbours`` ``(E, k)`` belonging
+        to star ``owner`` ``(E,)``. ``params`` are this layer's parameters, optionally with a leading ``S``."""
+        W, a_src, a_dst = params["lin_weight"], params["att_src"], params["att_dst"]
+        xc = (_rows(W, 2) @ centre.unsqueeze(-1)).squeeze(-1)  # (S, k)
+        xn = (_rows(W, 2, owner) @ neighbours.unsqueeze(-1)).squeeze(-1)  # (E, k)
+        dst = (xc * a_dst).sum(-1)  # (S,)
+        self_logit = F.leaky_relu((xc * a_src).sum(-1) + dst, self.negative_slope)
+        logit = F.leaky_relu((xn * _rows(a_src, 1, owner)).sum(-1) + dst[owner], self.negative_slope)
+        # softmax over {centre} ∪ neighbours of each star; the shift only guards exp() and carries no gradient
+        shift = self_logit.detach().scatter_reduce(0, owner, logit.detach(), "amax")
+        w_self = torch.exp(self_logit - shift)
+        w = torch.exp(logit - shift[owner])
+        norm = w_self.index_add(0, owner, w)
+        out = (w_self / norm).unsqueeze(-1) * xc
+        out = out.index_add(0, owner, (w / norm[owner]).unsqueeze(-1) * xn)
+        return out + params["bias"]
 
 
-class FedGNN(nn.Module):
-    """User and item embedding tables (N(0, 1) init) and a :class:`StarGAT`; ŷ_ui = sigmoid(h_u · e_i)."""
+class FedGNN(FederatedRecommender):
+    """FedGNN without graph expansion (the authors' ``wo_neighbour`` setting): ``h_u = GAT(star of u)[u]``."""
 
-    def __init__(self, num_users: int, num_items: int, embed_dim: int = 8) -> None:
-        super().__init__()
-        self.embed_dim = check_int("embed_dim", embed_dim)
-        self.user_emb = nn.Parameter(torch.randn(check_int("num_users", num_users), self.embed_dim))
-        self.item_emb = nn.Parameter(torch.randn(check_int("num_items", num_items), self.embed_dim))
-        self.gat = StarGAT(self.embed_dim)
+    def __init__(self, num_users: int, num_items: int, embed_dim: int = 8, negative_slope: float = 0.2) -> None:
+        super().__init__(num_users, num_items, embed_dim)
+        self.gat = StarGAT(self.embed_dim, negative_slope)
 
-    def predict(self, users: Tensor, graph_items: Tensor, graph_mask: Tensor, query_items: Tensor) -> Tensor:
-        """Predicted ratings (C, Q) of ``query_items`` for each user, from its local graph of ``graph_items``."""
-        h = self.gat(self.user_emb[users], self.item_emb[graph_items], graph_mask)
-        return torch.sigmoid((h.unsqueeze(-2) * self.item_emb[query_items]).sum(-1))
-
-
-def client_loss(gat: dict[str, Tensor], gat_module: StarGAT, user: Tensor, items: Tensor, ratings: Tensor, mask: Tensor) -> Tensor:
-    """One client's RMSE over its rated items; ``items`` (M, k) are its item embedding rows (padded by ``mask``)."""
-    h = functional_call(gat_module, gat, (user, items, mask))
-    pred = torch.sigmoid(items @ h)
-    err = torch.where(mask, pred - ratings, torch.zeros_like(pred))
-    return torch.sqrt((err * err).sum() / mask.sum().clamp_min(1))
-
-
-def per_client_gradients(
-    model: FedGNN, users: Tensor, items: Tensor, ratings: Tensor, mask: Tensor
-) -> tuple[dict[str, Tensor], Tensor, Tensor, Tensor]:
-    """Gradients of every client's loss, all clients at once (``torch.func`` vmap over grad).
-
-    ``users`` (C,), ``items`` (C, M) padded item ids, ``ratings`` (C, M), ``mask`` (C, M). Returns the GAT
-    parameter gradients (each with a leading C), the item-row gradients (C, M, k) (zero on padding), the user-row
-    gradients (C, k), and the losses (C,).
-    """
-    gat = {name: p.detach() for name, p in model.gat.named_parameters()}
-
-    def loss_fn(gat_params, user_vec, item_vecs, r, m):
-        return client_loss(gat_params, model.gat, user_vec, item_vecs, r, m)
-
-    batched = vmap(grad_and_value(loss_fn, argnums=(0, 1, 2)), in_dims=(None, 0, 0, 0, 0))
-    (g_gat, g_user, g_items), losses = batched(
-        gat, model.user_emb.detach()[users], model.item_emb.detach()[items], ratings, mask
-    )
-    return g_gat, g_items * mask.unsqueeze(-1), g_user, losses
+    def represent(self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor) -> Tensor:
+        params = {name.removeprefix("gat."): p for name, p in shared.items()}
+        return self.gat.attend(params, user_vecs, item_vecs, entry_user)

@@ -9,6 +9,7 @@ from fedrec.privacy.accountant import (
     uniform_epsilon_per_round,
     uniform_noise_multiplier,
 )
+from fedrec.privacy.client_dp import ClientDP, best_rdp_order, rdp_conversion_cost
 from fedrec.privacy.mechanisms import (
     GaussianMechanism,
     LaplaceMechanism,
@@ -21,14 +22,17 @@ from fedrec.privacy.mechanisms import (
 
 __all__ = [
     "ClientAccountant",
+    "ClientDP",
     "GaussianMechanism",
     "LaplaceMechanism",
     "NoiseMechanism",
     "PrivacyBudgetExceeded",
     "analytic_gaussian_delta",
+    "best_rdp_order",
     "analytic_gaussian_noise_multiplier",
     "classical_gaussian_noise_multiplier",
     "opacus_accountant",
+    "rdp_conversion_cost",
     "rdp_noise_multiplier",
     "uniform_epsilon_per_round",
     "uniform_noise_multiplier",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Sequence
 
 import torch
 from scipy.optimize import brentq
@@ -191,9 +192,25 @@ class NoiseMechanism(abc.ABC):
 
     def clip_rows(self, updates: Tensor) -> Tensor:
         """``row · min(1, clip / ‖row‖)`` for every row (rows within the bound are returned bit for bit)."""
-        norms = torch.linalg.vector_norm(updates, ord=self.norm_ord, dim=1, keepdim=True)
+        return self._clip_parts([updates], [None], updates.shape[0])[0]
+
+    def client_norms(self, parts: Sequence[Tensor], owners: Sequence[Tensor | None], num_clients: int) -> Tensor:
+        """The norm of each client's whole upload, made of the rows of ``parts`` (row ``j`` of part ``p`` belongs
+        to client ``owners[p][j]``; ``None`` means row ``j`` belongs to client ``j``)."""
+        total = torch.zeros(num_clients, dtype=torch.float64, device=parts[0].device)
+        for part, owner in zip(parts, owners):
+            contrib = part.abs().double().pow(self.norm_ord).reshape(part.shape[0], -1).sum(1)
+            total = total + contrib if owner is None else total.index_add(0, owner, contrib)
+        return total.pow(1.0 / self.norm_ord)
+
+    def _clip_parts(self, parts: Sequence[Tensor], owners: Sequence[Tensor | None], num_clients: int) -> list[Tensor]:
+        norms = self.client_norms(parts, owners, num_clients)
         factor = torch.where(norms > self.clip, self.clip / norms, torch.ones_like(norms))
-        return updates * factor
+        out = []
+        for part, owner in zip(parts, owners):
+            f = (factor if owner is None else factor[owner]).to(part.dtype).view(-1, *([1] * (part.dim() - 1)))
+            out.append(part * f)
+        return out
 
     def privatize(self, updates: Tensor, level: Tensor | float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Clip each client's row and add noise at that client's level; returns ``(noisy, clipped)``.
@@ -203,15 +220,41 @@ class NoiseMechanism(abc.ABC):
             level: noise multiplier (Gaussian) or ε_t (Laplace): a number or a ``(num_clients,)`` tensor.
             generator: the only source of randomness (on ``updates``' device).
         """
-        if updates.dim() != 2 or not updates.is_floating_point():
-            raise ValueError(f"updates must be a 2-D floating tensor (num_clients, D), got "
-                             f"{tuple(updates.shape)} {updates.dtype}")
-        if not bool(torch.isfinite(updates).all()):
-            raise ValueError("updates contain non-finite values; clipping cannot bound them")
-        scale = self.noise_scale(self.check_level(level, updates.shape[0]))
-        clipped = self.clip_rows(updates)
-        noise = self._unit_noise(tuple(updates.shape), updates, generator)
-        noisy = clipped + noise * scale.to(device=updates.device, dtype=updates.dtype).unsqueeze(1)
+        if updates.dim() != 2:
+            raise ValueError(f"updates must be a 2-D floating tensor (num_clients, D), got {tuple(updates.shape)}")
+        noisy, clipped = self.privatize_parts([updates], [None], updates.shape[0], level, generator)
+        return noisy[0], clipped[0]
+
+    def privatize_parts(
+        self,
+        parts: Sequence[Tensor],
+        owners: Sequence[Tensor | None],
+        num_clients: int,
+        level: Tensor | float,
+        generator: torch.Generator,
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """Clip and noise uploads whose rows are spread over several tensors; returns ``(noisy, clipped)`` lists.
+
+        A client's upload is every row of ``parts`` it owns (``owners[p]`` maps the rows of ``parts[p]`` to
+        clients; ``None``: row ``j`` is client ``j``'s). The whole upload is clipped to ``clip`` in the
+        mechanism's norm and every coordinate gets noise at its owner's level, drawn from ``generator`` part by
+        part, so the result depends only on the generator's seed.
+        """
+        if len(parts) != len(owners) or not parts:
+            raise ValueError("parts and owners must be non-empty sequences of the same length")
+        for part in parts:
+            if part.dim() < 1 or not part.is_floating_point():
+                raise ValueError(f"each part must be a floating tensor with a row dimension, got "
+                                 f"{tuple(part.shape)} {part.dtype}")
+            if not bool(torch.isfinite(part).all()):
+                raise ValueError("updates contain non-finite values; clipping cannot bound them")
+        scale = self.noise_scale(self.check_level(level, num_clients))
+        clipped = self._clip_parts(parts, owners, num_clients)
+        noisy = []
+        for part, owner in zip(clipped, owners):
+            s = (scale if owner is None else scale[owner.cpu()]).to(device=part.device, dtype=part.dtype)
+            noise = self._unit_noise(tuple(part.shape), part, generator)
+            noisy.append(part + noise * s.view(-1, *([1] * (part.dim() - 1))))
         return noisy, clipped
 
 

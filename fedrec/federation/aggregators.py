@@ -1,0 +1,81 @@
+"""Server-side aggregation of federated recommendation uploads (pluggable; selected by ``aggregator=...``).
+
+An upload carries the client's (noised) ω update and one embedding row per uploaded item, with the item ids
+X^t. ω is combined as a weighted mean over the clients; each item's row is the weighted mean over the clients
+that uploaded that item (item-wise averaging, FedGNN [3] / BGTplanner spec §1.3). The server optimiser then
+steps on the result, so both aggregators produce a gradient-like update.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from fedrec.errors import ConfigError, check_float, check_int
+
+WEIGHTINGS = ("uploaded_items", "ratings", "uniform")
+
+
+@dataclass
+class Uploads:
+    """What the participating clients of a round send, as the server receives it."""
+
+    clients: Tensor  # (C,) global client ids
+    shared: Tensor  # (C, P) flattened ω updates (P = 0 for models without ω)
+    row_client: Tensor  # (R,) index into clients
+    row_item: Tensor  # (R,) global item ids: X^t, real and pseudo items
+    rows: Tensor  # (R, k) item-row updates
+    num_ratings: Tensor  # (C,) ratings each client trained on
+
+
+class Aggregator:
+    """Weighted mean of ω over clients and item-wise weighted mean of embedding rows over uploaders.
+
+    Args:
+        weighting: client weights: ``"uploaded_items"`` (|real ∪ pseudo items|, the authors' n_u),
+            ``"ratings"`` (local data size, McMahan et al.'s FedAvg) or ``"uniform"``.
+        local_steps: SGD steps each client takes before uploading (1: it uploads its gradient).
+        local_lr: the clients' SGD step size (used when ``local_steps > 1``).
+    """
+
+    def __init__(self, weighting: str = "uploaded_items", local_steps: int = 1, local_lr: float = 0.05) -> None:
+        if weighting not in WEIGHTINGS:
+            raise ConfigError(f"aggregator.weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
+        self.weighting = weighting
+        self.local_steps = check_int("aggregator.local_steps", local_steps)
+        self.local_lr = check_float("aggregator.local_lr", local_lr, low=0.0, low_open=True)
+
+    def client_weights(self, up: Uploads) -> Tensor:
+        C = up.clients.numel()
+        if self.weighting == "uploaded_items":
+            return torch.bincount(up.row_client, minlength=C).double()
+        if self.weighting == "ratings":
+            return up.num_ratings.double()
+        return torch.ones(C, dtype=torch.float64)
+
+    def __call__(self, up: Uploads) -> tuple[Tensor, Tensor, Tensor]:
+        """``(ω update (P,), item ids (I_t,), item-row updates (I_t, k))`` for the items in X^t."""
+        w = self.client_weights(up)
+        shared = (w.unsqueeze(1) * up.shared.double()).sum(0) / w.sum()
+        items, inverse = torch.unique(up.row_item, return_inverse=True)
+        rw = w[up.row_client]
+        num = torch.zeros(items.numel(), up.rows.shape[1], dtype=torch.float64).index_add(
+            0, inverse, rw.unsqueeze(1) * up.rows.double())
+        den = torch.zeros(items.numel(), dtype=torch.float64).index_add(0, inverse, rw)
+        return shared.to(up.shared.dtype), items, (num / den.unsqueeze(1)).to(up.rows.dtype)
+
+
+class FedSGD(Aggregator):
+    """FedSGD (McMahan et al. 2017) as the authors run it: one gradient per client, weighted by its uploaded
+    items."""
+
+    def __init__(self, weighting: str = "uploaded_items") -> None:
+        super().__init__(weighting=weighting, local_steps=1)
+
+
+class FedAvg(Aggregator):
+    """FedAvg (McMahan et al. 2017): ``local_steps`` local SGD steps, updates weighted by local data size."""
+
+    def __init__(self, local_steps: int = 5, local_lr: float = 0.05, weighting: str = "ratings") -> None:
+        super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)

@@ -1,0 +1,171 @@
+"""The client side of a federated recommendation round, computed for all clients together.
+
+:class:`RoundData` holds a round's training ratings flat (one entry per rating) and grouped by client; a client
+may hold several users (ML-1M). :func:`local_updates` differentiates every client's loss with respect to its own
+copy of the shared parameters ω, its users' rows and its item rows in one backward pass: the copies are separate
+leaves, so the gradient of the *sum* of client losses with respect to a client's copy is that client's gradient.
+:func:`sample_pseudo_items` and :func:`pseudo_item_rows` add FedGNN's pseudo-interacted items (spec §1.2).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedrec.models.recommender import FederatedRecommender
+
+
+@dataclass(frozen=True)
+class RoundData:
+    """One round's training ratings of the participating clients, flat.
+
+    ``clients`` are global client ids; every other index is local: ``user_client`` and ``row_client`` index
+    ``clients``, ``entry_user`` indexes ``users``, ``entry_row`` indexes the rows. A *row* is one (client, item)
+    pair, i.e. one item-embedding row the client uploads; entries of two users of one client on the same item
+    share a row.
+    """
+
+    clients: Tensor  # (C,) global client ids, increasing
+    users: Tensor  # (S,) global user ids
+    user_client: Tensor  # (S,)
+    entry_user: Tensor  # (E,)
+    entry_row: Tensor  # (E,)
+    entry_rating: Tensor  # (E,) float32 in [0, 1]
+    row_client: Tensor  # (R,)
+    row_item: Tensor  # (R,) global item ids
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.clients.numel())
+
+    @property
+    def entry_client(self) -> Tensor:
+        return self.user_client[self.entry_user]
+
+    def ratings_per_client(self) -> Tensor:
+        return torch.bincount(self.entry_client, minlength=self.num_clients)
+
+    def rows_per_client(self) -> Tensor:
+        return torch.bincount(self.row_client, minlength=self.num_clients)
+
+
+def round_data(
+    user: np.ndarray, item: np.ndarray, rating: np.ndarray, client_of_user: np.ndarray, num_items: int,
+    keep_client: np.ndarray | None = None,
+) -> RoundData:
+    """Group ratings by client (sorted by client, user, item). ``keep_client`` (bool per global client) drops the
+    ratings of clients that do not take part."""
+    user = np.asarray(user, dtype=np.int64)
+    client = np.asarray(client_of_user, dtype=np.int64)[user]
+    if keep_client is not None:
+        keep = np.asarray(keep_client, dtype=bool)[client]
+        user, item, rating, client = user[keep], np.asarray(item)[keep], np.asarray(rating)[keep], client[keep]
+    order = np.lexsort((item, user, client))
+    user, item, client = user[order], np.asarray(item, dtype=np.int64)[order], client[order]
+    clients, entry_client = np.unique(client, return_inverse=True)
+    users, entry_user = np.unique(user, return_inverse=True)
+    rows, entry_row = np.unique(entry_client * num_items + item, return_inverse=True)
+    t = torch.from_numpy
+    return RoundData(
+        clients=t(clients),
+        users=t(users),
+        user_client=t(np.searchsorted(clients, np.asarray(client_of_user, dtype=np.int64)[users])),
+        entry_user=t(entry_user.reshape(-1)),
+        entry_row=t(entry_row.reshape(-1)),
+        entry_rating=t(np.asarray(rating, dtype=np.float32)[order]),
+        row_client=t(rows // num_items),
+        row_item=t(rows % num_items),
+    )
+
+
+@dataclass
+class LocalUpdates:
+    """Every client's update: a gradient (one local step) or the pseudo-gradient ``(start − end) / lr`` of
+    ``local_steps`` SGD steps, which is the gradient itself when ``local_steps == 1``."""
+
+    shared: dict[str, Tensor]  # ω, each with a leading C
+    rows: Tensor  # (R, k) item rows
+    users: Tensor  # (S, k) user rows (stay on the client)
+    loss: Tensor  # (C,) each client's loss before its local steps
+
+
+def client_losses(
+    model: FederatedRecommender, data: RoundData, shared: dict[str, Tensor], users: Tensor, rows: Tensor
+) -> Tensor:
+    """Each client's RMSE over its ratings, ``sqrt(mean (ŷ − y)²)`` (the authors' loss), given per-client ω
+    copies (leading C, or shared), user rows ``(S, k)`` and item rows ``(R, k)``."""
+    per_user = {n: (v[data.user_client] if v.dim() > model.shared_parameters()[n].dim() else v)
+                for n, v in shared.items()}
+    item_vecs = rows[data.entry_row]
+    h = model.represent(per_user, users, item_vecs, data.entry_user)
+    pred = torch.sigmoid((h[data.entry_user] * item_vecs).sum(-1))
+    sq = (pred - data.entry_rating.to(pred.dtype)) ** 2
+    entry_client = data.entry_client
+    sse = torch.zeros(data.num_clients, dtype=sq.dtype).index_add(0, entry_client, sq)
+    count = torch.bincount(entry_client, minlength=data.num_clients).to(sq.dtype)
+    return torch.sqrt(sse / count)
+
+
+def local_updates(
+    model: FederatedRecommender, data: RoundData, local_steps: int = 1, local_lr: float = 0.05
+) -> LocalUpdates:
+    """The updates of all participating clients, computed together (see the module docstring)."""
+    C = data.num_clients
+    start_shared = {n: p.detach().expand(C, *p.shape).clone() for n, p in model.shared_parameters().items()}
+    start_users = model.user_emb.detach()[data.users]
+    start_rows = model.item_emb.detach()[data.row_item]
+    shared = {n: v.clone() for n, v in start_shared.items()}
+    users, rows = start_users.clone(), start_rows.clone()
+    first_loss = None
+    for _ in range(local_steps):
+        leaves = [*shared.values(), users, rows]
+        for leaf in leaves:
+            leaf.requires_grad_(True)
+        loss = client_losses(model, data, shared, users, rows)
+        grads = torch.autograd.grad(loss.sum(), leaves)
+        if first_loss is None:
+            first_loss = loss.detach()
+        if local_steps == 1:
+            return LocalUpdates(dict(zip(shared, grads[:-2])), grads[-1], grads[-2], first_loss)
+        with torch.no_grad():
+            shared = {n: v - local_lr * g for (n, v), g in zip(shared.items(), grads)}
+            users = users - local_lr * grads[-2]
+            rows = rows - local_lr * grads[-1]
+    with torch.no_grad():
+        return LocalUpdates(
+            {n: (start_shared[n] - v) / local_lr for n, v in shared.items()},
+            (start_rows - rows) / local_lr,
+            (start_users - users) / local_lr,
+            first_loss,
+        )
+
+
+def sample_pseudo_items(data: RoundData, num_items: int, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``count`` items per client drawn uniformly without replacement from the items it has no rating of this
+    round. Returns ``(items (C, count), valid (C, count))``; ``valid`` is False where a client has fewer than
+    ``count`` such items."""
+    C = data.num_clients
+    count = min(count, num_items)
+    scores = torch.rand(C, num_items, generator=generator)
+    scores[data.row_client, data.row_item] = 2.0  # never drawn: real items of the client
+    values, items = torch.topk(scores, count, dim=1, largest=False)
+    return items, values < 1.5
+
+
+def pseudo_item_rows(rows: Tensor, row_client: Tensor, num_clients: int, valid: Tensor, generator: torch.Generator) -> Tensor:
+    """FedGNN's synthesised gradient rows for pseudo items: i.i.d. ``N(mean, std)`` of the non-zero entries of
+    the client's real item rows ``rows`` (whatever the client uploads for them), so pseudo rows look like real
+    ones. Returns ``(C, count, k)``, zero where not ``valid``."""
+    flat = rows.reshape(rows.shape[0], -1).double()
+    nz = (flat != 0).double()
+    n = torch.zeros(num_clients, dtype=torch.float64).index_add(0, row_client, nz.sum(1))
+    s1 = torch.zeros(num_clients, dtype=torch.float64).index_add(0, row_client, flat.sum(1))
+    s2 = torch.zeros(num_clients, dtype=torch.float64).index_add(0, row_client, (flat * flat).sum(1))
+    mean = s1 / n.clamp_min(1)
+    std = (s2 / n.clamp_min(1) - mean * mean).clamp_min(0).sqrt()
+    shape = (num_clients, valid.shape[1], rows.shape[-1])
+    draw = torch.randn(shape, generator=generator, dtype=torch.float64)
+    out = mean.view(-1, 1, 1) + std.view(-1, 1, 1) * draw
+    return (out * valid.unsqueeze(-1)).to(rows.dtype)

@@ -1,0 +1,154 @@
+"""Client-level DP of a federated run: a noise mechanism, a per-client accountant, and per-round budgets.
+
+Budget units (what a budget callback such as a planner sets per round, spec bgtplanner.md §1.4):
+
+* Laplace: the round's ε_t. Basic composition: a client may spend Σ_t ε_t ≤ ε_total.
+* Gaussian: the round's **RDP budget** ρ_t at a fixed order α (paper §IV: clients "convert the budget to the RDP
+  budget, which can then be simply split into multiple training rounds"). The noise multiplier is
+  ``z_t = sqrt(α / (2 ρ_t))`` (one Gaussian round has RDP ``α / (2 z²)`` at order α), and the RDP budget of a
+  client is ``ε_total − c(α, δ)`` with ``c`` Opacus's RDP → (ε, δ) conversion at order α, so spending it exactly
+  gives ε_total at δ. ``rdp_alpha="auto"`` takes the order (among Opacus's default orders) at which a uniform
+  split needs the least noise (α ≈ 3.5 at ε_total = 10, δ = 1e-5).
+
+Whatever the per-round budgets are, the reported ε comes from the accountant (Opacus RDP over all orders, or
+PRV), which is never larger than the fixed-order bound, and a round that would take a client past ε_total does
+not run for that client.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedrec.errors import ConfigError, check_float
+from fedrec.privacy.accountant import ClientAccountant, uniform_epsilon_per_round
+from fedrec.privacy.mechanisms import GaussianMechanism, LaplaceMechanism, NoiseMechanism
+
+#: relative margin kept below the RDP budget by the uniform split, so float rounding never refuses its last round
+UNIFORM_MARGIN = 1e-9
+
+
+def rdp_conversion_cost(alpha: float, delta: float) -> float:
+    """``c(α, δ)``: the ε of an RDP guarantee of 0 at order α, by Opacus's conversion (Balle et al. 2020), so an
+    RDP guarantee ρ at α gives (ρ + c, δ)-DP."""
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a single order is always "the smallest alpha"
+        eps, _ = get_privacy_spent(orders=[alpha], rdp=[0.0], delta=delta)
+    return float(eps)
+
+
+def best_rdp_order(epsilon_total: float, delta: float) -> float:
+    """The order at which a uniform split of the RDP budget needs the least noise: argmin α / (ε_total − c(α, δ))
+    over Opacus's default orders with a positive budget."""
+    from opacus.accountants import RDPAccountant
+
+    best, best_cost = None, math.inf
+    for alpha in RDPAccountant.DEFAULT_ALPHAS:
+        budget = epsilon_total - rdp_conversion_cost(alpha, delta)
+        if budget > 0 and alpha / budget < best_cost:
+            best, best_cost = float(alpha), alpha / budget
+    if best is None:
+        raise ConfigError(f"privacy.epsilon={epsilon_total} is too small for privacy.delta={delta}: no RDP order "
+                          "leaves a positive budget")
+    return best
+
+
+class ClientDP:
+    """Clip-and-noise every client's upload and account each client's privacy (see the module docstring).
+
+    Args:
+        num_clients: clients of the run.
+        mechanism: ``"gaussian"`` or ``"laplace"``.
+        epsilon: each client's total ε; > 0.
+        delta: δ at which the Gaussian ε is reported, in (0, 1) (ignored for Laplace).
+        clip: norm bound of a client's whole upload (L2 Gaussian, L1 Laplace); > 0.
+        sensitivity_factor: Δ = factor · clip (2: replace-one client neighbours, see mechanisms).
+        accountant: ``"rdp"`` or ``"prv"`` (Gaussian).
+        rdp_alpha: the RDP order of Gaussian budgets, a number > 1 or ``"auto"``.
+    """
+
+    def __init__(
+        self,
+        num_clients: int,
+        mechanism: str = "gaussian",
+        epsilon: float = 10.0,
+        delta: float = 1e-5,
+        clip: float = 0.1,
+        sensitivity_factor: float = 2.0,
+        accountant: str = "rdp",
+        rdp_alpha: float | str = "auto",
+    ) -> None:
+        mechs: dict[str, type[NoiseMechanism]] = {"gaussian": GaussianMechanism, "laplace": LaplaceMechanism}
+        if mechanism not in mechs:
+            raise ConfigError(f"privacy.mechanism must be one of ['none', 'gaussian', 'laplace'], got {mechanism!r}")
+        self.epsilon_total = check_float("privacy.epsilon", epsilon, low=0.0, low_open=True)
+        if mechanism == "gaussian":
+            self.delta = check_float("privacy.delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
+        else:
+            self.delta = 0.0
+        self.mechanism = mechs[mechanism](clip=check_float("privacy.clip", clip, low=0.0, low_open=True),
+                                          sensitivity_factor=check_float("privacy.sensitivity_factor",
+                                                                         sensitivity_factor, low=0.0, low_open=True))
+        self.accountant = ClientAccountant(num_clients, mechanism, accountant, self.epsilon_total,
+                                           self.delta if mechanism == "gaussian" else None)
+        if mechanism == "gaussian":
+            if rdp_alpha == "auto":
+                self.rdp_alpha = best_rdp_order(self.epsilon_total, self.delta)
+            else:
+                self.rdp_alpha = check_float("privacy.rdp_alpha", rdp_alpha, low=1.0, low_open=True)
+            self.total_budget = self.epsilon_total - rdp_conversion_cost(self.rdp_alpha, self.delta)
+            if self.total_budget <= 0:
+                raise ConfigError(
+                    f"privacy.rdp_alpha={self.rdp_alpha} with privacy.delta={self.delta} leaves no RDP budget: "
+                    f"privacy.epsilon must exceed {self.epsilon_total - self.total_budget:.4g} (or use rdp_alpha=auto)")
+        else:
+            self.rdp_alpha = None
+            self.total_budget = self.epsilon_total
+
+    @property
+    def name(self) -> str:
+        return self.mechanism.name
+
+    @property
+    def budget_unit(self) -> str:
+        return "epsilon" if self.rdp_alpha is None else f"rdp_epsilon(alpha={self.rdp_alpha:g})"
+
+    def uniform_budget(self, rounds: int) -> float:
+        """The uniform split of a client's total budget over ``rounds`` rounds (the default schedule)."""
+        if self.rdp_alpha is None:
+            return uniform_epsilon_per_round(self.total_budget, rounds)
+        return self.total_budget * (1.0 - UNIFORM_MARGIN) / rounds
+
+    def levels(self, budget: Tensor) -> Tensor:
+        """The accountant's level per client for per-round budgets (Gaussian: noise multiplier; Laplace: ε_t)."""
+        b = torch.as_tensor(budget, dtype=torch.float64)
+        if not bool((torch.isfinite(b) & (b > 0)).all()):
+            raise ConfigError(f"a round's privacy budget must be finite and > 0 for every client, got {b.min()}")
+        return b if self.rdp_alpha is None else torch.sqrt(self.rdp_alpha / (2.0 * b))
+
+    def spent(self) -> Tensor:
+        return self.accountant.spent()
+
+    def summary(self) -> dict[str, Any]:
+        spent = self.spent()
+        hist = self.accountant.state_dict()["history"]
+        out: dict[str, Any] = {
+            "privacy": self.name,
+            "epsilon_total": self.epsilon_total,
+            "delta": self.delta,
+            "epsilon_spent": float(spent.max()),
+            "epsilon_spent_mean": float(spent.mean()),
+            "accountant": self.accountant.accountant if self.rdp_alpha is not None else "basic_composition",
+            "clip": self.mechanism.clip,
+            "sensitivity": self.mechanism.sensitivity,
+        }
+        if self.rdp_alpha is not None:
+            out["rdp_alpha"] = self.rdp_alpha
+        if hist.numel():
+            out[f"mean_{self.mechanism.level_name}"] = float(torch.nanmean(hist))
+        return out

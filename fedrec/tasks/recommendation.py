@@ -1,0 +1,334 @@
+"""Round-based federated recommendation with client-level DP (the DPFR of BGTplanner spec §1.3).
+
+One round ``t`` (paper Fig. 1, steps ①–⑤):
+
+1. the clients that hold training ratings (initial half plus the stream so far) sample pseudo items and announce
+   their item ids X^t (:meth:`FedRecTask.upload_items`);
+2. each client gets the round's budget, set by a callback through :meth:`FedRecTask.set_round_budget` (the
+   planner hook) or else the uniform split; clients it would take past their total sit the round out;
+3. all clients compute their updates together (:func:`fedrec.federation.local.local_updates`), clip and noise
+   ω and their real item rows (:class:`fedrec.privacy.ClientDP`), and append FedGNN's synthesised pseudo rows;
+   user rows stay on the client and are updated there;
+4. the channel counts the uploads, the aggregator combines them, the server optimiser steps and broadcasts;
+5. the model is evaluated on the test (and validation) ratings.
+
+Randomness is counter based (seed, component, round), so a resumed run repeats the uninterrupted one exactly.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedrec.data.ratings import RatingData, Ratings
+from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.federation.aggregators import Aggregator, Uploads
+from fedrec.federation.channel import Channel
+from fedrec.federation.local import RoundData, local_updates, pseudo_item_rows, round_data, sample_pseudo_items
+from fedrec.metrics import rating_metrics
+from fedrec.models.recommender import FederatedRecommender
+from fedrec.privacy.client_dp import ClientDP
+from fedrec.seeding import torch_generator
+from fedrec.tasks.base import FederatedTask
+
+OPTIMIZERS = ("adam", "sgd")
+OPTIMIZER_STATES = ("reset", "persistent")
+
+
+@dataclass
+class _Prepared:
+    """A round's training data of every client holding ratings, and its pseudo items (before the budget step)."""
+
+    training: Ratings
+    data: RoundData
+    pseudo: Tensor  # (C, M) item ids
+    pseudo_valid: Tensor  # (C, M)
+
+
+class FedRecTask(FederatedTask):
+    """Federated rating prediction driven by :class:`~fedrec.trainer.FederatedTrainer`.
+
+    Args:
+        data: the split ratings (:func:`fedrec.data.load_ratings`); ``data.rounds`` must equal ``rounds``.
+        model: a :class:`~fedrec.models.FederatedRecommender` sized for ``data``.
+        aggregator: how uploads are combined (FedSGD / FedAvg).
+        privacy: client-level DP, or None for non-private training.
+        rounds: T.
+        pseudo_items: pseudo-interacted items per client per round (0 disables them).
+        optimizer: server optimiser ``"adam"`` (Adam with L2 weight decay, the authors') or ``"sgd"``; clients
+            update their own user rows with the same rule.
+        lr, weight_decay: its step size and weight decay.
+        optimizer_state: ``"reset"`` rebuilds the optimiser every round as the authors' code does (Adam's first
+            step is then a sign-like step of size ``lr``); ``"persistent"`` keeps its moments across rounds.
+        seed: the run seed.
+    """
+
+    def __init__(
+        self,
+        data: RatingData,
+        model: FederatedRecommender,
+        aggregator: Aggregator,
+        privacy: ClientDP | None = None,
+        rounds: int = 100,
+        pseudo_items: int = 50,
+        optimizer: str = "adam",
+        lr: float = 0.05,
+        weight_decay: float = 1e-4,
+        optimizer_state: str = "persistent",
+        seed: int = 0,
+    ) -> None:
+        self.num_rounds = check_int("task.rounds", rounds)
+        if data.rounds != self.num_rounds:
+            raise ConfigError(f"task.rounds ({self.num_rounds}) must equal the rounds the data stream is spread "
+                              f"over ({data.rounds})")
+        if model.num_users != data.num_users or model.num_items != data.num_items:
+            raise ConfigError(f"model is sized for {model.num_users} users and {model.num_items} items, the data "
+                              f"has {data.num_users} and {data.num_items}")
+        if optimizer not in OPTIMIZERS:
+            raise ConfigError(f"task.optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
+        if optimizer_state not in OPTIMIZER_STATES:
+            raise ConfigError(f"task.optimizer_state must be one of {list(OPTIMIZER_STATES)}, got {optimizer_state!r}")
+        self.data, self.model, self.aggregator, self.privacy = data, model, aggregator, privacy
+        self.pseudo_items = check_int("task.pseudo_items", pseudo_items, minimum=0)
+        self.optimizer_name, self.optimizer_state = optimizer, optimizer_state
+        self.lr = check_float("task.lr", lr, low=0.0, low_open=True)
+        self.weight_decay = check_float("task.weight_decay", weight_decay, low=0.0)
+        self.seed = int(seed)
+        self.channel = Channel(bytes_per_scalar=4)
+        self.trainer: Any = None
+        self.last_uploads: Uploads | None = None
+        self.best: dict[str, tuple[float, int]] = {}
+        self.latest: dict[str, float] = {}
+        self._budget: Tensor | None = None
+        self._prepared: dict[int, _Prepared] = {}
+        self._server_opt: torch.optim.Optimizer | None = None
+        self._user_opt: torch.optim.Optimizer | None = None
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def setup(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def set_round_budget(self, budget: float | Tensor) -> None:
+        """Set the next round's per-client privacy budget in :attr:`ClientDP.budget_unit` (ε_t for Laplace, an RDP
+        budget for Gaussian): a number or a ``(num_clients,)`` tensor. Call it from ``on_round_start``."""
+        if self.privacy is None:
+            raise ConfigError("set_round_budget needs privacy=gaussian or privacy=laplace (privacy is none)")
+        b = torch.as_tensor(budget, dtype=torch.float64)
+        self._budget = b.expand(self.data.num_clients).clone() if b.dim() == 0 else b
+        self.privacy.levels(self._budget)  # validate now, so the caller gets the error
+
+    def upload_items(self, round_idx: int) -> Any:
+        """X^t of round ``round_idx`` as a ``scipy.sparse.csr_matrix`` (num_clients × num_items, 0/1): the items
+        each client holding ratings will upload (real and pseudo), known before the budget is set."""
+        import scipy.sparse as sp
+
+        prep = self._prepare(round_idx)
+        d = prep.data
+        pc = torch.arange(d.num_clients).unsqueeze(1).expand_as(prep.pseudo)[prep.pseudo_valid]
+        rows = d.clients[torch.cat([d.row_client, pc])].numpy()
+        cols = torch.cat([d.row_item, prep.pseudo[prep.pseudo_valid]]).numpy()
+        shape = (self.data.num_clients, self.data.num_items)
+        return sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=shape)
+
+    # ------------------------------------------------------------------------------------------------ round
+    def _prepare(self, round_idx: int) -> _Prepared:
+        prep = self._prepared.get(round_idx)
+        if prep is None:
+            self._prepared = {}  # only the current round is ever needed again
+            tr = self.data.training_until(round_idx)
+            d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items)
+            gen = torch_generator(self.seed, "pseudo_items", round_idx)
+            pseudo, valid = sample_pseudo_items(d, self.data.num_items, self.pseudo_items, gen)
+            prep = self._prepared[round_idx] = _Prepared(tr, d, pseudo, valid)
+        return prep
+
+    def _admit(self, round_idx: int, prep: _Prepared) -> tuple[RoundData, Tensor, Tensor, Tensor | None]:
+        """Apply the round's budget: the data, pseudo items and levels of the clients that take part."""
+        d = prep.data
+        if self.privacy is None:
+            return d, prep.pseudo, prep.pseudo_valid, None
+        budget = self._budget if self._budget is not None else torch.full(
+            (self.data.num_clients,), self.privacy.uniform_budget(self.num_rounds), dtype=torch.float64)
+        self._budget = None
+        levels = self.privacy.levels(budget)
+        holding = torch.zeros(self.data.num_clients, dtype=torch.bool)
+        holding[d.clients] = True
+        run = self.privacy.accountant.admissible(levels, holding)
+        if not bool(run[d.clients].all()):
+            keep = run[d.clients]
+            tr = prep.training
+            d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items, run.numpy())
+            return d, prep.pseudo[keep], prep.pseudo_valid[keep], levels
+        return d, prep.pseudo, prep.pseudo_valid, levels
+
+    def run_round(self, round_idx: int) -> dict[str, float]:
+        prep = self._prepare(round_idx)
+        d, pseudo, valid, levels = self._admit(round_idx, prep)
+        metrics: dict[str, float] = {"clients": float(d.num_clients)}
+        if d.num_clients == 0:  # every client's budget is spent: nothing more can run
+            if self.trainer is not None:
+                self.trainer.should_stop = True
+            metrics["train_loss"] = math.nan
+        else:
+            metrics["train_loss"] = self._train(round_idx, d, pseudo, valid, levels)
+        metrics.update(self.evaluate(prep))
+        for name, value in metrics.items():
+            self.latest[name] = value
+        self._track_best(round_idx, metrics)
+        if self.privacy is not None:
+            spent = self.privacy.spent()
+            metrics["epsilon_spent"] = float(spent.max())
+        metrics.update({k: float(v.sum()) for k, v in self.channel.ledger.totals().items()
+                        if k in ("comm_upload_scalars", "comm_download_scalars", "comm_messages")})
+        return metrics
+
+    def _train(self, round_idx: int, d: RoundData, pseudo: Tensor, valid: Tensor, levels: Tensor | None) -> float:
+        model, C, k = self.model, d.num_clients, self.model.embed_dim
+        upd = local_updates(model, d, self.aggregator.local_steps, self.aggregator.local_lr)
+        shared_names = list(upd.shared)
+        shared = torch.cat([upd.shared[n].reshape(C, -1) for n in shared_names], 1) if shared_names \
+            else torch.zeros(C, 0)
+        rows = upd.rows
+        if self.privacy is not None:
+            gen = torch_generator(self.seed, "privacy", round_idx)
+            (shared, rows), _ = self.privacy.mechanism.privatize_parts(
+                [shared, rows], [None, d.row_client], C, levels[d.clients], gen)
+            run = torch.zeros(self.data.num_clients, dtype=torch.bool)
+            run[d.clients] = True
+            self.privacy.accountant.step(levels, run)
+        pgen = torch_generator(self.seed, "pseudo_rows", round_idx)
+        fake = pseudo_item_rows(rows.detach(), d.row_client, C, valid, pgen)
+        pc = torch.arange(C).unsqueeze(1).expand_as(pseudo)[valid]
+        uploads = Uploads(
+            clients=d.clients,
+            shared=shared,
+            row_client=torch.cat([d.row_client, pc]),
+            row_item=torch.cat([d.row_item, pseudo[valid]]),
+            rows=torch.cat([rows, fake[valid]]),
+            num_ratings=d.ratings_per_client(),
+        )
+        per_client = shared.shape[1] + torch.bincount(uploads.row_client, minlength=C) * (k + 1)  # rows + item ids
+        uploads = self.channel.send("upload", torch.zeros(C, dtype=torch.long), uploads, per_client)
+        self.last_uploads = uploads
+        g_shared, items, g_items = self.aggregator(uploads)
+        self._server_step(shared_names, g_shared, items, g_items)
+        self._user_step(d.users, upd.users)
+        broadcast = shared.shape[1] + self.data.num_items * k
+        self.channel.send("download", torch.zeros(C, dtype=torch.long), None, broadcast)
+        return float(upd.loss.mean())
+
+    def _optimizer(self, params: list[Tensor], existing: torch.optim.Optimizer | None) -> torch.optim.Optimizer:
+        if existing is not None and self.optimizer_state == "persistent":
+            return existing
+        cls = torch.optim.Adam if self.optimizer_name == "adam" else torch.optim.SGD
+        return cls(params, lr=self.lr, weight_decay=self.weight_decay)
+
+    def _server_step(self, names: list[str], g_shared: Tensor, items: Tensor, g_items: Tensor) -> None:
+        """The server optimiser on ω and the item table (every row: rows not in X^t get a zero gradient and only
+        weight decay, as in the authors' code)."""
+        params = self.model.shared_parameters()
+        offset = 0
+        for n in names:
+            p = params[n]
+            p.grad = g_shared[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        table = self.model.item_emb
+        table.grad = torch.zeros_like(table).index_put_((items,), g_items)
+        self._server_opt = self._optimizer([*params.values(), table], self._server_opt)
+        self._server_opt.step()
+        self._server_opt.zero_grad(set_to_none=True)
+
+    def _user_step(self, users: Tensor, grads: Tensor) -> None:
+        """Each participating client updates its own user rows with the same rule (elementwise, so one optimiser
+        over the table computes every client's step at once); rows of other users are left untouched."""
+        table = self.model.user_emb
+        keep = torch.ones(table.shape[0], dtype=torch.bool)
+        keep[users] = False
+        before = table.detach()[keep].clone()
+        table.grad = torch.zeros_like(table).index_put_((users,), grads)
+        self._user_opt = self._optimizer([table], self._user_opt)
+        saved = {k: v[keep].clone() for k, v in self._user_opt.state.get(table, {}).items() if v.dim() == 2}
+        self._user_opt.step()
+        self._user_opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            table[keep] = before
+            for k, v in saved.items():
+                self._user_opt.state[table][k][keep] = v
+
+    # ------------------------------------------------------------------------------------------------ metrics
+    @torch.no_grad()
+    def predict(self, prep: _Prepared, user: np.ndarray, item: np.ndarray) -> Tensor:
+        """Predicted ratings of (user, item) pairs, each user represented from its current local graph."""
+        m, d = self.model, prep.data
+        h = m.represent(m.shared_parameters(), m.user_emb, m.item_emb[d.row_item][d.entry_row], d.users[d.entry_user])
+        u, i = torch.from_numpy(np.asarray(user)), torch.from_numpy(np.asarray(item))
+        return torch.sigmoid((h[u] * m.item_emb[i]).sum(-1))
+
+    def evaluate(self, prep: _Prepared) -> dict[str, float]:
+        out = {}
+        for split in ("test", "val"):
+            r: Ratings = getattr(self.data, split)
+            if len(r):
+                pred = self.predict(prep, r.user, r.item)
+                for name, v in rating_metrics(pred, torch.from_numpy(r.rating)).items():
+                    out[f"{split}_{name}"] = v
+        return out
+
+    def _track_best(self, round_idx: int, metrics: dict[str, float]) -> None:
+        for name, v in metrics.items():
+            kind = name.rsplit("_", 1)[-1]
+            if not name.startswith(("test_", "val_")) or math.isnan(v):
+                continue
+            better = (lambda a, b: a > b) if kind == "f1" else (lambda a, b: a < b)
+            if name not in self.best or better(v, self.best[name][0]):
+                self.best[name] = (v, round_idx)
+
+    # ------------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": {k: v.clone() for k, v in self.model.state_dict().items()},
+            "server_opt": None if self._server_opt is None else self._server_opt.state_dict(),
+            "user_opt": None if self._user_opt is None else self._user_opt.state_dict(),
+            "privacy": None if self.privacy is None else self.privacy.accountant.state_dict(),
+            "ledger": self.channel.ledger.counts.clone(),
+            "best": dict(self.best),
+            "latest": dict(self.latest),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        if self.optimizer_state == "persistent":
+            for key, attr, params in (("server_opt", "_server_opt", [*self.model.shared_parameters().values(),
+                                                                    self.model.item_emb]),
+                                      ("user_opt", "_user_opt", [self.model.user_emb])):
+                if state[key] is not None:
+                    opt = self._optimizer(params, None)
+                    opt.load_state_dict(state[key])
+                    setattr(self, attr, opt)
+        if (state["privacy"] is None) != (self.privacy is None):
+            raise ConfigError("cannot resume: the checkpoint's privacy setting differs from this run's")
+        if self.privacy is not None:
+            self.privacy.accountant.load_state_dict(state["privacy"])
+        self.channel.ledger.counts.copy_(state["ledger"])
+        self.best = dict(state["best"])
+        self.latest = dict(state["latest"])
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"dataset": self.data.name, "model": type(self.model).__name__,
+                               "aggregator": type(self.aggregator).__name__, "clients": self.data.num_clients}
+        for name in sorted(self.latest):
+            if name.startswith(("test_", "val_")):
+                out[f"final_{name}"] = self.latest[name]
+        for name, (v, r) in sorted(self.best.items()):
+            out[f"best_{name}"] = v
+            out[f"best_{name}_round"] = r
+        if self.privacy is None:
+            out.update({"privacy": "none", "epsilon_spent": None, "delta": None})
+        else:
+            out.update(self.privacy.summary())
+        out.update({k: int(v.sum()) for k, v in self.channel.ledger.totals().items()})
+        return out
