@@ -1,7 +1,6 @@
 """Rating-prediction metrics on [0, 1]-scaled ratings (BGTplanner paper §VII-A2)."""
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 #: ratings and predictions at or above this are positive for F1 (paper §VII-A2)

@@ -1,15 +1,15 @@
 """PNG plots of a run's metric history (matplotlib, headless)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
 from fedrec.io import atomic_write
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 #: (file name, x metric, x label, y metric, y label) of the plots a run gets, when its history has both metrics
 PLOTS = (
@@ -36,6 +36,6 @@ def plot_run(history: Sequence[dict[str, float]], out_dir: str | Path, title: st
         ax.set_title(title)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        paths.append(atomic_write(out_dir / name, lambda f: fig.savefig(f, format="png")))
+        paths.append(atomic_write(out_dir / name, lambda f, fig=fig: fig.savefig(f, format="png")))
         plt.close(fig)
     return paths

@@ -1,9 +1,8 @@
 """Step-wise federated bandit protocols: the base class, the batched window executor, the centralised baseline."""
 from __future__ import annotations
 
-from abc import ABCMeta, abstractmethod
-
 import math
+from abc import ABCMeta, abstractmethod
 
 import torch
 from torch import Tensor, nn

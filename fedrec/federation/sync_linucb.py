@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedrec.errors import check_float
 from fedrec.bandits.linear import RowState
+from fedrec.errors import check_float
 from fedrec.federation.protocol import ClientServerLinUCB
 
 

@@ -37,9 +37,9 @@ from torch import Tensor
 from fedrec.errors import ConfigError, check_float
 
 __all__ = [
-    "NoiseMechanism",
     "GaussianMechanism",
     "LaplaceMechanism",
+    "NoiseMechanism",
     "analytic_gaussian_delta",
     "analytic_gaussian_noise_multiplier",
     "classical_gaussian_noise_multiplier",

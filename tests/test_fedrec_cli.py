@@ -1,0 +1,107 @@
+"""The fedgnn_* experiment configs end to end through the CLI: run directory, summary fields, DP resume, errors."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from test_cli import ALL_EXPERIMENTS, CONF, PNG_MAGIC, read_csv
+from test_fedrec import write_ml1m
+
+from fedrec.cli import run
+from fedrec.errors import ConfigError, DatasetNotFoundError
+
+FEDREC_EXPERIMENTS = [e for e in ALL_EXPERIMENTS if e.startswith("fedgnn_")]
+QUICK = ("task.rounds=3", "logger.tensorboard=false")
+SUMMARY = {"final_test_rmse", "final_test_mae", "final_test_f1", "best_test_rmse", "best_test_rmse_round",
+           "best_test_f1", "epsilon_spent", "delta", "rounds_run", "comm_messages", "comm_upload_scalars",
+           "wall_seconds", "privacy"}
+
+
+@pytest.fixture
+def compose_cfg():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        yield lambda *overrides: compose("config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="module")
+def ml1m_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ML-1M is not shipped: a small file in its format, with enough users for 605 clients."""
+    return write_ml1m(tmp_path_factory.mktemp("ml1m_data"), users=700, items=120)
+
+
+def test_the_four_paper_experiments_exist() -> None:
+    assert FEDREC_EXPERIMENTS == ["fedgnn_filmtrust", "fedgnn_ml100k", "fedgnn_ml100k_dp", "fedgnn_ml1m"]
+
+
+@pytest.mark.parametrize("experiment", FEDREC_EXPERIMENTS)
+def test_fedrec_experiment_runs_end_to_end(compose_cfg, data_dir: Path, ml1m_dir: Path, tmp_path: Path,
+                                           experiment: str) -> None:
+    where = ml1m_dir if experiment == "fedgnn_ml1m" else data_dir
+    cfg = compose_cfg(f"+experiment={experiment}", f"data_dir={where}", *QUICK)
+    out = tmp_path / "run"
+    summary = run(cfg, output_dir=out)
+    assert SUMMARY <= set(summary), SUMMARY - set(summary)
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert summary["rounds_run"] == 3 and summary["experiment"] == experiment
+    rows = read_csv(out / "metrics.csv")
+    assert len(rows) == 3 and float(rows[-1]["test_rmse"]) == summary["final_test_rmse"]
+    assert min(float(r["test_rmse"]) for r in rows) == summary["best_test_rmse"]
+    assert 0 < summary["best_test_rmse"] < 1 and 0 <= summary["best_test_f1"] <= 1
+    assert (out / "test_rmse.png").read_bytes()[:8] == PNG_MAGIC
+    if experiment.endswith("_dp"):
+        assert summary["privacy"] == "gaussian" and summary["delta"] == 1e-5
+        assert 0 < summary["epsilon_spent"] <= summary["epsilon_total"] == 10.0
+    else:
+        assert summary["privacy"] == "none" and summary["epsilon_spent"] is None
+    if experiment == "fedgnn_ml1m":
+        assert summary["clients"] == 605
+
+
+def test_dp_run_resumed_through_the_cli_matches(compose_cfg, data_dir: Path, tmp_path: Path) -> None:
+    ov = ("+experiment=fedgnn_ml100k_dp", f"data_dir={data_dir}", "task.rounds=4", "plots=false",
+          "logger.tensorboard=false", "privacy=laplace", "privacy.epsilon=2")
+    full = run(compose_cfg(*ov), output_dir=tmp_path / "full")
+    run(compose_cfg(*ov, "trainer.max_rounds=2"), output_dir=tmp_path / "part")
+    resumed = run(compose_cfg(*ov, f"ckpt_path={tmp_path / 'part' / 'checkpoints' / 'last.ckpt'}"),
+                  output_dir=tmp_path / "resumed")
+    strip = lambda s: {k: v for k, v in s.items() if k != "wall_seconds"}
+    assert strip(resumed) == strip(full)
+    assert resumed["privacy"] == "laplace" and resumed["epsilon_spent"] <= 2.0
+    assert read_csv(tmp_path / "resumed" / "metrics.csv") == read_csv(tmp_path / "full" / "metrics.csv")
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ("privacy.epsilon=0", "privacy.epsilon"),
+    ("privacy.epsilon=-2", "privacy.epsilon"),
+    ("privacy.delta=0", "privacy.delta"),
+    ("privacy.delta=1.5", "privacy.delta"),
+    ("privacy.clip=0", "privacy.clip"),
+    ("privacy.rdp_alpha=2", "privacy.rdp_alpha"),
+    ("task.rounds=0", "rounds"),
+    ("task.pseudo_items=-1", "task.pseudo_items"),
+    ("task.lr=0", "task.lr"),
+    ("model.embed_dim=0", "model.embed_dim"),
+    ("aggregator=fedavg", None),  # a valid choice: must not raise (checked below)
+])
+def test_bad_fedrec_values_are_named(compose_cfg, data_dir: Path, tmp_path: Path, override: str, field) -> None:
+    cfg = compose_cfg("+experiment=fedgnn_ml100k_dp", f"data_dir={data_dir}", "task.rounds=1", "plots=false",
+                      "logger.tensorboard=false", override)
+    if field is None:
+        assert run(cfg, output_dir=tmp_path)["aggregator"] == "FedAvg"
+        return
+    with pytest.raises(ConfigError) as info:
+        run(cfg, output_dir=tmp_path)
+    assert re.search(re.escape(field), str(info.value)), str(info.value)
+    assert not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize(("experiment", "path"), [("fedgnn_ml100k", "ml-100k/u.data"),
+                                                  ("fedgnn_filmtrust", "filmtrust/ratings.txt"),
+                                                  ("fedgnn_ml1m", "ml-1m/ratings.dat")])
+def test_missing_rating_file_names_the_path(compose_cfg, tmp_path: Path, experiment: str, path: str) -> None:
+    cfg = compose_cfg(f"+experiment={experiment}", f"data_dir={tmp_path / 'empty'}", *QUICK)
+    with pytest.raises(DatasetNotFoundError, match=re.escape(str(tmp_path / "empty" / path))):
+        run(cfg, output_dir=tmp_path / "run")
