@@ -1,0 +1,118 @@
+"""Speed of a federated FedGNN round on MovieLens-100K: batched clients against a per-client loop, and full runs.
+
+Cases (one run, one JSON line each):
+  round  the clients' computation of one round (943 clients: every gradient of ω, user rows and item rows),
+         batched (``fedrec.federation.local.local_updates``, one backward pass) vs the per-client reference
+         loop (``scripts/reference_fedrec.py``: PyG ``GATConv`` per user, autograd per client). Both see the same
+         model and data; the largest gradient difference is printed. Also the whole batched round
+         (``FedRecTask.run_round``: pseudo items, DP, aggregation, server step, evaluation).
+  run    wall time of full T-round runs through ``FederatedTrainer`` (non-private FedSGD, and Gaussian DP).
+
+Targets (reported, not asserted): batched ≥ 20× the loop; a 100-round ML-100K run < 120 s on 2 cores.
+
+    FEDREC_DATA_DIR=../shared/data .venv/bin/python scripts/bench_fedgnn.py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for reference_fedrec next to this file
+
+from reference_fedrec import reference_client_gradients  # noqa: E402
+
+from fedrec.data import load_ratings  # noqa: E402
+from fedrec.federation.aggregators import FedSGD  # noqa: E402
+from fedrec.federation.local import local_updates, round_data  # noqa: E402
+from fedrec.models import FedGNN  # noqa: E402
+from fedrec.privacy import ClientDP  # noqa: E402
+from fedrec.tasks import FedRecTask  # noqa: E402
+from fedrec.trainer import FederatedTrainer  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default=os.environ.get("FEDREC_DATA_DIR", "data"))
+    p.add_argument("--cases", default="round,run")
+    p.add_argument("--round", type=int, default=50, help="which round's training data the round case uses")
+    p.add_argument("--rounds", type=int, default=100, help="T of the full runs")
+    p.add_argument("--repeats", type=int, default=5, help="batched timings (the median is reported)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="append the JSON lines to this file")
+    return p.parse_args()
+
+
+def emit(record: dict, out: Path | None) -> None:
+    line = json.dumps(record)
+    print(line, flush=True)
+    if out is not None:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+def case_round(args: argparse.Namespace) -> dict:
+    data = load_ratings("ml-100k", args.data_dir, seed=args.seed, rounds=args.rounds)
+    tr = data.training_until(args.round)
+    d = round_data(tr.user, tr.item, tr.rating, data.client_of_user, data.num_items)
+    torch.manual_seed(args.seed)
+    model = FedGNN(data.num_users, data.num_items, 8)
+    local_updates(model, d)  # warm-up
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        ours = local_updates(model, d)
+        times.append(time.perf_counter() - t0)
+    ours_s = sorted(times)[len(times) // 2]
+    t0 = time.perf_counter()
+    ref = reference_client_gradients(model, d)
+    ref_s = time.perf_counter() - t0
+    diff = 0.0
+    for c, r in enumerate(ref):
+        diff = max(diff, float((ours.rows[d.row_client == c] - r["rows"]).abs().max()),
+                   float((ours.users[d.user_client == c] - r["users"]).abs().max()),
+                   *(float((ours.shared[n][c] - r[n]).abs().max()) for n in ours.shared))
+    task = FedRecTask(data, model, FedSGD(), None, rounds=args.rounds, seed=args.seed)
+    task.run_round(args.round - 1)  # warm-up (and a plausible optimiser state)
+    t0 = time.perf_counter()
+    task.run_round(args.round)
+    full_round_s = time.perf_counter() - t0
+    return {"case": "round", "clients": d.num_clients, "ratings": int(d.entry_user.numel()),
+            "ours_s": ours_s, "reference_loop_s": ref_s, "ratio": ref_s / ours_s, "max_abs_grad_diff": diff,
+            "ours_full_round_s": full_round_s, "target_ratio": 20}
+
+
+def case_run(args: argparse.Namespace, privacy: str) -> dict:
+    t0 = time.perf_counter()
+    data = load_ratings("ml-100k", args.data_dir, seed=args.seed, rounds=args.rounds)
+    torch.manual_seed(args.seed)
+    model = FedGNN(data.num_users, data.num_items, 8)
+    dp = ClientDP(data.num_clients, "gaussian", epsilon=10.0, delta=1e-5) if privacy == "gaussian" else None
+    task = FedRecTask(data, model, FedSGD(), dp, rounds=args.rounds, seed=args.seed)
+    FederatedTrainer(enable_progress_bar=False).fit(task)
+    s = task.summary()
+    return {"case": "run", "privacy": privacy, "rounds": args.rounds, "wall_s": time.perf_counter() - t0,
+            "best_test_rmse": s["best_test_rmse"], "final_test_rmse": s["final_test_rmse"],
+            "epsilon_spent": s["epsilon_spent"], "target_wall_s": 120}
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    cases = args.cases.split(",")
+    meta = {"threads": args.threads, "torch": torch.__version__, "load_1min": os.getloadavg()[0]}
+    if "round" in cases:
+        emit({**case_round(args), **meta}, args.out)
+    if "run" in cases:
+        for privacy in ("none", "gaussian"):
+            emit({**case_run(args, privacy), **meta}, args.out)
+
+
+if __name__ == "__main__":
+    main()
