@@ -118,6 +118,25 @@ def test_one_local_step_of_fedavg_is_the_gradient(grouped: RatingData) -> None:
     assert torch.equal(tiny.loss, g.loss)
 
 
+def test_a_perfectly_predicted_client_sends_finite_zero_gradients(grouped: RatingData) -> None:
+    """Regression: a client whose only rating is 1.0 and whose prediction saturates at 1.0 in float32 has RMSE 0;
+    d sqrt(x)/dx at 0 is infinite and once made a FilmTrust run NaN."""
+    d = _round(grouped)
+    torch.manual_seed(0)
+    model = MatrixFactorization(grouped.num_users, grouped.num_items, 4)
+    c0_users = d.users[d.user_client == 0]
+    c0_items = d.row_item[d.row_client == 0]
+    with torch.no_grad():
+        model.user_emb[c0_users] = 30.0
+        model.item_emb[c0_items] = 30.0  # sigmoid(3600) == 1.0 exactly
+        d.entry_rating[d.entry_client == 0] = 1.0
+    upd = local_updates(model, d)
+    assert upd.loss[0] == 0
+    assert torch.isfinite(upd.rows).all() and torch.isfinite(upd.users).all()
+    assert torch.all(upd.rows[d.row_client == 0] == 0)
+    assert torch.all(upd.loss[1:] > 0)
+
+
 # ------------------------------------------------------------------------------------------------ pseudo items
 def test_pseudo_items_avoid_real_items_and_are_resampled(ml100k_small: RatingData) -> None:
     d = _round(ml100k_small, 0)

@@ -105,7 +105,11 @@ def client_losses(
     entry_client = data.entry_client
     sse = torch.zeros(data.num_clients, dtype=sq.dtype).index_add(0, entry_client, sq)
     count = torch.bincount(entry_client, minlength=data.num_clients).to(sq.dtype)
-    return torch.sqrt(sse / count)
+    mse = sse / count
+    # sqrt has an infinite slope at 0: a client predicted perfectly (sigmoid saturated at a rating of exactly
+    # 1) would send inf/NaN gradients; its loss is at its minimum, so its gradient is 0
+    positive = mse > 0
+    return torch.where(positive, torch.sqrt(torch.where(positive, mse, torch.ones_like(mse))), torch.zeros_like(mse))
 
 
 def local_updates(

@@ -193,6 +193,9 @@ class FedRecTask(FederatedTask):
         shared = torch.cat([upd.shared[n].reshape(C, -1) for n in shared_names], 1) if shared_names \
             else torch.zeros(C, 0)
         rows = upd.rows
+        if not (bool(torch.isfinite(shared).all()) and bool(torch.isfinite(rows).all())):
+            raise FloatingPointError(f"round {round_idx}: a client's update is not finite (training diverged; "
+                                     f"try a smaller task.lr)")
         if self.privacy is not None:
             gen = torch_generator(self.seed, "privacy", round_idx)
             (shared, rows), _ = self.privacy.mechanism.privatize_parts(
