@@ -153,6 +153,22 @@ def test_task_rejects_mismatched_settings(tiny: RatingData) -> None:
         FedRecTask(tiny, model, FedSGD(), rounds=ROUNDS, optimizer="lbfgs")
     with pytest.raises(ConfigError, match="model is sized"):
         FedRecTask(tiny, FedGNN(tiny.num_users + 1, tiny.num_items, 4), FedSGD(), rounds=ROUNDS)
+    with pytest.raises(ConfigError, match="privacy is set up for"):
+        FedRecTask(tiny, model, FedSGD(), ClientDP(tiny.num_clients + 1, "laplace"), rounds=ROUNDS)
+
+
+def test_private_uploads_carry_no_rating_counts(tiny: RatingData) -> None:
+    """Review finding: with several users per client the rating count is not visible in X^t, so DP runs must
+    neither send it nor weight by it."""
+    dp = ClientDP(tiny.num_clients, "gaussian", epsilon=4.0)
+    with pytest.raises(ConfigError, match="aggregator.weighting=ratings"):
+        make_task(tiny, dp, aggregator=FedAvg(weighting="ratings"))
+    task = make_task(tiny, dp, aggregator=FedAvg(local_steps=2))
+    task.run_round(0)
+    assert task.last_uploads.num_ratings is None
+    plain = make_task(tiny, aggregator=FedAvg(weighting="ratings"))
+    plain.run_round(0)
+    assert plain.last_uploads.num_ratings.sum() == len(tiny.training_until(0))
 
 
 @pytest.mark.parametrize("optimizer_state", ["persistent", "reset"])

@@ -26,7 +26,7 @@ class Uploads:
     row_client: Tensor  # (R,) index into clients
     row_item: Tensor  # (R,) global item ids: X^t, real and pseudo items
     rows: Tensor  # (R, k) item-row updates
-    num_ratings: Tensor  # (C,) ratings each client trained on
+    num_ratings: Tensor | None  # (C,) ratings each client trained on; None under DP (it is private)
 
 
 class Aggregator:
@@ -51,6 +51,9 @@ class Aggregator:
         if self.weighting == "uploaded_items":
             return torch.bincount(up.row_client, minlength=C).double()
         if self.weighting == "ratings":
+            if up.num_ratings is None:
+                raise ConfigError("aggregator.weighting=ratings needs the clients' rating counts, which private "
+                                  "uploads do not carry")
             return up.num_ratings.double()
         return torch.ones(C, dtype=torch.float64)
 
@@ -75,7 +78,11 @@ class FedSGD(Aggregator):
 
 
 class FedAvg(Aggregator):
-    """FedAvg (McMahan et al. 2017): ``local_steps`` local SGD steps, updates weighted by local data size."""
+    """FedAvg (McMahan et al. 2017): ``local_steps`` local SGD steps per client before uploading. Updates are
+    weighted by uploaded items by default, which DP allows; ``weighting="ratings"`` (local data size, McMahan's
+    rule) reveals private counts and is refused with privacy on. The server applies its optimiser to the mean
+    update (with ``task.optimizer=sgd``, ``task.lr = local_lr`` and no weight decay this is McMahan's averaging
+    of local models; with Adam it is FedAdam-like)."""
 
-    def __init__(self, local_steps: int = 5, local_lr: float = 0.05, weighting: str = "ratings") -> None:
+    def __init__(self, local_steps: int = 5, local_lr: float = 0.05, weighting: str = "uploaded_items") -> None:
         super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)

@@ -92,6 +92,13 @@ class FedRecTask(FederatedTask):
             raise ConfigError(f"task.optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
         if optimizer_state not in OPTIMIZER_STATES:
             raise ConfigError(f"task.optimizer_state must be one of {list(OPTIMIZER_STATES)}, got {optimizer_state!r}")
+        if privacy is not None:
+            if privacy.accountant.num_clients != data.num_clients:
+                raise ConfigError(f"privacy is set up for {privacy.accountant.num_clients} clients, the data has "
+                                  f"{data.num_clients}")
+            if aggregator.weighting == "ratings":  # the server only sees uploaded item ids, real and pseudo mixed
+                raise ConfigError("aggregator.weighting=ratings weights by the clients' private rating counts, "
+                                  "which DP does not cover: use uploaded_items or uniform with privacy on")
         self.data, self.model, self.aggregator, self.privacy = data, model, aggregator, privacy
         self.pseudo_items = check_int("task.pseudo_items", pseudo_items, minimum=0)
         self.optimizer_name, self.optimizer_state = optimizer, optimizer_state
@@ -134,6 +141,17 @@ class FedRecTask(FederatedTask):
         shape = (self.data.num_clients, self.data.num_items)
         return sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=shape)
 
+    def clients_holding_data(self, round_idx: int) -> Tensor:
+        """``(num_clients,)`` bool: the clients with training ratings in round ``round_idx`` (who take part)."""
+        holding = torch.zeros(self.data.num_clients, dtype=torch.bool)
+        holding[self._prepare(round_idx).data.clients] = True
+        return holding
+
+    def evaluate_round(self, round_idx: int) -> dict[str, float]:
+        """The current model's test (and validation) metrics on round ``round_idx``'s local graphs (e.g. before
+        any training, for a planner's first reward)."""
+        return self.evaluate(self._prepare(round_idx))
+
     # ------------------------------------------------------------------------------------------------ round
     def _prepare(self, round_idx: int) -> _Prepared:
         prep = self._prepared.get(round_idx)
@@ -155,9 +173,7 @@ class FedRecTask(FederatedTask):
             (self.data.num_clients,), self.privacy.uniform_budget(self.num_rounds), dtype=torch.float64)
         self._budget = None
         levels = self.privacy.levels(budget)
-        holding = torch.zeros(self.data.num_clients, dtype=torch.bool)
-        holding[d.clients] = True
-        run = self.privacy.accountant.admissible(levels, holding)
+        run = self.privacy.accountant.admissible(levels, self.clients_holding_data(round_idx))
         if not bool(run[d.clients].all()):
             keep = run[d.clients]
             tr = prep.training
@@ -212,7 +228,7 @@ class FedRecTask(FederatedTask):
             row_client=torch.cat([d.row_client, pc]),
             row_item=torch.cat([d.row_item, pseudo[valid]]),
             rows=torch.cat([rows, fake[valid]]),
-            num_ratings=d.ratings_per_client(),
+            num_ratings=d.ratings_per_client() if self.privacy is None else None,  # private under DP
         )
         per_client = shared.shape[1] + torch.bincount(uploads.row_client, minlength=C) * (k + 1)  # rows + item ids
         uploads = self.channel.send("upload", torch.zeros(C, dtype=torch.long), uploads, per_client)
