@@ -421,3 +421,20 @@ def test_resumed_logger_rows_match_uninterrupted(tmp_path: Path, log_every: int,
     assert [s for s, _ in logger.rows] == [s for s, _ in ref.rows]
     assert logger.rows == ref.rows
     assert logger.finalized == ["success"]
+
+
+class CancelAt(Callback):
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_round_start(self, trainer, task, round_idx) -> None:
+        if round_idx == self.at:
+            trainer.should_stop = True
+
+
+def test_should_stop_set_before_a_round_cancels_that_round(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, callbacks=[CancelAt(3)])
+    task = make_task()
+    history = trainer.fit(task)
+    assert len(history) == 3 and trainer.round == 3 and task.t == 3 * STEPS_PER_ROUND
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["should_stop"] is True

@@ -14,7 +14,7 @@ class Callback:
     """Observes and steers a run through hooks; carries its own ``state_dict`` into checkpoints.
 
     A callback may stop the run by setting ``trainer.should_stop = True`` (e.g. a budget planner whose
-    budget is exhausted).
+    budget is exhausted); set in ``on_round_start``, it also cancels the round about to start.
     """
 
     @property

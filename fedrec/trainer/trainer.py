@@ -75,6 +75,8 @@ class FederatedTrainer:
         while self.round < total and not self.should_stop:
             r = self.round
             self._hook("on_round_start", task, r)
+            if self.should_stop:  # a callback found the round cannot run (e.g. no privacy budget left)
+                break
             metrics = {"round": r, **task.run_round(r)}
             self.round = r + 1
             self.wall_seconds = elapsed_before + time.perf_counter() - started
