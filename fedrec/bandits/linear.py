@@ -13,17 +13,16 @@ of that state: it only ever grows by the z zᵀ a step returns, so callers add t
 """
 from __future__ import annotations
 
-from abc import ABCMeta, abstractmethod
-
 import math
-from typing import Sequence
+from abc import ABCMeta, abstractmethod
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from fedrec.errors import ConfigError, check_float, check_int
 
-__all__ = ["LinearBandit", "LinUCB", "LinTS", "confidence_radius", "RowState"]
+__all__ = ["LinTS", "LinUCB", "LinearBandit", "RowState", "confidence_radius"]
 
 #: a row's state: tensors with a leading row dimension, keyed by buffer name
 RowState = dict[str, Tensor]

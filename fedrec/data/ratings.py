@@ -45,9 +45,9 @@ available at a round are ``initial`` plus a prefix of ``stream``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -88,12 +88,12 @@ class Ratings:
     def __len__(self) -> int:
         return len(self.user)
 
-    def take(self, index: np.ndarray | slice) -> "Ratings":
+    def take(self, index: np.ndarray | slice) -> Ratings:
         """The ratings at ``index`` (an index array, boolean mask or slice)."""
         return Ratings(self.user[index], self.item[index], self.rating[index])
 
     @staticmethod
-    def concat(*parts: "Ratings") -> "Ratings":
+    def concat(*parts: Ratings) -> Ratings:
         """The ratings of all ``parts``, in order."""
         if not parts:
             return Ratings(np.zeros(0), np.zeros(0), np.zeros(0))

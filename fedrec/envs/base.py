@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-
 from dataclasses import dataclass
 
 import numpy as np

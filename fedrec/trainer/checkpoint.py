@@ -24,7 +24,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"ckpt_path: no checkpoint file at {path}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is not a checkpoint
+    except Exception as e:
         raise ConfigError(f"ckpt_path: {path} is not a readable fedrec checkpoint ({e})") from e
     if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION:
         raise ConfigError(f"ckpt_path: {path} is not a fedrec checkpoint of version {CHECKPOINT_VERSION}")

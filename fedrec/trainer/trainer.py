@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from fedrec.errors import ConfigError, check_int
 from fedrec.tasks.base import FederatedTask
