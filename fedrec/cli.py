@@ -86,14 +86,17 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     from fedrec.trainer import FederatedTrainer
 
     task = build_task(cfg)
+    planner = _build(cfg.planner, "planner") if cfg.get("planner") is not None else None
     trainer = FederatedTrainer(
-        default_root_dir=out, loggers=build_loggers(cfg.logger, out), **OmegaConf.to_container(cfg.trainer)
+        default_root_dir=out, loggers=build_loggers(cfg.logger, out), callbacks=[planner] if planner else [],
+        **OmegaConf.to_container(cfg.trainer),
     )
     history = trainer.fit(task, ckpt_path=cfg.get("ckpt_path"))
     summary = {
         "experiment": cfg.name,
         "seed": cfg.seed,
         **task.summary(),
+        **(planner.summary() if planner else {}),
         "rounds_run": trainer.round,
         "wall_seconds": trainer.wall_seconds,
     }

@@ -34,7 +34,9 @@ from fedrec.errors import ConfigError, DatasetNotFoundError
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 ALL_EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
-EXPERIMENTS = [e for e in ALL_EXPERIMENTS if not e.startswith("fedgnn_")]  # bandit runs; fedgnn_*: test_fedrec_cli
+#: federated recommendation experiments (tested in test_fedrec_cli.py); the others are bandit runs
+FEDREC_PREFIXES = ("fedgnn_", "bgtplanner_")
+EXPERIMENTS = [e for e in ALL_EXPERIMENTS if not e.startswith(FEDREC_PREFIXES)]
 SUMMARY_KEYS = {"steps", "cumulative_regret", "comm_messages", "comm_scalars", "comm_bytes", "wall_seconds", "seed"}
 RUN_FILES = ("config_resolved.yaml", "metrics.csv", "summary.json", "regret.png", "regret_vs_comm.png")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

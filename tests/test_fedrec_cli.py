@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from test_cli import ALL_EXPERIMENTS, CONF, PNG_MAGIC, read_csv
+from test_cli import ALL_EXPERIMENTS, CONF, FEDREC_PREFIXES, PNG_MAGIC, read_csv
 from test_fedrec import write_ml1m
 
 from fedrec.cli import run
 from fedrec.errors import ConfigError, DatasetNotFoundError
 
-FEDREC_EXPERIMENTS = [e for e in ALL_EXPERIMENTS if e.startswith("fedgnn_")]
+FEDREC_EXPERIMENTS = [e for e in ALL_EXPERIMENTS if e.startswith(FEDREC_PREFIXES)]
+#: a BGTplanner that fits in 8 rounds: initial stage (2+1)·2 = 6 rounds, then 2 planned ones
+SHORT_PLANNER = ("task.rounds=8", "++planner.num_actions=2", "++planner.initial_rounds=2", "++planner.min_rounds=6")
 QUICK = ("task.rounds=3", "logger.tensorboard=false")
 SUMMARY = {"final_test_rmse", "final_test_mae", "final_test_f1", "best_test_rmse", "best_test_rmse_round",
            "best_test_f1", "epsilon_spent", "delta", "rounds_run", "comm_messages", "comm_upload_scalars",
@@ -32,31 +34,40 @@ def ml1m_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_ml1m(tmp_path_factory.mktemp("ml1m_data"), users=700, items=120)
 
 
-def test_the_four_paper_experiments_exist() -> None:
-    assert FEDREC_EXPERIMENTS == ["fedgnn_filmtrust", "fedgnn_ml100k", "fedgnn_ml100k_dp", "fedgnn_ml1m"]
+def test_the_paper_experiments_exist() -> None:
+    assert FEDREC_EXPERIMENTS == ["bgtplanner_filmtrust", "bgtplanner_ml100k", "bgtplanner_ml1m", "fedgnn_filmtrust",
+                                  "fedgnn_ml100k", "fedgnn_ml100k_dp", "fedgnn_ml1m"]
 
 
 @pytest.mark.parametrize("experiment", FEDREC_EXPERIMENTS)
 def test_fedrec_experiment_runs_end_to_end(compose_cfg, data_dir: Path, ml1m_dir: Path, tmp_path: Path,
                                            experiment: str) -> None:
-    where = ml1m_dir if experiment == "fedgnn_ml1m" else data_dir
-    cfg = compose_cfg(f"+experiment={experiment}", f"data_dir={where}", *QUICK)
+    where = ml1m_dir if experiment.endswith("_ml1m") else data_dir
+    extra = SHORT_PLANNER if experiment.startswith("bgtplanner_") else ()
+    cfg = compose_cfg(f"+experiment={experiment}", f"data_dir={where}", *QUICK, *extra)
     out = tmp_path / "run"
     summary = run(cfg, output_dir=out)
     assert SUMMARY <= set(summary), SUMMARY - set(summary)
     assert json.loads((out / "summary.json").read_text()) == summary
-    assert summary["rounds_run"] == 3 and summary["experiment"] == experiment
+    rounds = 3
+    if extra:  # a planner may end the run when no level is affordable any more
+        rounds = summary["rounds_run"]
+        assert rounds == 8 or (summary["planner_stopped_for_budget"] and rounds >= 6)
+    assert summary["rounds_run"] == rounds and summary["experiment"] == experiment
     rows = read_csv(out / "metrics.csv")
-    assert len(rows) == 3 and float(rows[-1]["test_rmse"]) == summary["final_test_rmse"]
+    assert len(rows) == rounds and float(rows[-1]["test_rmse"]) == summary["final_test_rmse"]
     assert min(float(r["test_rmse"]) for r in rows) == summary["best_test_rmse"]
     assert 0 < summary["best_test_rmse"] < 1 and 0 <= summary["best_test_f1"] <= 1
     assert (out / "test_rmse.png").read_bytes()[:8] == PNG_MAGIC
-    if experiment.endswith("_dp"):
+    if experiment.endswith("_dp") or extra:
         assert summary["privacy"] == "gaussian" and summary["delta"] == 1e-5
         assert 0 < summary["epsilon_spent"] <= summary["epsilon_total"] == 10.0
     else:
         assert summary["privacy"] == "none" and summary["epsilon_spent"] is None
-    if experiment == "fedgnn_ml1m":
+    if extra:
+        assert summary["planner"] == "bgtplanner" and summary["planner_rounds"] == rounds
+        assert sum(summary["planner_action_counts"]) == rounds
+    if experiment.endswith("_ml1m"):
         assert summary["clients"] == 605
 
 
@@ -73,6 +84,21 @@ def test_dp_run_resumed_through_the_cli_matches(compose_cfg, data_dir: Path, tmp
     assert read_csv(tmp_path / "resumed" / "metrics.csv") == read_csv(tmp_path / "full" / "metrics.csv")
 
 
+@pytest.mark.parametrize("planner", ["uniform", "adpml", "adap", "bgtplanner"])
+@pytest.mark.parametrize("mechanism", ["gaussian", "laplace"])
+def test_every_planner_and_mechanism_runs(compose_cfg, data_dir: Path, tmp_path: Path, planner: str,
+                                          mechanism: str) -> None:
+    cfg = compose_cfg("+experiment=bgtplanner_ml100k", f"data_dir={data_dir}", "plots=false",
+                      "logger.tensorboard=false", f"planner={planner}", f"privacy={mechanism}", *SHORT_PLANNER[:1],
+                      *(SHORT_PLANNER[1:] if planner == "bgtplanner" else ()))
+    summary = run(cfg, output_dir=tmp_path)
+    assert summary["planner"] == planner and summary["privacy"] == mechanism
+    assert 0 < summary["epsilon_spent"] <= 10.0 and summary["delta"] == (1e-5 if mechanism == "gaussian" else 0.0)
+    assert summary["rounds_run"] == summary["planner_rounds"]
+    assert summary["rounds_run"] == 8 or (summary["planner_stopped_for_budget"] and summary["rounds_run"] >= 6)
+    assert summary["planner_seconds_per_round"] > 0
+
+
 @pytest.mark.parametrize(("override", "field"), [
     ("privacy.epsilon=0", "privacy.epsilon"),
     ("privacy.epsilon=-2", "privacy.epsilon"),
@@ -85,6 +111,7 @@ def test_dp_run_resumed_through_the_cli_matches(compose_cfg, data_dir: Path, tmp
     ("task.lr=0", "task.lr"),
     ("model.embed_dim=0", "model.embed_dim"),
     ("aggregator=fedavg", None),  # a valid choice: must not raise (checked below)
+    ("planner=bgtplanner", "data.val_fraction"),  # the planner's reward needs a validation split
 ])
 def test_bad_fedrec_values_are_named(compose_cfg, data_dir: Path, tmp_path: Path, override: str, field) -> None:
     cfg = compose_cfg("+experiment=fedgnn_ml100k_dp", f"data_dir={data_dir}", "task.rounds=1", "plots=false",
@@ -95,6 +122,22 @@ def test_bad_fedrec_values_are_named(compose_cfg, data_dir: Path, tmp_path: Path
     with pytest.raises(ConfigError) as info:
         run(cfg, output_dir=tmp_path)
     assert re.search(re.escape(field), str(info.value)), str(info.value)
+    assert not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ("planner.num_actions=1", "planner.num_actions"),
+    ("planner.initial_rounds=0", "planner.initial_rounds"),
+    ("planner.min_rounds=101", "planner.min_rounds"),
+    ("privacy.epsilon=0", "privacy.epsilon"),
+    ("planner.rate=1.5", "planner.rate"),
+])
+def test_bad_planner_values_are_named(compose_cfg, data_dir: Path, tmp_path: Path, override: str, field: str) -> None:
+    planner = "adpml" if "rate" in override else "bgtplanner"
+    cfg = compose_cfg("+experiment=bgtplanner_ml100k", f"data_dir={data_dir}", "plots=false", f"planner={planner}",
+                      "logger.tensorboard=false", override)
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        run(cfg, output_dir=tmp_path)
     assert not (tmp_path / "summary.json").exists()
 
 

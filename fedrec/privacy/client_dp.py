@@ -131,6 +131,13 @@ class ClientDP:
             raise ConfigError(f"a round's privacy budget must be finite and > 0 for every client, got {b.min()}")
         return b if self.rdp_alpha is None else torch.sqrt(self.rdp_alpha / (2.0 * b))
 
+    def affordable(self, budget: float | Tensor, participating: Tensor) -> bool:
+        """Whether every ``participating`` client can take a round at ``budget`` without exceeding its total
+        (the accountant decides)."""
+        b = torch.as_tensor(budget, dtype=torch.float64)
+        b = b.expand(participating.shape[0]) if b.dim() == 0 else b
+        return not bool(self.accountant.would_exceed(self.levels(b), participating).any())
+
     def spent(self) -> Tensor:
         return self.accountant.spent()
 

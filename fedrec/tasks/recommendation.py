@@ -135,11 +135,18 @@ class FedRecTask(FederatedTask):
 
         prep = self._prepare(round_idx)
         d = prep.data
-        pc = torch.arange(d.num_clients).unsqueeze(1).expand_as(prep.pseudo)[prep.pseudo_valid]
-        rows = d.clients[torch.cat([d.row_client, pc])].numpy()
-        cols = torch.cat([d.row_item, prep.pseudo[prep.pseudo_valid]]).numpy()
+        n_real, n_pseudo = d.rows_per_client(), prep.pseudo_valid.sum(1)
+        counts = torch.zeros(self.data.num_clients + 1, dtype=torch.long)
+        counts[d.clients + 1] = n_real + n_pseudo
+        indptr = torch.cumsum(counts, 0)
+        start = indptr[d.clients]  # each client's row: its real items (sorted), then its pseudo items
+        indices = torch.empty(int(indptr[-1]), dtype=torch.long)
+        real_start = torch.cumsum(n_real, 0) - n_real
+        indices[start[d.row_client] + torch.arange(d.row_item.numel()) - real_start[d.row_client]] = d.row_item
+        slot = start.unsqueeze(1) + n_real.unsqueeze(1) + torch.cumsum(prep.pseudo_valid, 1) - 1
+        indices[slot[prep.pseudo_valid]] = prep.pseudo[prep.pseudo_valid]
         shape = (self.data.num_clients, self.data.num_items)
-        return sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=shape)
+        return sp.csr_matrix((np.ones(indices.numel()), indices.numpy(), indptr.numpy()), shape=shape)
 
     def clients_holding_data(self, round_idx: int) -> Tensor:
         """``(num_clients,)`` bool: the clients with training ratings in round ``round_idx`` (who take part)."""

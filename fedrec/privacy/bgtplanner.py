@@ -1,0 +1,331 @@
+"""BGTplanner (Zhang et al., paper §V, Algorithms 1–3; spec bgtplanner.md §2–3): a contextual bandit with
+knapsacks that picks one of A budget levels per round.
+
+* context x^t: the top-d singular values of the round's client × item upload matrix X^t (§V-A);
+* reward predictor: Gaussian-process regression on z = [a, x^t] with the kernel of Eq. 4, a squared exponential
+  on z times (1−α)^{|t−t'|/2}, which is a Matérn-½ kernel on the round index with length −2/ln(1−α)
+  (scikit-learn, fixed hyper-parameters, observation noise σ_μ² on the diagonal only; posterior mean Eq. 5);
+* constraint: dual variables on the (U+1)-simplex (one slack coordinate) updated by entropic online mirror
+  descent (Eq. 8), scaled by Λ from the initial stage's LP (Eqs. 9–10, ``scipy.optimize.linprog``);
+* allocator: inverse-gap weighting over the scores of Eq. 11 (Eqs. 12–13) with γ = 2·sqrt(A·T/((U+2)·ln T)).
+
+Sign of the constraint term (spec §2.3): by default the score *penalises* spending above the per-round target,
+``β(a) = μ(a) + Λ⟨ρ − C(a), λ̃⟩`` with dual gradient ``ρ − C(a)`` (the source method [36] and the authors'
+code); ``paper_sign=True`` is the printed Eqs. 6–11, which reward spending and drive λ to 0.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.privacy.planners import SCHEDULE_MARGIN, BudgetPlanner
+from fedrec.seeding import numpy_generator
+
+ACTION_GRIDS = ("linspace", "code")
+RHO_RULES = ("paper", "remaining")
+
+
+def action_levels(total: float, rounds: int, min_rounds: int, num_actions: int, grid: str = "linspace") -> Tensor:
+    """The A budget levels spread over [total/T, total/T_min] (paper §VII-A: "uniformly distributes"): both ends
+    included (``linspace``), or the authors' ``lo + i(hi − lo)/A`` for i < A, which omits the top (``code``)."""
+    lo, hi = total / rounds, total / min_rounds
+    if grid == "linspace":
+        return torch.linspace(lo, hi, num_actions, dtype=torch.float64)
+    return lo + torch.arange(num_actions, dtype=torch.float64) * (hi - lo) / num_actions
+
+
+def igw_gamma(num_actions: int, rounds: int, num_clients: int) -> float:
+    """γ = 2·sqrt(A·T / ((U + 2)·ln T)) (from [36]; natural log as the authors' code)."""
+    return 2.0 * math.sqrt(num_actions * rounds / ((num_clients + 2) * math.log(rounds)))
+
+
+def igw_probabilities(scores: Tensor, gamma: float) -> Tensor:
+    """Inverse-gap weighting (Eqs. 12–13): p(a) = 1 / (n + γ(β_max − β(a))) for a ≠ argmax, the rest to argmax."""
+    n = scores.numel()
+    best = int(torch.argmax(scores))
+    p = 1.0 / (n + gamma * (scores[best] - scores))
+    p[best] = 0.0
+    p[best] = 1.0 - p.sum()
+    return p
+
+
+def upload_context(X: Any, dim: int) -> np.ndarray:
+    """The top ``dim`` singular values of the sparse 0/1 matrix X^t, descending (zero-padded past its rank)."""
+    from scipy.sparse.linalg import svds
+
+    k = min(dim, min(X.shape) - 1)
+    if k >= 1 and min(X.shape) > 2 * dim:
+        # float32 PROPACK: ~5 ms on ML-100K, relative error ~1e-6 (ample for a context)
+        s = svds(X.astype(np.float32), k=k, return_singular_vectors=False, solver="propack", random_state=0)
+    else:  # tiny matrices: dense SVD
+        s = np.linalg.svd(X.toarray().astype(np.float64), compute_uv=False)
+    s = np.sort(np.asarray(s))[::-1][:dim]
+    return np.pad(s, (0, dim - len(s)))
+
+
+def solve_opt(rhat: np.ndarray, costs: np.ndarray, bound: float) -> float:
+    """OPT̂ of the LP (9a–9c): max (1/T₀) Σ_t Σ_a r̂(a, x_t) o_{a,t} s.t. (1/T₀) Σ_t Σ_a C(a) o_{a,t} ≤ bound,
+    o ≥ 0, Σ_a o_{a,t} = 1 for each t (a randomised policy per stage-2 context). ``rhat`` is ``(A, T₀)``."""
+    from scipy.optimize import linprog
+
+    A, T0 = rhat.shape
+    c = -rhat.T.reshape(-1) / T0  # variables o[t, a], row-major
+    a_ub = np.tile(costs, T0)[None, :] / T0
+    a_eq = np.kron(np.eye(T0), np.ones((1, A)))
+    res = linprog(c, A_ub=a_ub, b_ub=[bound], A_eq=a_eq, b_eq=np.ones(T0), bounds=(0, None), method="highs")
+    if res.status != 0:
+        raise RuntimeError(f"BGTplanner's initial-stage LP failed: {res.message}")
+    return float(-res.fun)
+
+
+#: the length scale that takes a coordinate out of a stationary sklearn kernel (sklearn has no active_dims): its
+#: share of any squared distance here is below (100 / 1e12)² = 1e-20
+IGNORED = 1e12
+
+
+class RewardGP:
+    """GP regression of rewards on (z, t) with the kernel of Eq. 4 and fixed hyper-parameters (scikit-learn).
+
+    The kernel is ``RBF(z; s) × Matern_½(t; −2/ln(1−α))``, each factor blind to the other's coordinates (length
+    scale :data:`IGNORED` there); ``GaussianProcessRegressor(alpha=σ_μ², optimizer=None)`` adds σ_μ² to the
+    diagonal only and returns the posterior of the latent f (Eq. 5 and its noise-free variance).
+
+    Args:
+        lengthscale: s of the squared exponential on z.
+        temporal: α of the temporal factor (1−α)^{|t−t'|/2}; 0 switches it off.
+        noise: σ_μ, the observation noise standard deviation.
+    """
+
+    def __init__(self, lengthscale: float = 0.2, temporal: float = 0.001, noise: float = 0.1) -> None:
+        self.lengthscale = check_float("planner.lengthscale", lengthscale, low=0.0, low_open=True)
+        self.temporal = check_float("planner.temporal", temporal, low=0.0, high=1.0, high_open=True)
+        self.noise = check_float("planner.gp_noise", noise, low=0.0, low_open=True)
+
+    @property
+    def time_lengthscale(self) -> float:
+        """ℓ_t with (1−α)^{|Δt|/2} = exp(−|Δt| / ℓ_t)."""
+        return -2.0 / math.log1p(-self.temporal)
+
+    def kernel_object(self, dim: int) -> Any:
+        """The sklearn kernel over inputs ``[z (dim columns), t]``."""
+        from sklearn.gaussian_process.kernels import RBF, Matern
+
+        rbf = RBF(length_scale=[self.lengthscale] * dim + [IGNORED], length_scale_bounds="fixed")
+        if self.temporal == 0:
+            return rbf
+        return rbf * Matern(length_scale=[IGNORED] * dim + [self.time_lengthscale], nu=0.5,
+                            length_scale_bounds="fixed")
+
+    def kernel(self, z1: np.ndarray, t1: np.ndarray, z2: np.ndarray, t2: np.ndarray) -> np.ndarray:
+        """The kernel matrix between (z1, t1) and (z2, t2)."""
+        return self.kernel_object(z1.shape[1])(_inputs(z1, t1), _inputs(z2, t2))
+
+    def posterior(self, z: np.ndarray, t: np.ndarray, r: np.ndarray, z_new: np.ndarray,
+                  t_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean (Eq. 5) and noise-free variance of f at (z_new, t_new) given rewards r at (z, t); the
+        prior (0, 1) without observations."""
+        if len(r) == 0:
+            return np.zeros(len(z_new)), np.ones(len(z_new))
+        from sklearn.gaussian_process import GaussianProcessRegressor
+
+        gpr = GaussianProcessRegressor(self.kernel_object(z.shape[1]), alpha=self.noise**2, optimizer=None,
+                                       normalize_y=False)
+        gpr.fit(_inputs(z, t), np.asarray(r, dtype=np.float64))
+        mean, std = gpr.predict(_inputs(z_new, t_new), return_std=True)
+        return mean, std**2
+
+
+def _inputs(z: np.ndarray, t: np.ndarray) -> np.ndarray:
+    return np.column_stack([np.asarray(z, dtype=np.float64), np.asarray(t, dtype=np.float64)])
+
+
+class BGTPlanner(BudgetPlanner):
+    """BGTplanner as a budget planner (see the module docstring; defaults are the paper's, spec §5).
+
+    Args:
+        num_actions: A, budget levels.
+        initial_rounds: T₀; the initial stage lasts (A+1)·T₀ rounds (each level T₀ times in blocks, then T₀
+            uniformly random levels).
+        min_rounds: T_min; levels span [B/T, B/T_min] with B the per-client total budget.
+        lengthscale, temporal, gp_noise: s, α, σ_μ of the GP.
+        context_dim: d, singular values in the context.
+        scale_features: feed the GP ``a/(A−1)`` and ``x/‖x‖`` instead of the raw index and singular values (the
+            paper and the authors' code use raw values, with which different actions are nearly uncorrelated).
+        paper_sign: the printed sign of the constraint term (module docstring).
+        rho: the per-round target ρ in the dual: ``"paper"`` B/T (Eq. 6) or ``"remaining"`` what is left after
+            the initial stage over the rounds left (authors' code).
+        action_grid: ``"linspace"`` (paper) or ``"code"`` (authors').
+        eta: OMD step; None = 2 ln(U)/√T (authors' code). gamma: IGW γ; None = Eq. of [36].
+        seed: seeds the random levels (stage 2 and the IGW draws), per round.
+    """
+
+    name = "bgtplanner"
+
+    def __init__(
+        self,
+        num_actions: int = 5,
+        initial_rounds: int = 5,
+        min_rounds: int = 70,
+        lengthscale: float = 0.2,
+        temporal: float = 0.001,
+        gp_noise: float = 0.1,
+        context_dim: int = 5,
+        scale_features: bool = False,
+        paper_sign: bool = False,
+        rho: str = "paper",
+        action_grid: str = "linspace",
+        eta: float | None = None,
+        gamma: float | None = None,
+        seed: int = 0,
+        reward_split: str = "val",
+    ) -> None:
+        super().__init__(reward_split)
+        self.num_actions = check_int("planner.num_actions", num_actions, minimum=2)
+        self.initial_rounds = check_int("planner.initial_rounds", initial_rounds, minimum=1)
+        self.min_rounds = check_int("planner.min_rounds", min_rounds, minimum=1)
+        self.gp = RewardGP(lengthscale, temporal, gp_noise)
+        self.context_dim = check_int("planner.context_dim", context_dim)
+        self.scale_features = bool(scale_features)
+        self.sign = -1.0 if paper_sign else 1.0
+        if rho not in RHO_RULES:
+            raise ConfigError(f"planner.rho must be one of {list(RHO_RULES)}, got {rho!r}")
+        if action_grid not in ACTION_GRIDS:
+            raise ConfigError(f"planner.action_grid must be one of {list(ACTION_GRIDS)}, got {action_grid!r}")
+        self.rho_rule, self.action_grid = rho, action_grid
+        self.eta_arg = None if eta is None else check_float("planner.eta", eta, low=0.0, low_open=True)
+        self.gamma_arg = None if gamma is None else check_float("planner.gamma", gamma, low=0.0)
+        self.seed = int(seed)
+        # state
+        self.z: list[list[float]] = []  # GP inputs [a, x] of the rounds played
+        self.t: list[int] = []
+        self.r: list[float] = []
+        self.actions: list[int] = []
+        self.stage2_errors: list[float] = []
+        self.stage2_contexts: list[tuple[int, list[float]]] = []
+        self.dual: Tensor | None = None
+        self.big_lambda: float | None = None
+        self.M: float | None = None
+        self.rho: float | None = None
+        self._pending: dict[str, Any] | None = None
+
+    # ---- setup -----------------------------------------------------------------------------------------------
+    @property
+    def stage_rounds(self) -> int:
+        return (self.num_actions + 1) * self.initial_rounds
+
+    def setup(self, task: Any) -> None:
+        T, U, A = self.rounds, task.data.num_clients, self.num_actions
+        if self.min_rounds > T:
+            raise ConfigError(f"planner.min_rounds (T_min = {self.min_rounds}) must be at most task.rounds ({T})")
+        if self.stage_rounds >= T:
+            raise ConfigError(f"planner: the initial stage ((A+1)·T0 = {self.stage_rounds} rounds) must be shorter "
+                              f"than task.rounds ({T})")
+        # the margin keeps T rounds at the lowest level (or T_min at the highest) affordable despite float rounding
+        self.levels = action_levels(self.total_budget * (1 - SCHEDULE_MARGIN), T, self.min_rounds, A, self.action_grid)
+        self.gamma = igw_gamma(A, T, U) if self.gamma_arg is None else self.gamma_arg
+        self.eta = 2.0 * math.log(U) / math.sqrt(T) if self.eta_arg is None else self.eta_arg
+        self.num_clients = U
+        if self.dual is None:
+            self.dual = torch.full((U + 1,), 1.0 / (U + 1), dtype=torch.float64)  # slack coordinate last
+
+    # ---- GP --------------------------------------------------------------------------------------------------
+    def features(self, action: int, context: np.ndarray) -> list[float]:
+        x = np.asarray(context, dtype=np.float64)
+        if self.scale_features:
+            norm = np.linalg.norm(x)
+            return [action / (self.num_actions - 1), *(x / norm if norm > 0 else x)]
+        return [float(action), *x]
+
+    def predict(self, context: np.ndarray, round_idx: int, actions: list[int] | None = None) -> Tensor:
+        """GP posterior mean reward of each action (default: all) at this context and round."""
+        acts = list(range(self.num_actions)) if actions is None else actions
+        zq = np.array([self.features(a, context) for a in acts])
+        z = np.array(self.z, dtype=np.float64).reshape(len(self.z), len(zq[0]))
+        mean, _ = self.gp.posterior(z, np.array(self.t), np.array(self.r), zq, np.full(len(acts), round_idx))
+        return torch.from_numpy(mean)
+
+    # ---- initial stage end: Λ (Eqs. 9–10) -------------------------------------------------------------------------
+    def _estimate_lambda(self) -> None:
+        T0, A, T = self.initial_rounds, self.num_actions, self.rounds
+        E = float(np.mean(self.stage2_errors))
+        self.M = math.sqrt(A * E + 4.0 * math.log(T * self.num_clients) / T0)
+        rhat = np.stack([self.predict(np.asarray(x), t).numpy() for t, x in self.stage2_contexts], 1)  # (A, T0)
+        opt = solve_opt(rhat, self.levels.numpy(), self.total_budget / T + 2 * self.M)
+        self.big_lambda = T / self.total_budget * (opt + self.M)
+        spent = float(sum(self.budgets))
+        self.rho = (self.total_budget / T if self.rho_rule == "paper"
+                    else (self.total_budget - spent) / (T - self.stage_rounds))
+
+    # ---- planner hooks ----------------------------------------------------------------------------------------
+    def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
+        context = upload_context(task.upload_items(round_idx), self.context_dim)
+        feasible = [a for a in range(self.num_actions) if task.privacy.affordable(float(self.levels[a]), holding)]
+        if not feasible:
+            return None
+        rng = numpy_generator(self.seed, "bgtplanner", round_idx)
+        T0, A = self.initial_rounds, self.num_actions
+        pending: dict[str, Any] = {"context": context.tolist(), "round": round_idx}
+        if round_idx < A * T0:  # stage ①: each level T0 times, in blocks
+            a = round_idx // T0
+            if a not in feasible:
+                return None
+        elif round_idx < self.stage_rounds:  # stage ②: uniformly random levels, predicted before observing
+            a = int(rng.choice(feasible))
+            pending["prediction"] = float(self.predict(context, round_idx, [a])[0])
+            self.stage2_contexts.append((round_idx, context.tolist()))
+        else:
+            if self.big_lambda is None:
+                self._estimate_lambda()
+            mu = self.predict(context, round_idx, feasible)
+            cost = self.levels[feasible]
+            penalty = (self.rho - cost) * float(self.dual[:-1].sum())  # ⟨ρ − C(a), λ̃_{1:U}⟩, same for all clients
+            scores = mu + self.sign * self.big_lambda * penalty
+            p = igw_probabilities(scores, self.gamma)
+            a = feasible[int(rng.choice(len(feasible), p=p.numpy() / float(p.sum())))]
+        pending["action"] = a
+        self._pending = pending
+        return float(self.levels[a])
+
+    def observe(self, task: Any, round_idx: int, budget: float, reward: float) -> None:
+        pend = self._pending
+        a = pend["action"]
+        if "prediction" in pend:
+            self.stage2_errors.append((pend["prediction"] - reward) ** 2)
+        self.z.append(self.features(a, np.asarray(pend["context"])))
+        self.t.append(round_idx)
+        self.r.append(reward)
+        self.actions.append(a)
+        if round_idx >= self.stage_rounds:  # entropic OMD on the dual (Eq. 8); slack gradient 0
+            g = torch.zeros_like(self.dual)
+            g[:-1] = self.sign * (self.rho - float(self.levels[a]))
+            w = self.dual * torch.exp(-self.eta * g)
+            self.dual = w / w.sum()
+        self._pending = None
+
+    # ---- state -----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "z": [list(v) for v in self.z], "t": list(self.t), "r": list(self.r),
+                "actions": list(self.actions), "stage2_errors": list(self.stage2_errors),
+                "stage2_contexts": [(t, list(x)) for t, x in self.stage2_contexts],
+                "dual": None if self.dual is None else self.dual.clone(), "big_lambda": self.big_lambda,
+                "M": self.M, "rho": self.rho}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.z, self.t, self.r = [list(v) for v in state["z"]], list(state["t"]), list(state["r"])
+        self.actions = list(state["actions"])
+        self.stage2_errors = list(state["stage2_errors"])
+        self.stage2_contexts = [(int(t), list(x)) for t, x in state["stage2_contexts"]]
+        self.dual = None if state["dual"] is None else state["dual"].clone()
+        self.big_lambda, self.M, self.rho = state["big_lambda"], state["M"], state["rho"]
+
+    def summary(self) -> dict[str, Any]:
+        counts = np.bincount(np.asarray(self.actions, dtype=np.int64), minlength=self.num_actions)
+        return {**super().summary(), "planner_action_counts": counts.tolist(), "planner_Lambda": self.big_lambda,
+                "planner_M": self.M, "planner_levels": self.levels.tolist() if hasattr(self, "levels") else None,
+                "planner_dual_weight": None if self.dual is None else float(self.dual[:-1].sum())}

@@ -1,0 +1,217 @@
+"""Privacy-budget planners: trainer callbacks that choose every client's budget before each round.
+
+A planner sets the round's budget through :meth:`FedRecTask.set_round_budget` in ``on_round_start`` (units:
+:attr:`ClientDP.budget_unit`, ε_t for Laplace and an RDP budget for Gaussian), then observes the round's reward
+``r_t = RMSE_{t−1} − RMSE_t`` (BGTplanner paper §VII-A2) in ``on_round_end``. A budget that some client taking
+part could not afford (the accountant decides) is never set: the planner ends the run instead, before the round.
+The RMSE is measured on the validation split by default (``reward_split="val"``, which needs
+``data.val_fraction > 0``); ``reward_split="test"`` is the authors' use of the test set.
+
+Planners here: :class:`UniformPlanner` (DPSGD-style equal split), :class:`ADPMLPlanner` and :class:`ADAPPlanner`
+(spec bgtplanner.md §4, settings the paper leaves open are documented per class); BGTplanner is in
+:mod:`fedrec.privacy.bgtplanner`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.trainer.callbacks import Callback
+
+REWARD_SPLITS = ("val", "test")
+#: relative margin below the total that schedules keep, so float rounding never makes their last round unaffordable
+SCHEDULE_MARGIN = 1e-9
+
+
+class BudgetPlanner(Callback):
+    """Base class: subclasses implement :meth:`choose` (and may extend :meth:`observe` and the state)."""
+
+    name = "planner"
+
+    def __init__(self, reward_split: str = "val") -> None:
+        if reward_split not in REWARD_SPLITS:
+            raise ConfigError(f"planner.reward_split must be one of {list(REWARD_SPLITS)}, got {reward_split!r}")
+        self.reward_split = reward_split
+        self.prev_rmse: float | None = None
+        self.budgets: list[float] = []
+        self.rewards: list[float] = []
+        self.overhead_seconds = 0.0
+        self.stopped_for_budget = False
+        self.total_budget = math.nan
+        self.rounds = 0
+
+    @property
+    def state_key(self) -> str:
+        return "budget_planner"
+
+    # ---- to implement ----------------------------------------------------------------------------------------
+    def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
+        """The budget of round ``round_idx`` for every client (None: stop)."""
+        raise NotImplementedError
+
+    def observe(self, task: Any, round_idx: int, budget: float, reward: float) -> None:
+        """The round ran at ``budget`` and earned ``reward``."""
+
+    # ---- hooks -----------------------------------------------------------------------------------------------
+    def on_fit_start(self, trainer: Any, task: Any) -> None:
+        if getattr(task, "privacy", None) is None:
+            raise ConfigError("planner: a budget planner needs privacy=gaussian or privacy=laplace")
+        if self.reward_split == "val" and len(task.data.val) == 0:
+            raise ConfigError("planner.reward_split=val needs a validation split: set data.val_fraction > 0 "
+                              "(or planner.reward_split=test for the authors' test-set reward)")
+        self.total_budget = task.privacy.total_budget
+        self.rounds = task.num_rounds
+        self.setup(task)
+        if self.prev_rmse is None:
+            self.prev_rmse = task.evaluate_round(0)[f"{self.reward_split}_rmse"]
+
+    def setup(self, task: Any) -> None:
+        """Called at fit start, after :attr:`total_budget` and :attr:`rounds` are known (also on resume)."""
+
+    def on_round_start(self, trainer: Any, task: Any, round_idx: int) -> None:
+        holding = task.clients_holding_data(round_idx)  # prepares the round's data: the round's work, not timed
+        started = time.perf_counter()
+        budget = self.choose(task, round_idx, holding)
+        if budget is None or not task.privacy.affordable(budget, holding):
+            self.stopped_for_budget = True
+            trainer.should_stop = True
+        else:
+            task.set_round_budget(budget)
+            self.budgets.append(float(budget))
+        self.overhead_seconds += time.perf_counter() - started
+
+    def on_round_end(self, trainer: Any, task: Any, round_idx: int, metrics: dict[str, float]) -> None:
+        started = time.perf_counter()
+        rmse = metrics[f"{self.reward_split}_rmse"]
+        reward = 0.0 if math.isnan(rmse) else self.prev_rmse - rmse  # a NaN RMSE counts as no change (authors)
+        if not math.isnan(rmse):
+            self.prev_rmse = rmse
+        self.rewards.append(reward)
+        self.observe(task, round_idx, self.budgets[-1], reward)
+        self.overhead_seconds += time.perf_counter() - started
+
+    # ---- state -----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"prev_rmse": self.prev_rmse, "budgets": list(self.budgets), "rewards": list(self.rewards),
+                "overhead_seconds": self.overhead_seconds, "stopped_for_budget": self.stopped_for_budget}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.prev_rmse = state["prev_rmse"]
+        self.budgets = list(state["budgets"])
+        self.rewards = list(state["rewards"])
+        self.overhead_seconds = float(state["overhead_seconds"])
+        self.stopped_for_budget = bool(state["stopped_for_budget"])
+
+    def summary(self) -> dict[str, Any]:
+        n = max(len(self.budgets), 1)
+        return {"planner": self.name, "planner_rounds": len(self.budgets),
+                "planner_budget_used": float(sum(self.budgets)),
+                "planner_mean_budget": float(sum(self.budgets)) / n,
+                "planner_stopped_for_budget": self.stopped_for_budget,
+                "planner_seconds_per_round": self.overhead_seconds / n}
+
+
+class SchedulePlanner(BudgetPlanner):
+    """A planner whose budgets are a fixed schedule over the T rounds, scaled to spend the whole budget."""
+
+    def shape(self, rounds: int) -> Tensor:
+        """Relative per-round budgets (positive); they are normalised to sum to the total budget."""
+        raise NotImplementedError
+
+    def setup(self, task: Any) -> None:
+        s = self.shape(self.rounds).double()
+        self.schedule = (s / s.sum() * self.total_budget * (1 - SCHEDULE_MARGIN)).tolist()
+
+    def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
+        return self.schedule[round_idx]
+
+
+class UniformPlanner(SchedulePlanner):
+    """The equal split ε_total / T in every round: DPSGD's uniform noise (Gaussian, RDP accounting) and the naive
+    uniform allocation (Laplace). The same budgets as running without a planner."""
+
+    name = "uniform"
+
+    def shape(self, rounds: int) -> Tensor:
+        return torch.ones(rounds)
+
+
+class ADPMLPlanner(SchedulePlanner):
+    """ADPML (Pan & Feng 2023) as BGTplanner runs it: budgets rising from ``epsilon_min`` towards ``epsilon_max`` at
+    ``rate`` (defaults 1, 10, 0.9, paper §VII-A3).
+
+    Assumption (spec §4; the paper does not say how ε_min = 1 and ε_max = 10 fit ε_total = 10): the schedule
+    ``s_t = ε_max − (ε_max − ε_min) · rate^t`` is normalised to spend the total, ``b_t = B · s_t / Σ s``.
+    """
+
+    name = "adpml"
+
+    def __init__(self, epsilon_min: float = 1.0, epsilon_max: float = 10.0, rate: float = 0.9,
+                 reward_split: str = "val") -> None:
+        super().__init__(reward_split)
+        self.epsilon_min = check_float("planner.epsilon_min", epsilon_min, low=0.0, low_open=True)
+        self.epsilon_max = check_float("planner.epsilon_max", epsilon_max, low=self.epsilon_min)
+        self.rate = check_float("planner.rate", rate, low=0.0, high=1.0, low_open=True)
+
+    def shape(self, rounds: int) -> Tensor:
+        t = torch.arange(rounds, dtype=torch.float64)
+        return self.epsilon_max - (self.epsilon_max - self.epsilon_min) * self.rate**t
+
+
+class ADAPPlanner(BudgetPlanner):
+    """Adap DP-FL (Fu et al. 2022) as described by BGTplanner (§VII-A3): the budget grows when the loss trend
+    stalls, and the clip threshold shrinks over training.
+
+    Assumptions (the paper gives no numbers, spec §4): each round spends ``scale · remaining / rounds left``;
+    ``scale`` starts at ``initial_scale`` and is multiplied by ``growth`` (capped at ``max_scale``) whenever the
+    reward RMSE has not fallen by at least ``tolerance`` over the last ``patience`` rounds; the last round spends
+    what is left. The clip of round t is ``clip_0 · clip_decay^t`` (data independent, so it costs no privacy).
+    """
+
+    name = "adap"
+
+    def __init__(self, initial_scale: float = 0.5, growth: float = 1.25, max_scale: float = 2.0,
+                 patience: int = 2, tolerance: float = 1e-3, clip_decay: float = 0.99,
+                 reward_split: str = "val") -> None:
+        super().__init__(reward_split)
+        self.initial_scale = check_float("planner.initial_scale", initial_scale, low=0.0, low_open=True)
+        self.growth = check_float("planner.growth", growth, low=1.0)
+        self.max_scale = check_float("planner.max_scale", max_scale, low=self.initial_scale)
+        self.patience = check_int("planner.patience", patience)
+        self.tolerance = check_float("planner.tolerance", tolerance, low=0.0)
+        self.clip_decay = check_float("planner.clip_decay", clip_decay, low=0.0, high=1.0, low_open=True)
+        self.scale = self.initial_scale
+        self.history: list[float] = []  # reward-split RMSE after each round
+        self.clip0: float | None = None  # the configured clip (privacy.clip), restored from checkpoints
+
+    def setup(self, task: Any) -> None:
+        if self.clip0 is None:
+            self.clip0 = task.privacy.mechanism.clip
+
+    def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
+        task.privacy.mechanism.clip = self.clip0 * self.clip_decay**round_idx
+        left = self.rounds - round_idx
+        remaining = (self.total_budget * (1 - SCHEDULE_MARGIN) - sum(self.budgets))
+        if remaining <= 0:
+            return None
+        return remaining if left == 1 else min(self.scale * remaining / left, remaining)
+
+    def observe(self, task: Any, round_idx: int, budget: float, reward: float) -> None:
+        self.history.append(self.prev_rmse)
+        if len(self.history) > self.patience:
+            if self.history[-1 - self.patience] - self.history[-1] < self.tolerance:
+                self.scale = min(self.scale * self.growth, self.max_scale)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "scale": self.scale, "history": list(self.history), "clip0": self.clip0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.scale = float(state["scale"])
+        self.history = list(state["history"])
+        self.clip0 = float(state["clip0"])
