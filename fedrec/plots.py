@@ -22,6 +22,13 @@ PLOTS = (
 )
 
 
+def save_figure(fig: plt.Figure, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG atomically (a crash never leaves half a file) and close it."""
+    out = atomic_write(Path(path), lambda f: fig.savefig(f, format="png"))
+    plt.close(fig)
+    return out
+
+
 def plot_run(history: Sequence[dict[str, float]], out_dir: str | Path, title: str = "") -> list[Path]:
     """Every plot of :data:`PLOTS` whose metrics the history has, as PNGs in ``out_dir``."""
     out_dir = Path(out_dir)
@@ -36,6 +43,5 @@ def plot_run(history: Sequence[dict[str, float]], out_dir: str | Path, title: st
         ax.set_title(title)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        paths.append(atomic_write(out_dir / name, lambda f, fig=fig: fig.savefig(f, format="png")))
-        plt.close(fig)
+        paths.append(save_figure(fig, out_dir / name))
     return paths

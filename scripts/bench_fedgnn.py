@@ -7,8 +7,11 @@ Cases (one run, one JSON line each):
          model and data; the largest gradient difference is printed. Also the whole batched round
          (``FedRecTask.run_round``: pseudo items, DP, aggregation, server step, evaluation).
   run    wall time of full T-round runs through ``FederatedTrainer`` (non-private FedSGD, and Gaussian DP).
+  planner  BGTplanner's own time per round (context SVD, GP, LP, dual, sampling: the time inside its hooks) against
+         the time of a training round, in one Gaussian-DP run with a 10% validation split.
 
-Targets (reported, not asserted): batched ≥ 20× the loop; a 100-round ML-100K run < 120 s on 2 cores.
+Targets (reported, not asserted): batched ≥ 20× the loop; a 100-round ML-100K run < 120 s on 2 cores; the
+planner < 5% of a training round.
 
     FEDREC_DATA_DIR=../shared/data .venv/bin/python scripts/bench_fedgnn.py
 """
@@ -39,7 +42,7 @@ from fedrec.trainer import FederatedTrainer  # noqa: E402
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=os.environ.get("FEDREC_DATA_DIR", "data"))
-    p.add_argument("--cases", default="round,run")
+    p.add_argument("--cases", default="round,run,planner")
     p.add_argument("--round", type=int, default=50, help="which round's training data the round case uses")
     p.add_argument("--rounds", type=int, default=100, help="T of the full runs")
     p.add_argument("--repeats", type=int, default=5, help="batched timings (the median is reported)")
@@ -102,6 +105,24 @@ def case_run(args: argparse.Namespace, privacy: str) -> dict:
             "epsilon_spent": s["epsilon_spent"], "target_wall_s": 120}
 
 
+def case_planner(args: argparse.Namespace) -> dict:
+    from fedrec.privacy.bgtplanner import BGTPlanner
+
+    data = load_ratings("ml-100k", args.data_dir, seed=args.seed, rounds=args.rounds, val_fraction=0.1)
+    torch.manual_seed(args.seed)
+    model = FedGNN(data.num_users, data.num_items, 8)
+    dp = ClientDP(data.num_clients, "gaussian", epsilon=10.0, delta=1e-5)
+    task = FedRecTask(data, model, FedSGD(), dp, rounds=args.rounds, seed=args.seed)
+    planner = BGTPlanner(seed=args.seed)
+    trainer = FederatedTrainer(callbacks=[planner], enable_progress_bar=False)
+    trainer.fit(task)
+    rounds = trainer.round
+    planner_s = planner.overhead_seconds / rounds
+    round_s = (trainer.wall_seconds - planner.overhead_seconds) / rounds
+    return {"case": "planner", "rounds": rounds, "planner_ms_per_round": 1e3 * planner_s,
+            "training_round_ms": 1e3 * round_s, "planner_share": planner_s / round_s, "target_share": 0.05}
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -112,6 +133,8 @@ def main() -> None:
     if "run" in cases:
         for privacy in ("none", "gaussian"):
             emit({**case_run(args, privacy), **meta}, args.out)
+    if "planner" in cases:
+        emit({**case_planner(args), **meta}, args.out)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,9 @@ import argparse
 import json
 from pathlib import Path
 
-import matplotlib
+from omegaconf import OmegaConf
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+from fedrec.plots import plt, save_figure
 
 PROTOCOL_NAMES = {"AsyncLinUCB": "Async-LinUCB", "SyncLinUCB": "Sync-LinUCB", "AsyncLinUCBAM": "Async-LinUCB-AM",
                   "CentralizedLinUCB": "centralised"}
@@ -69,7 +67,7 @@ def main() -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(args.out)
+    save_figure(fig, args.out)
     print(f"\nwrote {args.out}")
 
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Reproduce BGTplanner's Table II (ML-100K and FilmTrust; ML-1M too if its file is in the data directory) and
+# Figure 3 as Hydra multiruns, then write the table (Markdown + CSV) and the figure.
+# Usage: bash scripts/reproduce_bgtplanner.sh [OUT_DIR] [SEEDS] [JOBS]
+#   SEEDS: Hydra list of seeds (default 0,1,2,3,4: the paper's five runs); JOBS: sweeps run side by side (2).
+# Time on this 2-core machine with the defaults: about 40 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-reproductions/bgtplanner}
+SEEDS=${2:-0,1,2,3,4}
+JOBS=${3:-2}
+FIG3_SEEDS=${FIG3_SEEDS:-0}  # Figure 3 grid: 5 budgets x 4 planners x 2 mechanisms per seed
+PY=.venv/bin/python
+DATA=${FEDREC_DATA_DIR:-data}
+mkdir -p "$OUT"
+QUIET=(plots=false logger.tensorboard=false)
+sweep() {  # name, then train.py arguments
+  local name=$1; shift
+  $PY train.py -m "$@" "${QUIET[@]}" hydra.sweep.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
+}
+datasets=(ml100k filmtrust)
+[ -f "$DATA/ml-1m/ratings.dat" ] && datasets+=(ml1m)
+jobs=()
+for ds in "${datasets[@]}"; do
+  jobs+=("sweep fedsgd_$ds +experiment=fedgnn_$ds seed=$SEEDS")
+  for mech in gaussian laplace; do
+    jobs+=("sweep table2_${ds}_$mech +experiment=bgtplanner_$ds privacy=$mech planner=uniform,adpml,adap,bgtplanner seed=$SEEDS")
+  done
+done
+# Figure 3: ML-100K, final RMSE and F1 against the total budget
+for mech in gaussian laplace; do
+  jobs+=("sweep fig3_$mech +experiment=bgtplanner_ml100k privacy=$mech privacy.epsilon=2,4,6,8,10 planner=uniform,adpml,adap,bgtplanner seed=$FIG3_SEEDS")
+done
+for job in "${jobs[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 2; done
+  eval "$job" &
+done
+wait
+$PY scripts/bgtplanner_table.py "$OUT"/table2_* "$OUT"/fedsgd_* --out "$OUT/table2"
+$PY scripts/bgtplanner_fig3.py "$OUT"/fig3_* --out "$OUT/fig3.png"
