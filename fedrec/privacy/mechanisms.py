@@ -197,9 +197,13 @@ class NoiseMechanism(abc.ABC):
     def client_norms(self, parts: Sequence[Tensor], owners: Sequence[Tensor | None], num_clients: int) -> Tensor:
         """The norm of each client's whole upload, made of the rows of ``parts`` (row ``j`` of part ``p`` belongs
         to client ``owners[p][j]``; ``None`` means row ``j`` belongs to client ``j``)."""
+        row_norms = [torch.linalg.vector_norm(p.double().reshape(p.shape[0], -1), ord=self.norm_ord, dim=1)
+                     for p in parts]
+        if len(parts) == 1 and owners[0] is None:  # one row per client: exactly torch's norm, no round trip
+            return row_norms[0]
         total = torch.zeros(num_clients, dtype=torch.float64, device=parts[0].device)
-        for part, owner in zip(parts, owners):
-            contrib = part.abs().double().pow(self.norm_ord).reshape(part.shape[0], -1).sum(1)
+        for norms, owner in zip(row_norms, owners):
+            contrib = norms.pow(self.norm_ord)
             total = total + contrib if owner is None else total.index_add(0, owner, contrib)
         return total.pow(1.0 / self.norm_ord)
 
