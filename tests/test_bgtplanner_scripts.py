@@ -47,3 +47,14 @@ def test_fig3_draws_a_png_and_prints_the_curve(tmp_path: Path) -> None:
                           "--out", str(out)], check=True, capture_output=True, text=True)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| gaussian | bgtplanner | 2 | 0.3800 | 0.6000 | 90.0 | 1 |" in res.stdout
+
+
+def test_improvements_reproduce_the_papers_averages() -> None:
+    """Spec §7.16: 3.40% (GM) / 10.12% (LM) / 6.76% RMSE and 0.71% F1 from the Table II numbers."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bgtplanner_table import improvements, paper_cells
+
+    rmse = improvements(paper_cells("rmse"), "rmse")
+    assert round(rmse["mean gaussian"], 2) == 3.40 and round(rmse["mean laplace"], 2) == 10.12
+    assert round(rmse["mean"], 2) == 6.76
+    assert round(improvements(paper_cells("f1"), "f1")["mean"], 2) == 0.71

@@ -248,3 +248,18 @@ def test_planners_need_privacy_and_a_validation_split(tiny, tmp_path_factory) ->
     FederatedTrainer(callbacks=[UniformPlanner(reward_split="test")], enable_progress_bar=False).fit(make_task(no_val))
     with pytest.raises(ConfigError, match="privacy.epsilon"):
         ClientDP(6, "gaussian", epsilon=0.0)
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "laplace"])
+def test_paper_defaults_end_the_run_between_73_and_94_rounds(tmp_path_factory, mechanism: str) -> None:
+    """Spec §7.3: with A = 5, T0 = 5, T = 100, T_min = 70 the 30-round initial stage spends 35.4–37.5% of the
+    budget and the rest lasts 43–64 rounds, whatever the planner picks."""
+    folder = write_ml1m(tmp_path_factory.mktemp("ml1m100"), users=24, items=30, seed=3)
+    data = load_ratings("ml-1m", folder, seed=0, rounds=100, num_clients=6, val_fraction=0.2)
+    p = BGTPlanner(seed=5)
+    task = make_task(data, mechanism, epsilon=10.0)
+    hist = FederatedTrainer(callbacks=[p], enable_progress_bar=False).fit(task)
+    assert p.actions[:25] == [a for a in range(5) for _ in range(5)]
+    assert len(p.stage2_errors) == 5 and p.big_lambda is not None
+    assert 73 <= len(hist) <= 94 and p.stopped_for_budget
+    assert float(task.privacy.spent().max()) <= 10.0
