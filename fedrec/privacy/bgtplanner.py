@@ -61,7 +61,8 @@ def upload_context(X: Any, dim: int) -> np.ndarray:
     k = min(dim, min(X.shape) - 1)
     if k >= 1 and min(X.shape) > 2 * dim:
         # float32 PROPACK: ~5 ms on ML-100K, relative error ~1e-6 (ample for a context)
-        s = svds(X.astype(np.float32), k=k, return_singular_vectors=False, solver="propack", random_state=0)
+        s = svds(X.astype(np.float32, copy=False), k=k, return_singular_vectors=False, solver="propack",
+                 random_state=0)
     else:  # tiny matrices: dense SVD
         s = np.linalg.svd(X.toarray().astype(np.float64), compute_uv=False)
     s = np.sort(np.asarray(s))[::-1][:dim]
@@ -264,9 +265,12 @@ class BGTPlanner(BudgetPlanner):
     # ---- planner hooks ----------------------------------------------------------------------------------------
     def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
         context = upload_context(task.upload_items(round_idx), self.context_dim)
-        feasible = [a for a in range(self.num_actions) if task.privacy.affordable(float(self.levels[a]), holding)]
-        if not feasible:
+        # levels increase with a and spending is monotone in the level: the affordable ones are a prefix
+        top = next((a for a in reversed(range(self.num_actions))
+                    if task.privacy.affordable(float(self.levels[a]), holding)), None)
+        if top is None:
             return None
+        feasible = list(range(top + 1))
         rng = numpy_generator(self.seed, "bgtplanner", round_idx)
         T0, A = self.initial_rounds, self.num_actions
         pending: dict[str, Any] = {"context": context.tolist(), "round": round_idx}

@@ -129,8 +129,8 @@ class FedRecTask(FederatedTask):
         self.privacy.levels(self._budget)  # validate now, so the caller gets the error
 
     def upload_items(self, round_idx: int) -> Any:
-        """X^t of round ``round_idx`` as a ``scipy.sparse.csr_matrix`` (num_clients × num_items, 0/1): the items
-        each client holding ratings will upload (real and pseudo), known before the budget is set."""
+        """X^t of round ``round_idx`` as a float32 ``scipy.sparse.csr_matrix`` (num_clients × num_items, 0/1):
+        the items each client holding ratings will upload (real and pseudo), known before the budget is set."""
         import scipy.sparse as sp
 
         prep = self._prepare(round_idx)
@@ -146,7 +146,8 @@ class FedRecTask(FederatedTask):
         slot = start.unsqueeze(1) + n_real.unsqueeze(1) + torch.cumsum(prep.pseudo_valid, 1) - 1
         indices[slot[prep.pseudo_valid]] = prep.pseudo[prep.pseudo_valid]
         shape = (self.data.num_clients, self.data.num_items)
-        return sp.csr_matrix((np.ones(indices.numel()), indices.numpy(), indptr.numpy()), shape=shape)
+        ones = np.ones(indices.numel(), dtype=np.float32)  # 0/1 entries are exact in float32
+        return sp.csr_matrix((ones, indices.numpy(), indptr.numpy()), shape=shape)
 
     def clients_holding_data(self, round_idx: int) -> Tensor:
         """``(num_clients,)`` bool: the clients with training ratings in round ``round_idx`` (who take part)."""
