@@ -13,16 +13,19 @@ FIG3_SEEDS=${FIG3_SEEDS:-0}  # Figure 3 grid: 5 budgets x 4 planners x 2 mechani
 PY=.venv/bin/python
 DATA=${FEDREC_DATA_DIR:-data}
 mkdir -p "$OUT"
+rm -f "$OUT/FAILED"
 QUIET=(plots=false logger.tensorboard=false)
 sweep() {  # name, then train.py arguments
   local name=$1; shift
-  $PY train.py -m "$@" "${QUIET[@]}" hydra.sweep.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
+  $PY train.py -m "$@" "${QUIET[@]}" hydra.sweep.dir="$OUT/$name" > "$OUT/$name.log" 2>&1 \
+    || echo "$name" >> "$OUT/FAILED"
 }
 datasets=(ml100k filmtrust)
 [ -f "$DATA/ml-1m/ratings.dat" ] && datasets+=(ml1m)
 jobs=()
 for ds in "${datasets[@]}"; do
-  jobs+=("sweep fedsgd_$ds +experiment=fedgnn_$ds seed=$SEEDS")
+  # the same 10% validation hold-out as the DP runs, so FedSGD trains on the same ratings
+  jobs+=("sweep fedsgd_$ds +experiment=fedgnn_$ds data.val_fraction=0.1 seed=$SEEDS")
   for mech in gaussian laplace; do
     jobs+=("sweep table2_${ds}_$mech +experiment=bgtplanner_$ds privacy=$mech planner=uniform,adpml,adap,bgtplanner seed=$SEEDS")
   done
@@ -38,3 +41,7 @@ done
 wait
 $PY scripts/bgtplanner_table.py "$OUT"/table2_* "$OUT"/fedsgd_* --out "$OUT/table2"
 $PY scripts/bgtplanner_fig3.py "$OUT"/fig3_* --out "$OUT/fig3.png"
+if [ -f "$OUT/FAILED" ]; then
+  echo "failed sweeps (see their .log files): $(tr '\n' ' ' < "$OUT/FAILED")" >&2
+  exit 1
+fi

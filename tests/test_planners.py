@@ -263,3 +263,34 @@ def test_paper_defaults_end_the_run_between_73_and_94_rounds(tmp_path_factory, m
     assert len(p.stage2_errors) == 5 and p.big_lambda is not None
     assert 73 <= len(hist) <= 94 and p.stopped_for_budget
     assert float(task.privacy.spent().max()) <= 10.0
+
+
+def test_initial_stage_plays_the_top_affordable_level_instead_of_stopping(tiny) -> None:
+    """Review finding: a stage-① block level that is no longer affordable must not end the run while a cheaper
+    level is (here T_min = 2 makes the top level half the budget)."""
+    p = small_bgt(min_rounds=2, seed=1)
+    task = make_task(tiny, "laplace", epsilon=3.0)
+    hist = FederatedTrainer(callbacks=[p], enable_progress_bar=False).fit(task)
+    lowest = float(p.levels[0])
+    assert float(task.privacy.spent().max()) > 3.0 - lowest  # it stopped only when even the lowest level failed
+    assert p.actions[4] < 2 and len(hist) > 4
+
+
+def test_a_hand_set_rdp_order_off_opacus_grid_completes_the_uniform_split(tiny) -> None:
+    """Review finding: budgets split at α = 3.402 were refused in the last round when only Opacus's default
+    orders were evaluated."""
+    dp = ClientDP(tiny.num_clients, "gaussian", epsilon=10.0, delta=1e-5, rdp_alpha=3.402)
+    torch.manual_seed(0)
+    task = FedRecTask(tiny, MatrixFactorization(tiny.num_users, tiny.num_items, 4), FedSGD(), dp, rounds=ROUNDS,
+                      pseudo_items=3)
+    hist = FederatedTrainer(callbacks=[UniformPlanner()], enable_progress_bar=False).fit(task)
+    assert len(hist) == ROUNDS and 9.99 < float(dp.spent().max()) <= 10.0
+
+
+def test_adap_runs_every_round_and_spends_its_budget(tiny) -> None:
+    p = ADAPPlanner(initial_scale=1.5, growth=1.5, max_scale=4.0)
+    task = make_task(tiny, "laplace", epsilon=2.0)
+    hist = FederatedTrainer(callbacks=[p], enable_progress_bar=False).fit(task)
+    assert len(hist) == ROUNDS and not p.stopped_for_budget
+    assert float(task.privacy.spent().max()) == pytest.approx(2.0, rel=1e-6)
+    assert task.privacy.summary()["clip"] == 0.1 and p.summary()["planner_final_clip"] < 0.1

@@ -438,3 +438,10 @@ def test_should_stop_set_before_a_round_cancels_that_round(tmp_path: Path) -> No
     history = trainer.fit(task)
     assert len(history) == 3 and trainer.round == 3 and task.t == 3 * STEPS_PER_ROUND
     assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["should_stop"] is True
+
+
+def test_a_cancelled_round_still_logs_the_last_round_run(tmp_path: Path) -> None:
+    """Review finding: with log_every > 1, a stop before round 3 must log round 2, as a resume would."""
+    logger = FakeLogger()
+    make_trainer(tmp_path, callbacks=[CancelAt(3)], loggers=[logger], log_every=5).fit(make_task())
+    assert [step for step, _ in logger.rows] == [2]

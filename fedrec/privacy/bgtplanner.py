@@ -274,14 +274,11 @@ class BGTPlanner(BudgetPlanner):
         rng = numpy_generator(self.seed, "bgtplanner", round_idx)
         T0, A = self.initial_rounds, self.num_actions
         pending: dict[str, Any] = {"context": context.tolist(), "round": round_idx}
-        if round_idx < A * T0:  # stage ①: each level T0 times, in blocks
-            a = round_idx // T0
-            if a not in feasible:
-                return None
+        if round_idx < A * T0:  # stage ①: each level T0 times, in blocks (capped at the top affordable level)
+            a = min(round_idx // T0, top)
         elif round_idx < self.stage_rounds:  # stage ②: uniformly random levels, predicted before observing
             a = int(rng.choice(feasible))
             pending["prediction"] = float(self.predict(context, round_idx, [a])[0])
-            self.stage2_contexts.append((round_idx, context.tolist()))
         else:
             if self.big_lambda is None:
                 self._estimate_lambda()
@@ -298,8 +295,9 @@ class BGTPlanner(BudgetPlanner):
     def observe(self, task: Any, round_idx: int, budget: float, reward: float) -> None:
         pend = self._pending
         a = pend["action"]
-        if "prediction" in pend:
+        if "prediction" in pend:  # a stage-② round (recorded only once it has run)
             self.stage2_errors.append((pend["prediction"] - reward) ** 2)
+            self.stage2_contexts.append((round_idx, list(pend["context"])))
         self.z.append(self.features(a, np.asarray(pend["context"])))
         self.t.append(round_idx)
         self.r.append(reward)

@@ -58,6 +58,16 @@ def best_rdp_order(epsilon_total: float, delta: float) -> float:
     return best
 
 
+def _orders_with(alpha: float | None) -> list[float] | None:
+    """Opacus's default RDP orders plus ``alpha`` (None: the defaults, or no order at all for Laplace)."""
+    if alpha is None:
+        return None
+    from opacus.accountants import RDPAccountant
+
+    orders = [float(a) for a in RDPAccountant.DEFAULT_ALPHAS]
+    return orders if alpha in orders else sorted([*orders, alpha])
+
+
 class ClientDP:
     """Clip-and-noise every client's upload and account each client's privacy (see the module docstring).
 
@@ -91,11 +101,10 @@ class ClientDP:
             self.delta = check_float("privacy.delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
         else:
             self.delta = 0.0
-        self.mechanism = mechs[mechanism](clip=check_float("privacy.clip", clip, low=0.0, low_open=True),
+        self.clip = check_float("privacy.clip", clip, low=0.0, low_open=True)  # as configured (a planner may vary it)
+        self.mechanism = mechs[mechanism](clip=self.clip,
                                           sensitivity_factor=check_float("privacy.sensitivity_factor",
                                                                          sensitivity_factor, low=0.0, low_open=True))
-        self.accountant = ClientAccountant(num_clients, mechanism, accountant, self.epsilon_total,
-                                           self.delta if mechanism == "gaussian" else None)
         if mechanism == "gaussian":
             if rdp_alpha == "auto":
                 self.rdp_alpha = best_rdp_order(self.epsilon_total, self.delta)
@@ -109,6 +118,11 @@ class ClientDP:
         else:
             self.rdp_alpha = None
             self.total_budget = self.epsilon_total
+        # the accountant also evaluates the budgets' own order, so a split of the RDP budget at a hand-set α
+        # off Opacus's grid is never refused by rounding at the grid's neighbouring orders
+        self.accountant = ClientAccountant(num_clients, mechanism, accountant, self.epsilon_total,
+                                           self.delta if mechanism == "gaussian" else None,
+                                           alphas=_orders_with(self.rdp_alpha))
 
     @property
     def name(self) -> str:
@@ -151,7 +165,7 @@ class ClientDP:
             "epsilon_spent": float(spent.max()),
             "epsilon_spent_mean": float(spent.mean()),
             "accountant": self.accountant.accountant if self.rdp_alpha is not None else "basic_composition",
-            "clip": self.mechanism.clip,
+            "clip": self.clip,
             "sensitivity": self.mechanism.sensitivity,
         }
         if self.rdp_alpha is not None:

@@ -169,8 +169,8 @@ class ADAPPlanner(BudgetPlanner):
 
     Assumptions (the paper gives no numbers, spec §4): each round spends ``scale · remaining / rounds left``;
     ``scale`` starts at ``initial_scale`` and is multiplied by ``growth`` (capped at ``max_scale``) whenever the
-    reward RMSE has not fallen by at least ``tolerance`` over the last ``patience`` rounds; the last round spends
-    what is left. The clip of round t is ``clip_0 · clip_decay^t`` (data independent, so it costs no privacy).
+    reward RMSE has not fallen by at least ``tolerance`` over the last ``patience`` rounds; no round but the last
+    spends more than (rounds left − 1)/(rounds left) of the remainder, and the last spends what is left. The clip of round t is ``clip_0 · clip_decay^t`` (data independent, so it costs no privacy).
     """
 
     name = "adap"
@@ -199,13 +199,18 @@ class ADAPPlanner(BudgetPlanner):
         remaining = (self.total_budget * (1 - SCHEDULE_MARGIN) - sum(self.budgets))
         if remaining <= 0:
             return None
-        return remaining if left == 1 else min(self.scale * remaining / left, remaining)
+        # at most (left − 1)/left of what remains, so the last round still gets a share
+        return remaining if left == 1 else min(self.scale, left - 1) * remaining / left
 
     def observe(self, task: Any, round_idx: int, budget: float, reward: float) -> None:
         self.history.append(self.prev_rmse)
         if len(self.history) > self.patience:
             if self.history[-1 - self.patience] - self.history[-1] < self.tolerance:
                 self.scale = min(self.scale * self.growth, self.max_scale)
+
+    def summary(self) -> dict[str, Any]:
+        last = self.clip0 * self.clip_decay ** max(len(self.budgets) - 1, 0) if self.clip0 is not None else None
+        return {**super().summary(), "planner_final_scale": self.scale, "planner_final_clip": last}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "scale": self.scale, "history": list(self.history), "clip0": self.clip0}

@@ -77,6 +77,8 @@ class FederatedTrainer:
             r = self.round
             self._hook("on_round_start", task, r)
             if self.should_stop:  # a callback found the round cannot run (e.g. no privacy budget left)
+                if self.history and not (r % self.log_every == 0 or r == total):
+                    self._log(self.history[-1])  # the run's last round is always logged (as a resume replays it)
                 break
             metrics = {"round": r, **task.run_round(r)}
             self.round = r + 1
