@@ -294,3 +294,10 @@ def test_adap_runs_every_round_and_spends_its_budget(tiny) -> None:
     assert len(hist) == ROUNDS and not p.stopped_for_budget
     assert float(task.privacy.spent().max()) == pytest.approx(2.0, rel=1e-6)
     assert task.privacy.summary()["clip"] == 0.1 and p.summary()["planner_final_clip"] < 0.1
+
+
+def test_context_of_a_rank_one_upload_matrix() -> None:
+    """When every client uploads every item (400 pseudo items on a small catalogue) X^t is all ones: PROPACK
+    finds no 5 singular triplets and the dense SVD answers."""
+    X = sp.csr_matrix(np.ones((605, 120), dtype=np.float32))
+    assert np.allclose(upload_context(X, 5), [math.sqrt(605 * 120), 0, 0, 0, 0], atol=1e-6)
