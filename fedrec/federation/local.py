@@ -96,8 +96,8 @@ def client_losses(
 ) -> Tensor:
     """Each client's RMSE over its ratings, ``sqrt(mean (ŷ − y)²)`` (the authors' loss), given per-client ω
     copies (leading C, or shared), user rows ``(S, k)`` and item rows ``(R, k)``."""
-    per_user = {n: (v[data.user_client] if v.dim() > model.shared_parameters()[n].dim() else v)
-                for n, v in shared.items()}
+    base = model.shared_parameters()
+    per_user = {n: (v[data.user_client] if v.dim() > base[n].dim() else v) for n, v in shared.items()}
     item_vecs = rows[data.entry_row]
     h = model.represent(per_user, users, item_vecs, data.entry_user)
     pred = torch.sigmoid((h[data.entry_user] * item_vecs).sum(-1))

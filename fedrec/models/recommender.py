@@ -8,13 +8,15 @@ leading per-user dimension, so every client can differentiate its own copy in on
 """
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
+
 import torch
 from torch import Tensor, nn
 
 from fedrec.errors import check_int
 
 
-class FederatedRecommender(nn.Module):
+class FederatedRecommender(nn.Module, metaclass=ABCMeta):
     """User and item embedding tables (N(0, 1) init, as FedGNN's code) plus optional shared parameters ω.
 
     Subclasses implement :meth:`represent`. ``shared_parameters()`` are the parameters clients upload gradients
@@ -33,12 +35,12 @@ class FederatedRecommender(nn.Module):
         """ω: every parameter except the two embedding tables, by name."""
         return {n: p for n, p in self.named_parameters() if n not in ("user_emb", "item_emb")}
 
+    @abstractmethod
     def represent(self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor) -> Tensor:
         """User representations ``(S, k)`` from user rows ``(S, k)`` and their rated items' rows ``(E, k)``.
 
         ``shared`` values have the shapes of :meth:`shared_parameters` or a leading ``S`` (one copy per user).
         """
-        raise NotImplementedError
 
     def predict(
         self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor,

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from fedrec.errors import ConfigError, check_float, check_int
-from fedrec.privacy.planners import SCHEDULE_MARGIN, BudgetPlanner
+from fedrec.privacy.client_dp import BUDGET_MARGIN
+from fedrec.privacy.planners import BudgetPlanner
 from fedrec.seeding import numpy_generator
 
 ACTION_GRIDS = ("linspace", "code")
@@ -227,7 +228,7 @@ class BGTPlanner(BudgetPlanner):
             raise ConfigError(f"planner: the initial stage ((A+1)·T0 = {self.stage_rounds} rounds) must be shorter "
                               f"than task.rounds ({T})")
         # the margin keeps T rounds at the lowest level (or T_min at the highest) affordable despite float rounding
-        self.levels = action_levels(self.total_budget * (1 - SCHEDULE_MARGIN), T, self.min_rounds, A, self.action_grid)
+        self.levels = action_levels(self.total_budget * (1 - BUDGET_MARGIN), T, self.min_rounds, A, self.action_grid)
         self.gamma = igw_gamma(A, T, U) if self.gamma_arg is None else self.gamma_arg
         self.eta = 2.0 * math.log(U) / math.sqrt(T) if self.eta_arg is None else self.eta_arg
         self.num_clients = U

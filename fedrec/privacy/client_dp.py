@@ -5,7 +5,7 @@ Budget units (what a budget callback such as a planner sets per round, spec bgtp
 * Laplace: the round's ε_t. Basic composition: a client may spend Σ_t ε_t ≤ ε_total.
 * Gaussian: the round's **RDP budget** ρ_t at a fixed order α (paper §IV: clients "convert the budget to the RDP
   budget, which can then be simply split into multiple training rounds"). The noise multiplier is
-  ``z_t = sqrt(α / (2 ρ_t))`` (one Gaussian round has RDP ``α / (2 z²)`` at order α), and the RDP budget of a
+  ``z_t = sqrt(α / (2 ρ_t))`` (:func:`rdp_noise_multiplier`; one Gaussian round has RDP ``α / (2 z²)`` at order α), and the RDP budget of a
   client is ``ε_total − c(α, δ)`` with ``c`` Opacus's RDP → (ε, δ) conversion at order α, so spending it exactly
   gives ε_total at δ. ``rdp_alpha="auto"`` takes the order (among Opacus's default orders) at which a uniform
   split needs the least noise (α ≈ 3.5 at ε_total = 10, δ = 1e-5).
@@ -25,10 +25,11 @@ from torch import Tensor
 
 from fedrec.errors import ConfigError, check_float
 from fedrec.privacy.accountant import ClientAccountant, uniform_epsilon_per_round
-from fedrec.privacy.mechanisms import GaussianMechanism, LaplaceMechanism, NoiseMechanism
+from fedrec.privacy.mechanisms import GaussianMechanism, LaplaceMechanism, NoiseMechanism, rdp_noise_multiplier
 
-#: relative margin kept below the RDP budget by the uniform split, so float rounding never refuses its last round
-UNIFORM_MARGIN = 1e-9
+#: relative margin kept below a client's total by the uniform split and by every planner's schedule or levels, so
+#: float rounding never makes their last round unaffordable
+BUDGET_MARGIN = 1e-9
 
 
 def rdp_conversion_cost(alpha: float, delta: float) -> float:
@@ -136,14 +137,14 @@ class ClientDP:
         """The uniform split of a client's total budget over ``rounds`` rounds (the default schedule)."""
         if self.rdp_alpha is None:
             return uniform_epsilon_per_round(self.total_budget, rounds)
-        return self.total_budget * (1.0 - UNIFORM_MARGIN) / rounds
+        return self.total_budget * (1.0 - BUDGET_MARGIN) / rounds
 
     def levels(self, budget: Tensor) -> Tensor:
         """The accountant's level per client for per-round budgets (Gaussian: noise multiplier; Laplace: ε_t)."""
         b = torch.as_tensor(budget, dtype=torch.float64)
         if not bool((torch.isfinite(b) & (b > 0)).all()):
             raise ConfigError(f"a round's privacy budget must be finite and > 0 for every client, got {b.min()}")
-        return b if self.rdp_alpha is None else torch.sqrt(self.rdp_alpha / (2.0 * b))
+        return b if self.rdp_alpha is None else rdp_noise_multiplier(b, self.rdp_alpha)
 
     def affordable(self, budget: float | Tensor, participating: Tensor) -> bool:
         """Whether every ``participating`` client can take a round at ``budget`` without exceeding its total

@@ -109,15 +109,21 @@ def classical_gaussian_noise_multiplier(epsilon: float, delta: float) -> float:
     return math.sqrt(2.0 * math.log(1.25 / _check_delta(delta))) / _check_epsilon(epsilon)
 
 
-def rdp_noise_multiplier(rdp_epsilon: float, alpha: float) -> float:
-    """``z = σ/Δ`` whose Gaussian mechanism has Rényi DP ``rdp_epsilon`` at order ``alpha``: ``sqrt(α / (2ρ))``.
+def rdp_noise_multiplier(rdp_epsilon: float | Tensor, alpha: float) -> float | Tensor:
+    """``z = σ/Δ`` whose Gaussian mechanism has Rényi DP ``rdp_epsilon`` at order ``alpha``: ``sqrt(α / (2ρ))``
+    (a number, or a float64 tensor of per-client budgets).
 
     This is the spec's per-round RDP budget (§1.4: the paper splits an RDP budget over rounds). The authors'
     code uses this with α = 2 but treats ε_total itself as the RDP budget; the accountant here converts the
     composed history to (ε, δ) instead, so any calibration is accounted correctly.
     """
-    rho = check_float("rdp_epsilon", rdp_epsilon, low=0.0, low_open=True)
     a = check_float("alpha", alpha, low=1.0, low_open=True)
+    if isinstance(rdp_epsilon, Tensor):
+        rho = rdp_epsilon.double()
+        if not bool((torch.isfinite(rho) & (rho > 0)).all()):
+            raise ConfigError(f"rdp_epsilon must be finite and > 0 for every client, got {float(rho.min())}")
+        return torch.sqrt(a / (2.0 * rho))
+    rho = check_float("rdp_epsilon", rdp_epsilon, low=0.0, low_open=True)
     return math.sqrt(a / (2.0 * rho))
 
 

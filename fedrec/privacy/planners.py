@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import math
 import time
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.privacy.client_dp import BUDGET_MARGIN
 from fedrec.trainer.callbacks import Callback
 
 REWARD_SPLITS = ("val", "test")
-#: relative margin below the total that schedules keep, so float rounding never makes their last round unaffordable
-SCHEDULE_MARGIN = 1e-9
 
 
-class BudgetPlanner(Callback):
+class BudgetPlanner(Callback, ABC):
     """Base class: subclasses implement :meth:`choose` (and may extend :meth:`observe` and the state)."""
 
     name = "planner"
@@ -50,9 +50,9 @@ class BudgetPlanner(Callback):
         return "budget_planner"
 
     # ---- to implement ----------------------------------------------------------------------------------------
+    @abstractmethod
     def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
         """The budget of round ``round_idx`` for every client (None: stop)."""
-        raise NotImplementedError
 
     def observe(self, task: Any, round_idx: int, budget: float, reward: float) -> None:
         """The round ran at ``budget`` and earned ``reward``."""
@@ -119,13 +119,13 @@ class BudgetPlanner(Callback):
 class SchedulePlanner(BudgetPlanner):
     """A planner whose budgets are a fixed schedule over the T rounds, scaled to spend the whole budget."""
 
+    @abstractmethod
     def shape(self, rounds: int) -> Tensor:
         """Relative per-round budgets (positive); they are normalised to sum to the total budget."""
-        raise NotImplementedError
 
     def setup(self, task: Any) -> None:
         s = self.shape(self.rounds).double()
-        self.schedule = (s / s.sum() * self.total_budget * (1 - SCHEDULE_MARGIN)).tolist()
+        self.schedule = (s / s.sum() * self.total_budget * (1 - BUDGET_MARGIN)).tolist()
 
     def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
         return self.schedule[round_idx]
@@ -196,7 +196,7 @@ class ADAPPlanner(BudgetPlanner):
     def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
         task.privacy.mechanism.clip = self.clip0 * self.clip_decay**round_idx
         left = self.rounds - round_idx
-        remaining = (self.total_budget * (1 - SCHEDULE_MARGIN) - sum(self.budgets))
+        remaining = (self.total_budget * (1 - BUDGET_MARGIN) - sum(self.budgets))
         if remaining <= 0:
             return None
         # at most (left − 1)/left of what remains, so the last round still gets a share
