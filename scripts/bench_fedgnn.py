@@ -106,7 +106,7 @@ def case_run(args: argparse.Namespace, privacy: str) -> dict:
 
 
 def case_planner(args: argparse.Namespace) -> dict:
-    from fedrec.privacy.bgtplanner import BGTPlanner
+    from fedrec.planners.bgtplanner import BGTPlanner
 
     data = load_ratings("ml-100k", args.data_dir, seed=args.seed, rounds=args.rounds, val_fraction=0.1)
     torch.manual_seed(args.seed)

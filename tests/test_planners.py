@@ -18,7 +18,7 @@ from fedrec.errors import ConfigError
 from fedrec.federation.aggregators import FedSGD
 from fedrec.models import MatrixFactorization
 from fedrec.privacy import ClientDP
-from fedrec.privacy.bgtplanner import (
+from fedrec.planners.bgtplanner import (
     BGTPlanner,
     RewardGP,
     action_levels,
@@ -27,7 +27,7 @@ from fedrec.privacy.bgtplanner import (
     solve_opt,
     upload_context,
 )
-from fedrec.privacy.planners import ADAPPlanner, ADPMLPlanner, UniformPlanner
+from fedrec.planners import ADAPPlanner, ADPMLPlanner, UniformPlanner
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
 

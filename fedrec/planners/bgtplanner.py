@@ -24,7 +24,7 @@ from torch import Tensor
 
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.privacy.client_dp import BUDGET_MARGIN
-from fedrec.privacy.planners import BudgetPlanner
+from fedrec.planners.base import BudgetPlanner
 from fedrec.seeding import numpy_generator
 
 ACTION_GRIDS = ("linspace", "code")
