@@ -9,7 +9,7 @@ import torch
 from fedrec.bandits import LinUCB
 from fedrec.envs.synthetic import LinearEnv
 from fedrec.errors import ConfigError
-from fedrec.federation import AsyncLinUCB, AsyncLinUCBAM, CentralizedLinUCB, SyncLinUCB
+from fedrec.protocols import AsyncLinUCB, AsyncLinUCBAM, CentralizedLinUCB, SyncLinUCB, paper_linucb
 
 LAM = 0.1
 
@@ -26,8 +26,8 @@ def _logdet(V):
 def test_gamma_one_preregistered_equals_centralized_linucb_with_N_T_messages():
     N, T = 20, 400
     _, it = _stream(N=N, T=T)
-    fed = AsyncLinUCB(N, 5, gamma_u=1.0, gamma_d=1.0, lam=LAM, preregister=True)
-    central = CentralizedLinUCB(N, 5, lam=LAM)
+    fed = AsyncLinUCB(N, 5, gamma_u=1.0, gamma_d=1.0, policy=paper_linucb(lam=LAM), preregister=True)
+    central = CentralizedLinUCB(N, 5, policy=paper_linucb(lam=LAM))
     arms_fed = fed.run(it.clients, it.contexts, it.rewards)
     arms_central = central.run(it.clients, it.contexts, it.rewards)
     assert torch.equal(arms_fed, arms_central)
@@ -41,7 +41,7 @@ def test_gamma_one_preregistered_equals_centralized_linucb_with_N_T_messages():
 def test_gamma_infinite_never_communicates_and_equals_independent_linucbs():
     N, T = 8, 300
     _, it = _stream(N=N, T=T)
-    fed = AsyncLinUCB(N, 5, gamma_u=math.inf, gamma_d=math.inf, lam=LAM)
+    fed = AsyncLinUCB(N, 5, gamma_u=math.inf, gamma_d=math.inf, policy=paper_linucb(lam=LAM))
     arms = fed.run(it.clients, it.contexts, it.rewards)
     assert fed.ledger.totals()["comm_messages"].item() == 0
     solo = [LinUCB(dim=5, alpha=None, lam=LAM, sigma=0.1, delta=0.1) for _ in range(N)]
@@ -56,7 +56,7 @@ def test_gamma_infinite_never_communicates_and_equals_independent_linucbs():
 def test_async_invariants_hold_at_every_step(arrival, gamma, to_uploader):
     N, d, T = 12, 4, 300
     _, it = _stream(N=N, d=d, T=T, arrival=arrival, seed=7)
-    p = AsyncLinUCB(N, d, gamma_u=gamma, gamma_d=gamma, lam=LAM, check_on_register=True,
+    p = AsyncLinUCB(N, d, gamma_u=gamma, gamma_d=gamma, policy=paper_linucb(lam=LAM), check_on_register=True,
                     download_to_uploader=to_uploader)
     total = torch.zeros(d + 1, d + 1, dtype=torch.float64)
     log_g = math.log(gamma)
@@ -94,7 +94,7 @@ def test_async_invariants_hold_at_every_step(arrival, gamma, to_uploader):
 def test_communication_obeys_the_per_client_pigeonhole_bounds():
     N, d, T, gamma = 10, 5, 3000, 3.0
     _, it = _stream(N=N, d=d, T=T, seed=3)
-    p = AsyncLinUCB(N, d, gamma_u=gamma, gamma_d=gamma, lam=LAM)
+    p = AsyncLinUCB(N, d, gamma_u=gamma, gamma_d=gamma, policy=paper_linucb(lam=LAM))
     uploads = torch.zeros(N, dtype=torch.long)
     downloads = torch.zeros(N, dtype=torch.long)
     for s in range(T):
@@ -113,7 +113,7 @@ def test_communication_obeys_the_per_client_pigeonhole_bounds():
 def test_communication_grows_logarithmically_in_T():
     N, d, gamma = 20, 5, 3.0
     _, it = _stream(N=N, d=d, T=8000, seed=5)
-    p = AsyncLinUCB(N, d, gamma_u=gamma, gamma_d=gamma, lam=LAM)
+    p = AsyncLinUCB(N, d, gamma_u=gamma, gamma_d=gamma, policy=paper_linucb(lam=LAM))
     counts = {}
     done = 0
     for T in (1000, 2000, 4000, 8000):
@@ -129,10 +129,10 @@ def test_communication_grows_logarithmically_in_T():
 
 def test_windowed_run_equals_step_by_step():
     for proto in (
-        lambda: AsyncLinUCB(30, 5, gamma_u=2.0, gamma_d=2.0, lam=LAM, replicates=2),
-        lambda: AsyncLinUCB(30, 5, gamma_u=2.0, gamma_d=2.0, lam=LAM, replicates=2, check_on_register=True),
-        lambda: SyncLinUCB(30, 5, threshold=2.0, lam=LAM, replicates=2),
-        lambda: AsyncLinUCBAM(30, 5, global_dim=3, lam=LAM, replicates=2, warmup=True),
+        lambda: AsyncLinUCB(30, 5, gamma_u=2.0, gamma_d=2.0, policy=paper_linucb(lam=LAM), replicates=2),
+        lambda: AsyncLinUCB(30, 5, gamma_u=2.0, gamma_d=2.0, policy=paper_linucb(lam=LAM), replicates=2, check_on_register=True),
+        lambda: SyncLinUCB(30, 5, threshold=2.0, policy=paper_linucb(lam=LAM), replicates=2),
+        lambda: AsyncLinUCBAM(30, 5, global_dim=3, policy=paper_linucb(lam=LAM), replicates=2, warmup=True),
     ):
         _, it = _stream(N=30, d=5, T=500, replicates=2, seed=11)
         a, b = proto(), proto()
@@ -146,10 +146,10 @@ def test_windowed_run_equals_step_by_step():
 
 def test_replicates_are_independent_runs():
     env2, it2 = _stream(N=15, replicates=2, seed=4, T=300)
-    batched = AsyncLinUCB(15, 5, gamma_u=2.0, gamma_d=2.0, lam=LAM, replicates=2)
+    batched = AsyncLinUCB(15, 5, gamma_u=2.0, gamma_d=2.0, policy=paper_linucb(lam=LAM), replicates=2)
     arms = batched.run(it2.clients, it2.contexts, it2.rewards)
     for r in range(2):
-        single = AsyncLinUCB(15, 5, gamma_u=2.0, gamma_d=2.0, lam=LAM)
+        single = AsyncLinUCB(15, 5, gamma_u=2.0, gamma_d=2.0, policy=paper_linucb(lam=LAM))
         sl = slice(r, r + 1)
         assert torch.equal(single.run(it2.clients[sl], it2.contexts[sl], it2.rewards[sl])[0], arms[r])
         assert single.ledger.totals()["comm_messages"].item() == batched.ledger.totals()["comm_messages"][r].item()
@@ -158,7 +158,7 @@ def test_replicates_are_independent_runs():
 def test_sync_linucb_accounting_and_identical_state_after_each_round():
     N, d, T = 15, 4, 400
     _, it = _stream(N=N, d=d, T=T, seed=2, arrival="zipf")
-    p = SyncLinUCB(N, d, threshold=3.0, lam=LAM)
+    p = SyncLinUCB(N, d, threshold=3.0, policy=paper_linucb(lam=LAM))
     expected = 0
     for s in range(T):
         rounds = p.sync_rounds.item()
@@ -177,7 +177,7 @@ def test_sync_linucb_accounting_and_identical_state_after_each_round():
 def test_am_communicates_only_global_statistics_and_projects():
     N, d, dg = 10, 6, 4
     _, it = _stream(N=N, d=d, T=400, seed=8, global_dim=dg)
-    p = AsyncLinUCBAM(N, d, global_dim=dg, gamma_u=1.5, gamma_d=1.5, lam=LAM)
+    p = AsyncLinUCBAM(N, d, global_dim=dg, gamma_u=1.5, gamma_d=1.5, policy=paper_linucb(lam=LAM))
     p.run(it.clients, it.contexts, it.rewards)
     t = p.ledger.totals()
     assert t["comm_messages"].item() > 0
@@ -187,8 +187,8 @@ def test_am_communicates_only_global_statistics_and_projects():
 
 def test_am_without_local_part_reduces_to_async_linucb():
     _, it = _stream(N=10, d=5, T=400, seed=9)
-    am = AsyncLinUCBAM(10, 5, global_dim=5, gamma_u=2.0, gamma_d=2.0, lam=LAM, noise_pad=0.0)
-    plain = AsyncLinUCB(10, 5, gamma_u=2.0, gamma_d=2.0, lam=LAM)
+    am = AsyncLinUCBAM(10, 5, global_dim=5, gamma_u=2.0, gamma_d=2.0, policy=paper_linucb(lam=LAM), noise_pad=0.0)
+    plain = AsyncLinUCB(10, 5, gamma_u=2.0, gamma_d=2.0, policy=paper_linucb(lam=LAM))
     assert torch.equal(am.run(it.clients, it.contexts, it.rewards), plain.run(it.clients, it.contexts, it.rewards))
     assert torch.equal(am.ledger.totals()["comm_messages"], plain.ledger.totals()["comm_messages"])
 
@@ -196,7 +196,7 @@ def test_am_without_local_part_reduces_to_async_linucb():
 def test_am_warmup_initialises_every_active_client():
     N, d, dg = 6, 5, 3
     _, it = _stream(N=N, d=d, T=600, seed=10, global_dim=dg)
-    p = AsyncLinUCBAM(N, d, global_dim=dg, lam=LAM, warmup=True, gamma_u=2.0, gamma_d=2.0)
+    p = AsyncLinUCBAM(N, d, global_dim=dg, policy=paper_linucb(lam=LAM), warmup=True, gamma_u=2.0, gamma_d=2.0)
     p.run(it.clients, it.contexts, it.rewards)
     assert bool(p.am_ready.all())  # 100 steps per client is plenty for rank 5
     assert p.ledger.totals()["comm_upload_messages"].item() > 0
@@ -206,7 +206,7 @@ def test_am_warmup_initialises_every_active_client():
     "factory, field",
     [(lambda: AsyncLinUCB(10, 5, gamma_u=0.5), "gamma_u"), (lambda: AsyncLinUCB(10, 5, gamma_d=-1), "gamma_d"),
      (lambda: AsyncLinUCB(0, 5), "num_clients"), (lambda: AsyncLinUCB(10, 0), "dim"),
-     (lambda: AsyncLinUCB(10, 5, lam=0.0), "lam"), (lambda: SyncLinUCB(10, 5, threshold=-1), "threshold"),
+     (lambda: AsyncLinUCB(10, 5, policy=paper_linucb(lam=0.0)), "lam"), (lambda: SyncLinUCB(10, 5, threshold=-1), "threshold"),
      (lambda: AsyncLinUCBAM(10, 5, global_dim=6), "global_dim"), (lambda: AsyncLinUCBAM(10, 5, warmup=True), "warmup")],
 )
 def test_invalid_protocol_arguments_name_the_field(factory, field):

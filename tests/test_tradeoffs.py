@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedrec.envs.synthetic import LinearEnv
-from fedrec.federation import AsyncLinUCB, AsyncLinUCBAM, SyncLinUCB
+from fedrec.protocols import AsyncLinUCB, AsyncLinUCBAM, SyncLinUCB
 
 
 def _regret(arms: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:

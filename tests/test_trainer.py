@@ -9,7 +9,7 @@ import torch
 
 from fedrec.envs.synthetic import LinearEnv
 from fedrec.errors import ConfigError
-from fedrec.federation import AsyncLinUCB, AsyncLinUCBAM, SyncLinUCB
+from fedrec.protocols import AsyncLinUCB, AsyncLinUCBAM, SyncLinUCB
 from fedrec.tasks import BanditTask
 from fedrec.trainer import Callback, FederatedTrainer
 from fedrec.trainer.checkpoint import load_checkpoint

@@ -17,6 +17,7 @@ import math
 from abc import ABCMeta, abstractmethod
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -26,6 +27,16 @@ __all__ = ["LinTS", "LinUCB", "LinearBandit", "RowState", "confidence_radius"]
 
 #: a row's state: tensors with a leading row dimension, keyed by buffer name
 RowState = dict[str, Tensor]
+
+#: arms whose scores are within this of the maximum count as tied; the lowest index among them is picked, so
+#: exact ties (e.g. unit-norm arms before any data) do not depend on the rounding of one implementation
+TIE_TOLERANCE = 1e-9
+
+
+def first_near_max(scores: Tensor) -> Tensor:
+    """Per row of ``scores`` (m, K), the first arm within :data:`TIE_TOLERANCE` of the row's maximum."""
+    best = scores.max(-1, keepdim=True).values
+    return (scores >= best - TIE_TOLERANCE).to(torch.int8).argmax(-1)
 
 
 def confidence_radius(
@@ -98,10 +109,13 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
         return _theta(self.gather(self._rows(index)))
 
     # ------------------------------------------------------------------------------- pure row steps
-    def gather(self, rows: Tensor) -> RowState:
-        """Copy the state of ``rows`` (refactorising stale ones first)."""
-        self.refresh(rows)
-        return {k: getattr(self, k).index_select(0, rows) for k in self.state_keys}
+    def gather(self, rows: Tensor, refresh: bool = True) -> RowState:
+        """Copy the state of ``rows`` (refactorising stale ones first, unless ``refresh`` is False)."""
+        if refresh:
+            self.refresh(rows)
+        state = {k: getattr(self, k).index_select(0, rows) for k in self.state_keys}
+        state["row"] = rows
+        return state
 
     def invalidate(self, rows: Tensor) -> None:
         """Mark ``rows`` for refactorisation when next used (their ``G`` was replaced or added to)."""
@@ -119,7 +133,7 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
         The rows' z zᵀ must already have been added to ``G`` (refactorisation reads V from it).
         """
         for k in self.state_keys:
-            if k != "b":
+            if k not in ("b", "draws"):
                 getattr(self, k).index_copy_(0, rows, state[k])
         due = state["since_refactor"] >= self.refactor_every
         if bool(due.any()):
@@ -128,6 +142,11 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
     @abstractmethod
     def scores(self, contexts: Tensor, state: RowState) -> Tensor:
         """Scores (m, K) of the arms ``contexts`` (m, K, d) for rows in ``state``."""
+
+    @abstractmethod
+    def kernel_spec(self) -> tuple[int, np.ndarray, int]:
+        """The policy as the compiled kernels take it: (kind, float64 parameters, seed); see
+        :mod:`fedrec.protocols.kernels.linear`."""
 
     def advance(self, state: RowState, x: Tensor, r: Tensor) -> tuple[RowState, Tensor]:
         """State after observing (x, r): Sherman–Morrison inverse and determinant-lemma log-det.
@@ -155,8 +174,8 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
 
     @staticmethod
     def pick(contexts: Tensor, rewards: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Arg-max arms (the lowest index on ties) with their contexts and rewards (``rewards`` is (m, K))."""
-        arms = torch.argmax(scores, dim=-1)
+        """Best arms (:func:`first_near_max`) with their contexts and rewards (``rewards`` is (m, K))."""
+        arms = first_near_max(scores)
         col = arms.view(-1, 1)
         x = contexts.gather(1, col.unsqueeze(-1).expand(-1, 1, contexts.shape[-1])).squeeze(1)
         return arms, x, rewards.to(contexts.dtype).gather(1, col).squeeze(1)
@@ -173,6 +192,8 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
             raise ValueError(f"contexts must have shape (..., K, {self.dim}), got {tuple(contexts.shape)}")
         if contexts.shape[-2] < 1:
             raise ValueError("contexts must hold at least one arm (K >= 1)")
+        if not bool(torch.isfinite(contexts).all()):
+            raise ValueError("contexts must be finite (got NaN or inf)")
         if index is None:
             expected = self.batch_shape + tuple(contexts.shape[-2:])
             if tuple(contexts.shape) != expected:
@@ -181,13 +202,13 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
 
     @torch.no_grad()
     def select(self, contexts: Tensor, index: Tensor | None = None) -> Tensor:
-        """Pick one arm per addressed row: the arg-max of the policy's scores, ties to the lowest index.
+        """Pick one arm per addressed row: the best score, ties (within :data:`TIE_TOLERANCE`) to the lowest index.
 
         ``contexts`` is ``(*batch_shape, K, d)`` when ``index`` is None, else ``(len(index), K, d)``.
         Returns arm indices shaped like the addressed rows (a 0-d tensor for an unbatched policy).
         """
         flat = self._flat_contexts(contexts, index)
-        arms = torch.argmax(self.scores(flat, self.gather(self._rows(index))), dim=-1)
+        arms = first_near_max(self.scores(flat, self.gather(self._rows(index))))
         return arms.reshape(self.batch_shape) if index is None else arms
 
     @torch.no_grad()
@@ -201,6 +222,10 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
                 f"update expects one context and one reward per addressed row ({rows.shape[0]}), "
                 f"got {x.shape[0]} contexts and {r.shape[0]} rewards"
             )
+        if _repeated(rows):  # one row at a time, in order: each update sees the ones before it
+            for i in range(rows.shape[0]):
+                self.update(x[i], r[i], rows[i : i + 1])
+            return
         new, z = self.advance(self.gather(rows), x, r)
         self.absorb(rows, z)
         self.scatter(rows, new)
@@ -209,12 +234,17 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
     def play(self, contexts: Tensor, rewards: Tensor, index: Tensor | None = None) -> Tensor:
         """One simulated step: select arms, read the picked arms' rewards from ``rewards`` (…, K), update.
 
-        Equivalent to :meth:`select` followed by :meth:`update`, but gathers each row's state once.
+        Equivalent to :meth:`select` followed by :meth:`update`, but gathers each row's state once. A row
+        addressed several times plays in order, each step after the previous one's update.
         """
         flat = self._flat_contexts(contexts, index)
         rows = self._rows(index)
-        state = self.gather(rows)
         r = torch.as_tensor(rewards, device=self.G.device).reshape(flat.shape[:2])
+        if not bool(torch.isfinite(r).all()):
+            raise ValueError("rewards must be finite (got NaN or inf)")
+        if _repeated(rows):
+            return torch.cat([self.play(flat[i : i + 1], r[i : i + 1], rows[i : i + 1]) for i in range(len(rows))])
+        state = self.gather(rows)
         arms, x, r = self.pick(flat, r, self.scores(flat, state))
         new, z = self.advance(state, x, r)
         self.absorb(rows, z)
@@ -243,6 +273,10 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
         self.logdet[index] = 2 * torch.log(torch.diagonal(L)).sum()
         self.since_refactor[index] = 0
         self.stale[index] = False
+
+
+def _repeated(rows: Tensor) -> bool:
+    return rows.numel() > 1 and torch.unique(rows).numel() < rows.numel()
 
 
 def outer(z: Tensor) -> Tensor:
@@ -289,6 +323,11 @@ class LinUCB(LinearBandit):
             state["logdet"], state["count"], self.dim, self.lam, self.sigma, self.delta, self.radius_bound
         )
 
+    def kernel_spec(self) -> tuple[int, np.ndarray, int]:
+        alpha = math.nan if self.alpha is None else self.alpha
+        bound = 0.0 if self.radius_bound == "determinant" else 1.0
+        return 0, np.array([self.lam, alpha, self.sigma, self.delta, bound, 0.0, self.refactor_every]), 0
+
     def scores(self, contexts: Tensor, state: RowState) -> Tensor:
         CA = torch.bmm(contexts, state["inv"])  # (m, K, d); xᵀθ̂ = xᵀ(V+λI)^{-1} b
         mean = torch.bmm(CA, state["b"].unsqueeze(-1)).squeeze(-1)
@@ -302,8 +341,13 @@ class LinUCB(LinearBandit):
 class LinTS(LinearBandit):
     """Linear Thompson sampling: score = xᵀθ̃ with θ̃ ~ N(θ̂, v²(V+λI)^{-1}) (Agrawal & Goyal 2013).
 
-    Draws come from the module's own generator (seeded by ``seed``) whose state is part of ``state_dict``.
+    Every row draws from its own counter-based stream (:func:`fedrec.rng.normals`, keyed by ``seed``, the row
+    and the row's draw counter ``draws``), so rows are independent, the compiled and torch paths draw the same
+    numbers, and a resumed run redraws exactly what the uninterrupted run would have. A row addressed twice in
+    one :meth:`select` call uses one draw for both.
     """
+
+    state_keys = LinearBandit.state_keys + ("draws",)
 
     def __init__(
         self,
@@ -317,18 +361,25 @@ class LinTS(LinearBandit):
     ) -> None:
         super().__init__(dim, lam, batch_shape, refactor_every, device)
         self.v = check_float("v", v, low=0.0)
-        self.generator = torch.Generator(device=self.G.device)
-        self.generator.manual_seed(int(seed))
-
-    def scores(self, contexts: Tensor, state: RowState) -> Tensor:
-        theta = _theta(state)
-        L = torch.linalg.cholesky(state["inv"])
-        z = torch.randn(theta.shape, generator=self.generator, dtype=theta.dtype, device=theta.device)
-        sample = theta + self.v * torch.bmm(L, z.unsqueeze(-1)).squeeze(-1)
-        return torch.bmm(contexts, sample.unsqueeze(-1)).squeeze(-1)
+        self.seed = check_int("seed", seed, minimum=0)
+        self.register_buffer("draws", torch.zeros(self.num_rows, dtype=torch.long, device=device))
 
     def get_extra_state(self) -> dict:
-        return {"generator": self.generator.get_state()}
+        return {"seed": self.seed}  # the draws are a function of (seed, row, counter): a checkpoint carries both
 
     def set_extra_state(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
+        self.seed = int(state["seed"])
+
+    def kernel_spec(self) -> tuple[int, np.ndarray, int]:
+        return 1, np.array([self.lam, math.nan, 0.0, 0.5, 0.0, self.v, self.refactor_every]), self.seed
+
+    def scores(self, contexts: Tensor, state: RowState) -> Tensor:
+        from fedrec.rng import normals
+
+        theta = _theta(state)
+        L = torch.linalg.cholesky(state["inv"])
+        rows, draws = state["row"], state["draws"]
+        z = torch.from_numpy(normals(self.seed, rows.cpu().numpy(), draws.cpu().numpy(), self.dim)).to(theta)
+        self.draws.index_copy_(0, rows, draws + 1)
+        sample = theta + self.v * torch.bmm(L, z.unsqueeze(-1)).squeeze(-1)
+        return torch.bmm(contexts, sample.unsqueeze(-1)).squeeze(-1)

@@ -1,43 +1,71 @@
-"""Communication accounting: messages, scalars and bytes per direction, per replicate run."""
+"""Communication accounting per replicate run, per message kind and per endpoint, in three units.
+
+Papers count communication differently (the Async-LinUCB paper counts messages, its sibling code scalars), so
+messages, scalars and bytes are all kept. Every endpoint role (clients, the server, local servers, parties) has
+a traffic array ``(replicates, endpoints, kinds, sides, units)``: what each endpoint sent and received. Every
+message has exactly one sender, so the totals are the sums of the sent side over all roles.
+"""
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
 
-DIRECTIONS = ("upload", "download", "peer")
+KINDS = ("upload", "download", "peer")
+SIDES = ("sent", "received")
 UNITS = ("messages", "scalars", "bytes")
 
 
 class CommLedger(nn.Module):
-    """Counts what passes a :class:`Channel`, separately for each replicate and direction.
+    """Counts the messages that pass a :class:`~fedrec.federation.channel.Channel`.
 
-    Papers count communication differently (the Async-LinUCB paper counts messages; its sibling code counts
-    scalars), so all three units are kept: messages, scalars (numbers sent) and bytes.
+    Args:
+        replicates: independent runs batched together (counts are kept per replicate).
+        endpoints: endpoint roles and how many endpoints each has, e.g. ``{"client": N, "server": 1}``.
     """
 
-    def __init__(self, replicates: int = 1) -> None:
+    def __init__(self, replicates: int = 1, endpoints: Mapping[str, int] | None = None) -> None:
         super().__init__()
-        self.register_buffer("counts", torch.zeros(len(DIRECTIONS), replicates, len(UNITS), dtype=torch.long))
-        self._units: dict[tuple[int, int], Tensor] = {}
+        self.replicates = int(replicates)
+        self.roles = dict(endpoints or {"client": 1, "server": 1})
+        for role, n in self.roles.items():
+            shape = (self.replicates, int(n), len(KINDS), len(SIDES), len(UNITS))
+            self.register_buffer(f"traffic_{role}", torch.zeros(shape, dtype=torch.long))
 
-    def record(self, direction: str, owners: Tensor, scalars_per_message: int | Tensor, bytes_per_scalar: int) -> None:
-        """Count one message per entry of ``owners`` (the replicate index each message belongs to); its size is
-        ``scalars_per_message``, one number for all or a tensor with one size per message."""
-        if isinstance(scalars_per_message, Tensor):
-            s = scalars_per_message.to(torch.long)
-            units = torch.stack([torch.ones_like(s), s, s * bytes_per_scalar], 1)
-        else:
-            key = (scalars_per_message, bytes_per_scalar)
-            if key not in self._units:
-                self._units[key] = torch.tensor([[1, scalars_per_message, scalars_per_message * bytes_per_scalar]])
-            units = self._units[key].expand(len(owners), -1)
-        self.counts[DIRECTIONS.index(direction)].index_add_(0, owners, units)
+    def traffic(self, role: str) -> Tensor:
+        """The ``(replicates, endpoints, kinds, sides, units)`` counts of ``role`` (a view, updated in place)."""
+        if role not in self.roles:
+            raise ValueError(f"unknown endpoint role {role!r}; this ledger has {sorted(self.roles)}")
+        return getattr(self, f"traffic_{role}")
+
+    def record(
+        self, kind: str, sender: tuple[str, Tensor], receiver: tuple[str, Tensor], replicates: Tensor,
+        scalars: Tensor, bytes_per_scalar: int,
+    ) -> None:
+        """Count one message per entry of ``replicates``; ``sender``/``receiver`` are (role, ids) and ``scalars``
+        the size of each message (all broadcast to the number of messages)."""
+        k = KINDS.index(kind)
+        s = scalars.to(torch.long)
+        units = torch.stack([torch.ones_like(s), s, s * bytes_per_scalar], -1)
+        for side, (role, ids) in enumerate((sender, receiver)):
+            t = self.traffic(role)
+            n = t.shape[1]
+            flat = (replicates * n + ids) * (len(KINDS) * len(SIDES)) + k * len(SIDES) + side
+            t.view(-1, len(UNITS)).index_add_(0, flat, units)
 
     def totals(self) -> dict[str, Tensor]:
-        """Per-replicate totals: ``comm_messages``, ``comm_scalars``, ``comm_bytes`` and each per direction."""
+        """Per-replicate totals: ``comm_messages``, ``comm_scalars``, ``comm_bytes`` and each per kind."""
+        sent = sum(self.traffic(role)[:, :, :, 0].sum(1) for role in self.roles)  # (R, kinds, units)
         out: dict[str, Tensor] = {}
         for u, unit in enumerate(UNITS):
-            out[f"comm_{unit}"] = self.counts[:, :, u].sum(0)
-            for d, direction in enumerate(DIRECTIONS):
-                out[f"comm_{direction}_{unit}"] = self.counts[d, :, u].clone()
+            out[f"comm_{unit}"] = sent[:, :, u].sum(1)
+            for k, kind in enumerate(KINDS):
+                out[f"comm_{kind}_{unit}"] = sent[:, k, u].clone()
         return out
+
+    def per_endpoint(self, role: str, kind: str | None = None, unit: str = "messages", side: str = "sent") -> Tensor:
+        """``(replicates, endpoints)`` counts of what each endpoint of ``role`` sent (or received), in ``unit``,
+        of one message ``kind`` or of all kinds."""
+        t = self.traffic(role)[:, :, :, SIDES.index(side), UNITS.index(unit)]
+        return t.sum(-1) if kind is None else t[:, :, KINDS.index(kind)].clone()

@@ -8,7 +8,7 @@ import torch
 
 from fedrec.envs.base import BanditEnv
 from fedrec.errors import ConfigError, check_int
-from fedrec.federation.protocol import BanditProtocol
+from fedrec.protocols.base import StepProtocol
 from fedrec.tasks.base import FederatedTask
 
 
@@ -22,7 +22,7 @@ class BanditTask(FederatedTask):
     """
 
     def __init__(
-        self, env: BanditEnv, protocol: BanditProtocol, steps: int | None, steps_per_round: int = 100
+        self, env: BanditEnv, protocol: StepProtocol, steps: int | None, steps_per_round: int = 100
     ) -> None:
         self.env = env
         self.protocol = protocol

@@ -105,7 +105,7 @@ class FedRecTask(FederatedTask):
         self.lr = check_float("task.lr", lr, low=0.0, low_open=True)
         self.weight_decay = check_float("task.weight_decay", weight_decay, low=0.0)
         self.seed = int(seed)
-        self.channel = Channel(bytes_per_scalar=4)
+        self.channel = Channel(endpoints={"client": data.num_clients, "server": 1}, bytes_per_scalar=4)
         self.trainer: Any = None
         self.last_uploads: Uploads | None = None
         self.best: dict[str, tuple[float, int]] = {}
@@ -239,13 +239,13 @@ class FedRecTask(FederatedTask):
             num_ratings=d.ratings_per_client() if self.privacy is None else None,  # private under DP
         )
         per_client = shared.shape[1] + torch.bincount(uploads.row_client, minlength=C) * (k + 1)  # rows + item ids
-        uploads = self.channel.send("upload", torch.zeros(C, dtype=torch.long), uploads, per_client)
+        uploads = self.channel.send("upload", ("client", d.clients), ("server", 0), uploads, per_client)
         self.last_uploads = uploads
         g_shared, items, g_items = self.aggregator(uploads)
         self._server_step(shared_names, g_shared, items, g_items)
         self._user_step(d.users, upd.users)
         broadcast = shared.shape[1] + self.data.num_items * k
-        self.channel.send("download", torch.zeros(C, dtype=torch.long), None, broadcast)
+        self.channel.send("download", ("server", 0), ("client", d.clients), None, broadcast)
         return float(upd.loss.mean())
 
     def _optimizer(self, params: list[Tensor], existing: torch.optim.Optimizer | None) -> torch.optim.Optimizer:
@@ -321,7 +321,7 @@ class FedRecTask(FederatedTask):
             "server_opt": None if self._server_opt is None else self._server_opt.state_dict(),
             "user_opt": None if self._user_opt is None else self._user_opt.state_dict(),
             "privacy": None if self.privacy is None else self.privacy.accountant.state_dict(),
-            "ledger": self.channel.ledger.counts.clone(),
+            "ledger": {k: v.clone() for k, v in self.channel.ledger.state_dict().items()},
             "best": dict(self.best),
             "latest": dict(self.latest),
         }
@@ -340,7 +340,7 @@ class FedRecTask(FederatedTask):
             raise ConfigError("cannot resume: the checkpoint's privacy setting differs from this run's")
         if self.privacy is not None:
             self.privacy.accountant.load_state_dict(state["privacy"])
-        self.channel.ledger.counts.copy_(state["ledger"])
+        self.channel.ledger.load_state_dict(state["ledger"])
         self.best = dict(state["best"])
         self.latest = dict(state["latest"])
 

@@ -1,0 +1,218 @@
+"""The step interface every bandit protocol implements, and what the protocols share: policies, backends,
+input checks and communication thresholds.
+
+A protocol is an ``nn.Module`` over ``replicates`` independent runs of ``num_clients`` clients whose whole state
+lives in buffers, so ``state_dict`` and checkpoints resume it exactly. Clients reach their state rows through
+``row_of`` (a buffer: replicate × client → row), which a protocol may change at run time (clustering).
+:meth:`StepProtocol.run` plays a block of steps on one of two backends: ``compiled`` (numba kernels working in
+place on the buffers, CPU) or ``torch`` (a plain step-at-a-time loop batched over replicates: the readable
+reference, and the path for other devices). ``auto`` takes ``compiled`` on the CPU when numba imports.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from abc import ABCMeta, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fedrec.bandits.linear import LinearBandit, LinTS, LinUCB
+from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.federation.channel import Channel
+from fedrec.federation.ledger import CommLedger
+
+BACKENDS = ("auto", "compiled", "torch")
+
+#: a policy factory: called with ``dim``, ``batch_shape`` (and ``seed`` for LinTS) it builds the local policy
+PolicyFactory = Callable[..., LinearBandit]
+
+#: a trigger fires when a log-determinant ratio exceeds log γ by more than this: cached log-determinants
+#: come from different factorisations, so an exactly unchanged matrix may show a ratio of 1 ± 1e-15
+TRIGGER_TOLERANCE = 1e-10
+
+
+def log_threshold(name: str, gamma: float) -> float:
+    """log γ + :data:`TRIGGER_TOLERANCE` for an event trigger; γ >= 1 and may be +inf (never communicate)."""
+    return math.log(check_float(name, gamma, low=1.0, allow_inf=True)) + TRIGGER_TOLERANCE
+
+
+def paper_linucb(**overrides: Any) -> PolicyFactory:
+    """LinUCB with the Async-LinUCB paper's settings (λ = 0.1, the radius of Eq. 5 with σ = δ = 0.1)."""
+    kw = dict(lam=0.1, alpha=None, sigma=0.1, delta=0.1)
+    kw.update(overrides)
+    return functools.partial(LinUCB, **kw)
+
+
+def build_policy(policy: PolicyFactory | None, dim: int, batch_shape: tuple[int, ...], seed: int) -> LinearBandit:
+    """The local policy of every state row, from a factory (e.g. Hydra's ``_partial_`` node ``policy``)."""
+    factory = paper_linucb() if policy is None else policy
+    target = factory.func if isinstance(factory, functools.partial) else factory
+    kwargs: dict[str, Any] = {"dim": dim, "batch_shape": batch_shape}
+    if isinstance(target, type) and issubclass(target, LinTS):
+        kwargs["seed"] = seed
+    built = factory(**kwargs)
+    if not isinstance(built, LinearBandit):
+        raise ConfigError(f"policy must build a fedrec.bandits LinUCB or LinTS, got {type(built).__name__}")
+    return built
+
+
+def resolve_backend(backend: str) -> str:
+    """``compiled`` or ``torch`` for a requested backend; ``auto`` is compiled when numba imports."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"protocol.backend must be one of {list(BACKENDS)}, got {backend!r}")
+    from fedrec.jit import HAVE_NUMBA
+
+    if backend == "compiled" and not HAVE_NUMBA:
+        raise ConfigError("protocol.backend=compiled needs numba (pip install numba); use backend=torch")
+    if backend == "auto":
+        return "compiled" if HAVE_NUMBA else "torch"
+    return backend
+
+
+class StepProtocol(nn.Module, metaclass=ABCMeta):
+    """Interaction steps of ``replicates`` independent runs × ``num_clients`` clients, batched.
+
+    Args:
+        num_clients, dim, replicates: the world's size.
+        seed: the run seed (policies with randomness derive their streams from it).
+        backend: ``auto`` | ``compiled`` | ``torch`` (see the module docstring).
+        endpoints: the channel's endpoint roles and counts (default: the clients and one server).
+    """
+
+    #: agents that may act in one step (None: any number; the clients tensor is then (R, S, A))
+    max_agents_per_step: int | None = 1
+
+    def __init__(
+        self, num_clients: int, dim: int, replicates: int = 1, seed: int = 0, backend: str = "auto",
+        endpoints: Mapping[str, int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_clients = check_int("num_clients", num_clients)
+        self.dim = check_int("dim", dim)
+        self.context_dim = self.dim  # features per arm in the input (Async-LinUCB-AM splits them)
+        self.replicates = check_int("replicates", replicates)
+        self.seed = check_int("seed", seed, minimum=0)
+        self.backend = resolve_backend(backend)
+        R, N = self.replicates, self.num_clients
+        self.channel = Channel(R, endpoints or {"client": N, "server": 1})
+        self.register_buffer("row_of", torch.arange(R * N))
+        self.register_buffer("_offsets", torch.arange(R) * N, persistent=False)
+        self.register_buffer("_replicate_ids", torch.arange(R), persistent=False)
+
+    @property
+    def ledger(self) -> CommLedger:
+        return self.channel.ledger
+
+    def rows(self, clients: Tensor) -> Tensor:
+        """State rows of ``clients`` (R,) (one per replicate) through ``row_of``."""
+        return self.row_of[self._offsets + clients]
+
+    def use_compiled(self) -> bool:
+        """Whether this call runs the compiled kernels (CPU buffers and a compiled backend)."""
+        return self.backend == "compiled" and self.row_of.device.type == "cpu"
+
+    def kernel_arrays(self) -> tuple[Any, ...]:
+        """The kernel's arguments that view the module's state (zero-copy numpy views), made once and kept until
+        the buffers move (``.to()``, ``.double()``, ...). Replacing a buffer by assignment is not supported."""
+        if self.__dict__.get("_kernel_arrays") is None:
+            self.__dict__["_kernel_arrays"] = self._make_kernel_arrays()
+        return self.__dict__["_kernel_arrays"]
+
+    def _make_kernel_arrays(self) -> tuple[Any, ...]:
+        """See :meth:`kernel_arrays` (protocols with a compiled backend override it)."""
+        return ()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self.__dict__["_kernel_arrays"] = None
+        return super()._apply(fn, recurse)
+
+    # ------------------------------------------------------------------------------------------------ API
+    @torch.no_grad()
+    def run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
+        """Play steps in order: ``clients`` (R, S), ``contexts`` (R, S, K, d), ``rewards`` (R, S, K) -> arms (R, S).
+
+        With several agents per step (``max_agents_per_step`` allows it) the shapes are (R, S, A), (R, S, A, K, d)
+        and (R, S, A, K). Inputs are checked before any state changes.
+        """
+        clients, contexts, rewards = self.check_inputs(clients, contexts, rewards)
+        if clients.shape[1] == 0:
+            return clients.clone()
+        return self._run(clients, contexts, rewards)
+
+    def step(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
+        """Play one step: ``clients`` (R,), ``contexts`` (R, K, d), ``rewards`` (R, K) -> arms (R,)."""
+        return self.run(torch.as_tensor(clients).unsqueeze(1), torch.as_tensor(contexts).unsqueeze(1),
+                        torch.as_tensor(rewards).unsqueeze(1))[:, 0]
+
+    @abstractmethod
+    def _run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
+        """:meth:`run` on checked inputs."""
+
+    def check_inputs(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Validate shapes, client ids and finiteness; errors name the argument. Returns CPU/dtype-normalised
+        tensors on the protocol's device."""
+        device = self.row_of.device
+        clients = torch.as_tensor(clients, device=device)
+        if clients.dtype.is_floating_point or clients.dtype == torch.bool:
+            raise ValueError(f"clients must be an integer tensor, got {clients.dtype}")
+        clients = clients.to(torch.long)
+        R = self.replicates
+        agents = clients.dim() == 3
+        if clients.dim() not in (2, 3) or clients.shape[0] != R:
+            raise ValueError(f"clients must have shape ({R}, steps) or ({R}, steps, agents), "
+                             f"got {tuple(clients.shape)}")
+        if agents and self.max_agents_per_step is not None and clients.shape[2] > self.max_agents_per_step:
+            raise ValueError(f"{type(self).__name__} takes at most {self.max_agents_per_step} agent(s) per step, "
+                             f"got clients of shape {tuple(clients.shape)}")
+        lead = tuple(clients.shape)
+        contexts = torch.as_tensor(contexts, device=device, dtype=torch.float64)
+        if contexts.dim() != len(lead) + 2 or tuple(contexts.shape[: len(lead)]) != lead \
+                or contexts.shape[-1] != self.context_dim or contexts.shape[-2] < 1:
+            raise ValueError(f"contexts must have shape {lead + ('K', self.context_dim)} with K >= 1, "
+                             f"got {tuple(contexts.shape)}")
+        rewards = torch.as_tensor(rewards, device=device, dtype=torch.float64)
+        if tuple(rewards.shape) != tuple(contexts.shape[:-1]):
+            raise ValueError(f"rewards must have shape {tuple(contexts.shape[:-1])}, got {tuple(rewards.shape)}")
+        if clients.numel() and not _in_range(clients, self.num_clients):
+            bad = clients[(clients < 0) | (clients >= self.num_clients)][0]
+            raise ValueError(f"clients must be ids in [0, {self.num_clients}), got {int(bad)}")
+        if not _all_finite(contexts):
+            raise ValueError("contexts must be finite (got NaN or inf)")
+        if not _all_finite(rewards):
+            raise ValueError("rewards must be finite (got NaN or inf)")
+        return clients, contexts.contiguous(), rewards.contiguous()
+
+
+def _in_range(ids: Tensor, n: int) -> bool:
+    if ids.device.type == "cpu":  # numpy's reductions cost a few µs where torch's cost tens (the step API)
+        a = ids.numpy()
+        return bool(a.min() >= 0 and a.max() < n)
+    return bool(((ids >= 0) & (ids < n)).all())
+
+
+def _all_finite(x: Tensor) -> bool:
+    if x.device.type == "cpu":
+        return bool(np.isfinite(x.numpy()).all())
+    return bool(torch.isfinite(x).all())
+
+
+def policy_arrays(policy: LinearBandit) -> tuple[Any, ...]:
+    """A policy as the kernels take it: kind, parameters, seed and zero-copy views of its row state."""
+    kind, params, seed = policy.kernel_spec()
+    draws = policy.draws.numpy() if isinstance(policy, LinTS) else np.zeros(1, dtype=np.int64)
+    return (kind, params, seed, policy.G.numpy(), policy.inv.numpy(), policy.logdet.numpy(), policy.count.numpy(),
+            policy.since_refactor.numpy(), policy.stale.numpy(), draws)
+
+
+def kernel_call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a compiled kernel, restoring torch's thread count (numba's parallel layer may change it)."""
+    threads = torch.get_num_threads()
+    try:
+        return fn(*args)
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)

@@ -1,0 +1,55 @@
+"""The centralised baseline: every client's data goes to one model per replicate, with no communication."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedrec.protocols.base import PolicyFactory, StepProtocol, build_policy, kernel_call, policy_arrays
+from fedrec.protocols.kernels.centralized import ROWS_RUN
+
+
+class CentralizedLinUCB(StepProtocol):
+    """One policy row per replicate fed by all clients at no communication cost: the γ = 1 ideal of the papers.
+
+    All clients map to their replicate's row through ``row_of``. Several agents may act in one step
+    (``clients`` (R, S, A)): they act in agent order, each after the previous one's update.
+    """
+
+    max_agents_per_step = None
+
+    def __init__(
+        self, num_clients: int, dim: int, replicates: int = 1, policy: PolicyFactory | None = None, seed: int = 0,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(num_clients, dim, replicates, seed, backend)
+        self.policy = build_policy(policy, dim, (self.replicates,), self.seed)
+        self.row_of.copy_(torch.arange(self.replicates).repeat_interleave(self.num_clients))
+
+    def _make_kernel_arrays(self) -> tuple[Any, ...]:
+        return policy_arrays(self.policy)
+
+    def _run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
+        R = self.replicates
+        shape = clients.shape
+        clients = clients.reshape(R, -1)  # agents of a step act one after another
+        contexts = contexts.reshape(R, clients.shape[1], *contexts.shape[-2:])
+        rewards = rewards.reshape(R, clients.shape[1], -1)
+        rows = self.row_of[self._offsets.view(-1, 1) + clients]
+        if self.use_compiled():
+            arms = self._run_compiled(rows, contexts, rewards)
+        else:
+            arms = torch.stack([self.policy.play(contexts[:, s], rewards[:, s], rows[:, s])
+                                for s in range(rows.shape[1])], 1)
+        return arms.reshape(shape)
+
+    def _run_compiled(self, rows: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
+        arms = torch.empty(rows.shape, dtype=torch.long)
+        event = np.zeros(self.replicates, dtype=np.int64)
+        kernel_call(ROWS_RUN[self.replicates > 1], rows.contiguous().numpy(), contexts.numpy(), rewards.numpy(),
+                    arms.numpy(), event, *self.kernel_arrays())
+        if (event < 0).any():
+            raise FloatingPointError("CentralizedLinUCB: a Gram matrix V + λI is no longer positive definite")
+        return arms

@@ -1,0 +1,70 @@
+"""Dense linear algebra for one state row, written for the compiled kernels (small d, no LAPACK calls)."""
+from __future__ import annotations
+
+import numpy as np
+
+from fedrec.jit import jit
+
+
+@jit
+def cholesky_logdet(A: np.ndarray, lam: float, L: np.ndarray) -> float:
+    """Lower Cholesky factor of A + λI into ``L``; returns log det(A + λI), or NaN if it is not positive definite."""
+    d = L.shape[0]
+    logdet = 0.0
+    for j in range(d):
+        s = A[j, j] + lam
+        for k in range(j):
+            s -= L[j, k] * L[j, k]
+        if not s > 0.0:
+            return np.nan
+        ljj = np.sqrt(s)
+        L[j, j] = ljj
+        logdet += np.log(ljj)
+        for i in range(j + 1, d):
+            t = A[i, j]
+            for k in range(j):
+                t -= L[i, k] * L[j, k]
+            L[i, j] = t / ljj
+        for i in range(j):
+            L[i, j] = 0.0
+    return 2.0 * logdet
+
+
+@jit
+def inverse_from_cholesky(L: np.ndarray, inv: np.ndarray) -> None:
+    """(L Lᵀ)^{-1} = L^{-T} L^{-1} into ``inv`` (symmetric)."""
+    d = L.shape[0]
+    M = np.zeros((d, d))  # L^{-1}, lower triangular
+    for j in range(d):
+        M[j, j] = 1.0 / L[j, j]
+        for i in range(j + 1, d):
+            t = 0.0
+            for k in range(j, i):
+                t -= L[i, k] * M[k, j]
+            M[i, j] = t / L[i, i]
+    for i in range(d):
+        for j in range(i, d):
+            t = 0.0
+            for k in range(j, d):
+                t += M[k, i] * M[k, j]
+            inv[i, j] = t
+            inv[j, i] = t
+
+
+@jit
+def refactor_row(G: np.ndarray, inv: np.ndarray, logdet: np.ndarray, since: np.ndarray, stale: np.ndarray,
+                 row: int, lam: float) -> bool:
+    """Recompute row ``row``'s inverse (V + λI)^{-1} and log det from its Gram matrix G[row, :d, :d].
+
+    Resets its update counter and stale flag; returns False (state untouched) if V + λI is not positive definite.
+    """
+    d = inv.shape[1]
+    L = np.empty((d, d))
+    ld = cholesky_logdet(G[row, :d, :d], lam, L)
+    if np.isnan(ld):
+        return False
+    inverse_from_cholesky(L, inv[row])
+    logdet[row] = ld
+    since[row] = 0
+    stale[row] = False
+    return True
