@@ -1,10 +1,14 @@
-"""Counter-based standard normal draws: draw n of state row r under seed s is a pure function of (s, r, n).
+"""Counter-based random numbers: a draw is a pure function of a key and counters, never of generator state.
 
-LinTS uses it so that every row (client × replicate) has its own stream, a resumed run redraws exactly the same
-numbers from the stored counters, and both backends get bit-identical samples (the torch path calls the same
-compiled function). Bits come from the splitmix64 finaliser, normals from the Box–Muller transform.
+A resumed run therefore redraws exactly what the uninterrupted run would have, from counters it stores anyway,
+and streams (rows, tree nodes) are independent without one generator object each. Bits come from splitmix64's
+output function :func:`mix64`. :func:`normals` serves LinTS (normals by Box–Muller; the torch path calls the same
+compiled function as the kernels, so both backends draw identical bits), :func:`keyed_uniforms` the tree
+aggregation's node noise.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -17,12 +21,24 @@ _S11, _S27, _S30, _S31 = np.uint64(11), np.uint64(27), np.uint64(30), np.uint64(
 _TWO_M53 = 2.0 ** -53
 
 
-@jit
-def _mix(z: np.uint64) -> np.uint64:
-    """splitmix64's output function: a bijective 64-bit mixer."""
+def mix64(z: np.uint64 | np.ndarray) -> np.uint64 | np.ndarray:
+    """splitmix64's output function, a bijection of uint64 (numpy's and numba's uint64 arithmetic wrap)."""
     z = (z ^ (z >> _S30)) * _M1
     z = (z ^ (z >> _S27)) * _M2
     return z ^ (z >> _S31)
+
+
+_mix = jit(mix64)
+
+
+def keyed_uniforms(key: int, fields: Sequence[np.ndarray], n: int) -> np.ndarray:
+    """``(len(fields[0]), n)`` uniforms in (0, 1): per row, ``n`` outputs from a state hashed from ``key`` and that
+    row's fields (each step h ↦ mix(h ⊕ mix(field)) is a bijection of h for a fixed field)."""
+    h = np.full(len(fields[0]), key, dtype=np.uint64)
+    for field in fields:
+        h = mix64(h ^ mix64(np.asarray(field, dtype=np.int64).astype(np.uint64)))
+    bits = mix64(h[:, None] + np.arange(1, n + 1, dtype=np.uint64)[None, :] * _GOLDEN)
+    return ((bits >> _S11).astype(np.float64) + 0.5) * _TWO_M53  # 53 bits, never 0 or 1
 
 
 @jit

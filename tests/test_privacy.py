@@ -420,3 +420,45 @@ def test_import_does_not_pull_lightning_or_opacus():
             "print([m for m in ('lightning', 'pytorch_lightning', 'opacus') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+# ---- the Mechanism / Accountant interfaces on the client-level classes -------------------------------------------
+
+
+@pytest.mark.parametrize("mech_cls", MECHANISMS)
+def test_add_noise_is_privatize_without_clipping(mech_cls):
+    from fedrec.privacy import Mechanism
+
+    mech = mech_cls(clip=10.0)
+    assert isinstance(mech, Mechanism)
+    small = _updates(5, 4, 0, scale=0.1)  # inside the clip ball: privatize leaves it unclipped
+    level = torch.tensor([0.5, 1.0, 2.0, 4.0, 8.0], dtype=torch.float64)
+    noisy, _ = mech.privatize(small, level, torch_generator(0, "privacy", 3))
+    assert torch.equal(mech.add_noise(small, level, torch_generator(0, "privacy", 3)), noisy)
+    big = _updates(2000, 50, 1, scale=100.0)
+    noise = mech.add_noise(big, 1.0, torch_generator(0, "privacy", 4)) - big  # nothing is clipped
+    assert noise.std().item() == pytest.approx(mech.noise_std(1.0).item(), rel=0.03)
+    with pytest.raises(ValueError, match="non-finite"):
+        mech.add_noise(torch.tensor([[math.nan]]), 1.0, torch_generator(0, "privacy", 5))
+    with pytest.raises(ConfigError, match=mech.level_name):
+        mech.add_noise(small, 0.0, torch_generator(0, "privacy", 6))
+
+
+def test_client_accountant_is_a_registered_accountant_with_epsilon_at_any_delta():
+    from fedrec.privacy import Accountant, make_accountant
+
+    acc = make_accountant("client", num_clients=3, mechanism="gaussian", epsilon_total=50.0, delta_total=1e-5)
+    assert isinstance(acc, ClientAccountant) and isinstance(acc, Accountant)
+    acc.step(torch.tensor([2.0, 3.0, 1.0]), torch.tensor([True, True, False]))
+    acc.step(2.0)
+    assert torch.equal(acc.epsilon(), acc.spent())
+    assert torch.equal(acc.epsilon(1e-5), acc.spent())
+    other = acc.epsilon(1e-3)
+    for c in range(3):
+        assert other[c].item() == pytest.approx(opacus_accountant("rdp", acc.history(c)).get_epsilon(1e-3), rel=1e-12)
+    assert bool((other < acc.spent()).all())  # a larger δ buys a smaller ε
+    lap = make_accountant("client", num_clients=2, mechanism="laplace", epsilon_total=5.0)
+    lap.step(0.5)
+    assert torch.equal(lap.epsilon(0.1), lap.spent())  # pure ε-DP: δ does not matter
+    with pytest.raises(ConfigError, match="delta"):
+        acc.epsilon(0.0)

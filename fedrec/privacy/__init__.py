@@ -1,11 +1,18 @@
-"""Client-level differential privacy: clip-and-noise mechanisms and a per-client privacy accountant.
+"""Differential privacy: noise mechanisms, accountants behind a registry, client-level DP, and tree aggregation.
 
 ``import fedrec.privacy`` does not import Opacus (it is loaded on the first accounting call) or Lightning.
 """
 from fedrec.privacy.accountant import (
+    Accountant,
     ClientAccountant,
+    GaussianRDPAccountant,
+    LaplaceBasicAccountant,
     PrivacyBudgetExceeded,
+    gaussian_rdp_epsilon,
+    gaussian_rdp_rho,
+    make_accountant,
     opacus_accountant,
+    register_accountant,
     uniform_epsilon_per_round,
     uniform_noise_multiplier,
 )
@@ -13,27 +20,56 @@ from fedrec.privacy.client_dp import ClientDP, best_rdp_order, rdp_conversion_co
 from fedrec.privacy.mechanisms import (
     GaussianMechanism,
     LaplaceMechanism,
+    Mechanism,
     NoiseMechanism,
     analytic_gaussian_delta,
     analytic_gaussian_noise_multiplier,
     classical_gaussian_noise_multiplier,
     rdp_noise_multiplier,
 )
+from fedrec.privacy.tree import (
+    Node,
+    TreeAggregator,
+    augmented_gram,
+    dyadic_cover,
+    fclub_node_sigma,
+    gaussian_node_sigma,
+    laplace_node_scale,
+    nodes_touched,
+    split_augmented,
+)
 
 __all__ = [
+    "Accountant",
     "ClientAccountant",
     "ClientDP",
     "GaussianMechanism",
+    "GaussianRDPAccountant",
+    "LaplaceBasicAccountant",
     "LaplaceMechanism",
+    "Mechanism",
+    "Node",
     "NoiseMechanism",
     "PrivacyBudgetExceeded",
+    "TreeAggregator",
     "analytic_gaussian_delta",
     "analytic_gaussian_noise_multiplier",
+    "augmented_gram",
     "best_rdp_order",
     "classical_gaussian_noise_multiplier",
+    "dyadic_cover",
+    "fclub_node_sigma",
+    "gaussian_node_sigma",
+    "gaussian_rdp_epsilon",
+    "gaussian_rdp_rho",
+    "laplace_node_scale",
+    "make_accountant",
+    "nodes_touched",
     "opacus_accountant",
     "rdp_conversion_cost",
     "rdp_noise_multiplier",
+    "register_accountant",
+    "split_augmented",
     "uniform_epsilon_per_round",
     "uniform_noise_multiplier",
 ]

@@ -15,6 +15,13 @@ Laplace
     Basic sequential composition: ε = Σ_t ε_t, δ = 0. The sum is exact (rational arithmetic) and rounded
     *up* to a float, so ``spent() <= epsilon_total`` holds exactly whenever ``would_exceed`` said no.
 
+Interface and registry
+    Every ledger implements :class:`Accountant` (``step`` / ``epsilon(delta)`` / ``state_dict`` /
+    ``load_state_dict``) and is registered by name: ``make_accountant("client", num_clients=...)`` builds a
+    :class:`ClientAccountant`, ``"gaussian_rdp"`` a :class:`GaussianRDPAccountant` (Gaussian mechanisms without
+    subsampling, composed in RDP; what the tree aggregation of :mod:`fedrec.privacy.tree` reports) and
+    ``"laplace_basic"`` a :class:`LaplaceBasicAccountant` (basic composition of pure-ε mechanisms).
+
 Uniform split (the default schedule)
     Gaussian: :func:`uniform_noise_multiplier` is the constant noise multiplier z for which the accountant's ε
     after T rounds is (just below) ε_total. This is the tight uniform split. The naive alternative, calibrating
@@ -29,21 +36,30 @@ Uniform split (the default schedule)
 """
 from __future__ import annotations
 
+import abc
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from scipy.optimize import brentq
 from torch import Tensor
 
 from fedrec.errors import ConfigError, check_float, check_int
 
 __all__ = [
+    "Accountant",
     "ClientAccountant",
+    "GaussianRDPAccountant",
+    "LaplaceBasicAccountant",
     "PrivacyBudgetExceeded",
+    "gaussian_rdp_epsilon",
+    "gaussian_rdp_rho",
+    "make_accountant",
     "opacus_accountant",
+    "register_accountant",
     "uniform_epsilon_per_round",
     "uniform_noise_multiplier",
 ]
@@ -62,6 +78,62 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}")
     return value
+
+
+def _check_delta(delta: float, name: str = "delta") -> float:
+    return check_float(name, delta, low=0.0, high=1.0, low_open=True, high_open=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Interface and registry
+# --------------------------------------------------------------------------------------------------------------
+
+
+class Accountant(abc.ABC):
+    """A privacy ledger: ``step`` records mechanism runs, ``epsilon(delta)`` reports the ε spent so far (a number,
+    or one per client for per-client ledgers), and the state round-trips through ``state_dict``."""
+
+    @abc.abstractmethod
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Record mechanism runs; the first argument is their level (a noise multiplier, or an ε for Laplace)."""
+
+    @abc.abstractmethod
+    def epsilon(self, delta: float | None = None) -> float | Tensor:
+        """The ε spent so far at ``delta`` (``None``: the ledger's own δ)."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to restore the ledger exactly."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ledger saved by :meth:`state_dict`."""
+
+
+_A = TypeVar("_A", bound=type[Accountant])
+_REGISTRY: dict[str, type[Accountant]] = {}
+
+
+def register_accountant(name: str) -> Callable[[_A], _A]:
+    """Class decorator: ``make_accountant(name, **kw)`` builds the decorated :class:`Accountant` subclass."""
+
+    def register(cls: _A) -> _A:
+        if not (isinstance(cls, type) and issubclass(cls, Accountant)):
+            raise TypeError(f"register_accountant({name!r}) decorates Accountant subclasses, got {cls!r}")
+        if _REGISTRY.get(name, cls) is not cls:
+            raise ConfigError(f"an accountant named {name!r} is already registered ({_REGISTRY[name].__name__})")
+        _REGISTRY[name] = cls
+        return cls
+
+    return register
+
+
+def make_accountant(name: str, **kwargs: Any) -> Accountant:
+    """A new accountant of the registered kind ``name``, built with ``kwargs``."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise ConfigError(f"accountant must be one of {sorted(_REGISTRY)}, got {name!r}")
+    return cls(**kwargs)
 
 
 def opacus_accountant(name: str, history: Sequence[tuple[float, float, int]] = ()) -> Any:
@@ -130,7 +202,115 @@ def _ceil_float(x: Fraction) -> float:
     return math.nextafter(f, math.inf) if Fraction(f) < x else f
 
 
-class ClientAccountant:
+# --------------------------------------------------------------------------------------------------------------
+# Composition of Gaussian (RDP) and Laplace (basic) mechanisms
+# --------------------------------------------------------------------------------------------------------------
+
+
+def gaussian_rdp_epsilon(rho: float, delta: float) -> float:
+    """The ε at ``delta`` of the RDP curve α ↦ ρα, i.e. of Gaussian mechanisms with ρ = Σ 1/(2z²).
+
+    Uses the RDP → (ε, δ) conversion of Balle et al. 2020 (Thm. 21, the one Opacus applies),
+    ε(α) = ρα + ln((α−1)/α) − (ln δ + ln α)/(α−1), at its exact best order: ε'(α) = ρ + (ln δ + ln α)/(α−1)²,
+    so the minimiser is the one root of ρ(α−1)² = ln(1/(δα)) in (1, 1/δ) (no grid of orders).
+    """
+    r = check_float("rho", rho, low=0.0)
+    d = _check_delta(delta)
+    if r == 0.0:
+        return 0.0
+    log_d = math.log(d)
+    x = brentq(lambda x: r * x * x + math.log1p(x) + log_d, 0.0, 1.0 / d - 1.0, xtol=1e-300, rtol=8.9e-16)  # α − 1
+    eps = r * (1.0 + x) + math.log(x / (1.0 + x)) - (log_d + math.log1p(x)) / x
+    return max(eps, 0.0)
+
+
+def gaussian_rdp_rho(epsilon: float, delta: float) -> float:
+    """The largest ρ whose RDP curve α ↦ ρα converts to at most ``epsilon`` at ``delta`` (inverse of
+    :func:`gaussian_rdp_epsilon`); k Gaussian mechanisms at noise multiplier z spend it when z = sqrt(k / (2ρ))."""
+    eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
+    d = _check_delta(delta)
+    hi = eps
+    while gaussian_rdp_epsilon(hi, d) <= eps:
+        hi *= 2.0
+    rho = float(brentq(lambda r: gaussian_rdp_epsilon(r, d) - eps, 0.0, hi, xtol=1e-300, rtol=8.9e-16))
+    while gaussian_rdp_epsilon(rho, d) > eps:
+        rho = math.nextafter(rho, 0.0)
+    return rho
+
+
+@register_accountant("gaussian_rdp")
+class GaussianRDPAccountant(Accountant):
+    """Gaussian mechanisms without subsampling, composed exactly in RDP (order-α RDP of noise multiplier z is
+    α/(2z²)) and converted to (ε, δ) by :func:`gaussian_rdp_epsilon`.
+
+    Args:
+        delta: the default δ of :meth:`epsilon`, in (0, 1); ``None``: every call must pass one.
+    """
+
+    def __init__(self, delta: float | None = None) -> None:
+        self.delta = None if delta is None else _check_delta(delta)
+        self._history: dict[float, int] = {}
+
+    def step(self, noise_multiplier: float, count: int = 1) -> None:
+        """Record ``count`` Gaussian mechanisms with ``σ = noise_multiplier · sensitivity``."""
+        z = check_float("noise_multiplier", noise_multiplier, low=0.0, low_open=True)
+        self._history[z] = self._history.get(z, 0) + check_int("count", count, minimum=1)
+
+    @property
+    def rho(self) -> float:
+        """ρ = Σ count/(2z²): the composition's RDP at order α is ρα."""
+        return math.fsum(n / (2.0 * z * z) for z, n in self._history.items())
+
+    def epsilon(self, delta: float | None = None) -> float:
+        if delta is None and self.delta is None:
+            raise ConfigError("delta must be given (a number in (0, 1)): this accountant has no default delta")
+        return gaussian_rdp_epsilon(self.rho, self.delta if delta is None else delta)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"delta": self.delta, "history": sorted(self._history.items())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replay the saved history; the saved default δ must be this accountant's."""
+        if state.get("delta") != self.delta:
+            raise ConfigError(f"cannot load accountant state: delta is {state.get('delta')!r} in the checkpoint but "
+                              f"{self.delta!r} here")
+        self._history = {}
+        for z, n in state["history"]:
+            self.step(z, n)
+
+
+@register_accountant("laplace_basic")
+class LaplaceBasicAccountant(Accountant):
+    """Pure ε-DP mechanisms under basic composition: ε = Σ ε_i (exact rational sum, rounded up), δ = 0."""
+
+    def __init__(self) -> None:
+        self._history: dict[float, int] = {}
+
+    def step(self, epsilon: float, count: int = 1) -> None:
+        """Record ``count`` mechanisms that are each ``epsilon``-DP."""
+        e = check_float("epsilon", epsilon, low=0.0, low_open=True)
+        self._history[e] = self._history.get(e, 0) + check_int("count", count, minimum=1)
+
+    def epsilon(self, delta: float | None = None) -> float:
+        """Σ ε_i; ``delta`` is ignored (pure DP holds at every δ)."""
+        return _ceil_float(sum((Fraction(e) * n for e, n in self._history.items()), Fraction(0)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": sorted(self._history.items())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._history = {}
+        for e, n in state["history"]:
+            self.step(e, n)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Per-client ledger of client-level DP
+# --------------------------------------------------------------------------------------------------------------
+
+
+@register_accountant("client")
+class ClientAccountant(Accountant):
     """The privacy ledger of ``num_clients`` clients with heterogeneous per-round noise.
 
     Args:
@@ -209,16 +389,18 @@ class ClientAccountant:
         if eps is None:
             if self.mechanism == "laplace":
                 eps = _ceil_float(sum((Fraction(e) * n for e, n in key), Fraction(0)))
-            elif self.accountant == "rdp":
-                eps = self._rdp_epsilon(key)
             else:
-                history = [(z, 1.0, n) for z, n in key]
-                eps = _opacus_epsilon(self.accountant, history, self.delta_total, self.alphas)
+                eps = self._gaussian_epsilon(key, self.delta_total)
             self._eps_cache[key] = eps
         return eps
 
-    def _rdp_epsilon(self, key: _Key) -> float:
-        """``RDPAccountant(history=key).get_epsilon(delta_total)``, step for step as Opacus computes it, with each
+    def _gaussian_epsilon(self, key: _Key, delta: float) -> float:
+        if self.accountant == "rdp":
+            return self._rdp_epsilon(key, delta)
+        return _opacus_epsilon(self.accountant, [(z, 1.0, n) for z, n in key], delta, self.alphas)
+
+    def _rdp_epsilon(self, key: _Key, delta: float) -> float:
+        """``RDPAccountant(history=key).get_epsilon(delta)``, step for step as Opacus computes it, with each
         level's RDP curve computed once (Opacus recomputes it per call, ~0.3 ms; this matters when many clients
         have distinct histories)."""
         from opacus.accountants import RDPAccountant
@@ -232,7 +414,7 @@ class ClientAccountant:
                 unit = self._rdp_curves[z] = rdp_analysis.compute_rdp(
                     q=1.0, noise_multiplier=z, steps=1, orders=orders)
             curves.append(unit * n)  # == compute_rdp(..., steps=n), bit for bit
-        eps, _ = rdp_analysis.get_privacy_spent(orders=orders, rdp=sum(curves), delta=self.delta_total)
+        eps, _ = rdp_analysis.get_privacy_spent(orders=orders, rdp=sum(curves), delta=delta)
         return float(eps)
 
     def _check(self, levels: Tensor | float, participating: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -284,6 +466,17 @@ class ClientAccountant:
     def spent(self) -> Tensor:
         """Each client's ε spent so far (``(num_clients,)`` float64; 0 for a client that never took part)."""
         eps = torch.tensor([self._epsilon(k) for k in self._keys], dtype=torch.float64)
+        return eps[self._group]
+
+    def epsilon(self, delta: float | None = None) -> Tensor:
+        """Each client's ε at ``delta`` (``None``: ``delta_total``, i.e. :meth:`spent`). Laplace clients are
+        pure ε-DP, so their ε does not depend on δ."""
+        if delta is None or self.mechanism == "laplace":
+            return self.spent()
+        d = _check_delta(delta)
+        if d == self.delta_total:
+            return self.spent()
+        eps = torch.tensor([self._gaussian_epsilon(k, d) if k else 0.0 for k in self._keys], dtype=torch.float64)
         return eps[self._group]
 
     def epsilon_after(self, proposed: Tensor | float, participating: Tensor | None = None) -> Tensor:

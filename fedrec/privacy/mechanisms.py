@@ -1,5 +1,8 @@
 """Client-level DP noise: clip each client's whole upload, then add calibrated Gaussian or Laplace noise.
 
+:class:`Mechanism` is the interface every noise mechanism implements (calibrate a level from a budget, add noise
+at a level to a statistic); :class:`NoiseMechanism` adds client-level clipping on top of it.
+
 Uploads are batched over clients: a ``(num_clients, D)`` tensor holds one flattened update per row. Every client
 privatises its own row (local perturbation of the upload), so the mechanism's input is any vector of the clip
 ball, and two neighbouring inputs (the client's data replaced by any other data) can be any two points of it.
@@ -39,6 +42,7 @@ from fedrec.errors import ConfigError, check_float
 __all__ = [
     "GaussianMechanism",
     "LaplaceMechanism",
+    "Mechanism",
     "NoiseMechanism",
     "analytic_gaussian_delta",
     "analytic_gaussian_noise_multiplier",
@@ -132,7 +136,30 @@ def rdp_noise_multiplier(rdp_epsilon: float | Tensor, alpha: float) -> float | T
 # --------------------------------------------------------------------------------------------------------------
 
 
-class NoiseMechanism(abc.ABC):
+class Mechanism(abc.ABC):
+    """What every DP noise mechanism offers: a noise *level* calibrated from a budget, and noise at a level added
+    to a statistic. The level is the one number an accountant records (noise multiplier, or ε for Laplace)."""
+
+    #: the mechanism's name, as accountants know it (``"gaussian"`` / ``"laplace"``, e.g. ``ClientAccountant(mechanism=...)``)
+    name: str
+    #: name of the level, used in error messages
+    level_name: str
+
+    @abc.abstractmethod
+    def calibrate(self, epsilon: float, delta: float | None = None) -> float:
+        """The level that makes one release (ε, δ)-DP."""
+
+    @abc.abstractmethod
+    def noise_std(self, level: Tensor | float) -> Tensor:
+        """The per-coordinate standard deviation of the noise at ``level``, float64."""
+
+    @abc.abstractmethod
+    def add_noise(self, statistic: Tensor, level: Tensor | float, generator: torch.Generator) -> Tensor:
+        """``statistic`` (rows first) plus noise at ``level`` (a number or one per row), drawn from ``generator``.
+        The caller guarantees the statistic's sensitivity; nothing is clipped."""
+
+
+class NoiseMechanism(Mechanism):
     """Clip every row of a client-batched upload to norm ``clip`` and add i.i.d. noise at a per-client level.
 
     Args:
@@ -143,10 +170,6 @@ class NoiseMechanism(abc.ABC):
 
     #: order of the clipping norm (2 for Gaussian, 1 for Laplace)
     norm_ord: float
-    #: name of the per-round level the accountant records, used in error messages
-    level_name: str
-    #: the accountant's name for this mechanism (``ClientAccountant(mechanism=...)``)
-    name: str
 
     def __init__(self, clip: float, sensitivity_factor: float = 2.0) -> None:
         self.clip = check_float("clip", clip, low=0.0, low_open=True)
@@ -179,16 +202,8 @@ class NoiseMechanism(abc.ABC):
         return lv
 
     @abc.abstractmethod
-    def calibrate(self, epsilon: float, delta: float | None = None) -> float:
-        """The level that makes one round (ε, δ)-DP for one client."""
-
-    @abc.abstractmethod
     def noise_scale(self, level: Tensor | float) -> Tensor:
         """The noise distribution's scale parameter per client: σ (Gaussian) or b (Laplace), float64."""
-
-    @abc.abstractmethod
-    def noise_std(self, level: Tensor | float) -> Tensor:
-        """The per-coordinate standard deviation of the added noise per client, float64."""
 
     @abc.abstractmethod
     def _unit_noise(self, shape: tuple[int, ...], like: Tensor, generator: torch.Generator) -> Tensor:
@@ -260,12 +275,24 @@ class NoiseMechanism(abc.ABC):
                 raise ValueError("updates contain non-finite values; clipping cannot bound them")
         scale = self.noise_scale(self.check_level(level, num_clients))
         clipped = self._clip_parts(parts, owners, num_clients)
-        noisy = []
-        for part, owner in zip(clipped, owners):
-            s = (scale if owner is None else scale[owner.cpu()]).to(device=part.device, dtype=part.dtype)
-            noise = self._unit_noise(tuple(part.shape), part, generator)
-            noisy.append(part + noise * s.view(-1, *([1] * (part.dim() - 1))))
+        noisy = [self._noised(part, scale if owner is None else scale[owner.cpu()], generator)
+                 for part, owner in zip(clipped, owners)]
         return noisy, clipped
+
+    def add_noise(self, statistic: Tensor, level: Tensor | float, generator: torch.Generator) -> Tensor:
+        """``statistic`` (one row per client, bounded by the caller) plus noise at each row's level, unclipped."""
+        if statistic.dim() < 1 or not statistic.is_floating_point():
+            raise ValueError(f"statistic must be a floating tensor with a row dimension, got "
+                             f"{tuple(statistic.shape)} {statistic.dtype}")
+        if not bool(torch.isfinite(statistic).all()):
+            raise ValueError("statistic contains non-finite values")
+        return self._noised(statistic, self.noise_scale(self.check_level(level, statistic.shape[0])), generator)
+
+    def _noised(self, part: Tensor, scale: Tensor, generator: torch.Generator) -> Tensor:
+        """``part`` plus unit noise times each row's ``scale``."""
+        s = scale.to(device=part.device, dtype=part.dtype)
+        noise = self._unit_noise(tuple(part.shape), part, generator)
+        return part + noise * s.view(-1, *([1] * (part.dim() - 1)))
 
 
 class GaussianMechanism(NoiseMechanism):

@@ -1,0 +1,437 @@
+"""Tree-based (binary-mechanism) aggregation: private prefix sums of many independent streams of statistics.
+
+Each row (e.g. replicate × client × arm) holds a stream of records v_1, v_2, … of at most ``horizon`` = T records.
+The dyadic nodes are the blocks (start, end] = ((k−1)·2^l, k·2^l] with k odd (level l, index k), and the prefix sum
+after t records is released as
+
+    Σ_{τ≤t} v_τ + Σ_{node ∈ cover(t)} z_node,    cover(t) = one node per set bit l of t (popcount(t) nodes),
+
+the binary mechanism of Chan, Shi & Song (2011) as FCLUB's Algorithm 5 (spec fclub.md §2.6) and Fed_UCB's
+Algorithms 2–3 (spec gossip.md §2.5–2.6) use it. A record lies in at most ⌊log₂ T⌋ + 1 nodes (one per level, see
+:func:`nodes_touched`), so it is protected by the composition of that many node mechanisms:
+
+``"gaussian"``
+    i.i.d. N(0, σ²) per entry. With ``symmetric=True`` (a Gram statistic, FCLUB Alg. 5 l.3) a node's noise is
+    (Ñ + Ñᵀ)/√2 with Ñ i.i.d. N(0, σ²): off-diagonal variance σ², diagonal 2σ². That release is a Gaussian
+    mechanism with per-entry σ on the upper triangle with the diagonal divided by √2, whose L2 sensitivity is
+    ‖ΔM‖_F/√2, so the node's noise multiplier is z = √2·σ/Δ (z = σ/Δ without symmetry). Nodes compose in RDP
+    (:class:`~fedrec.privacy.accountant.GaussianRDPAccountant`).
+``"laplace"``
+    i.i.d. Laplace(0, b) per entry with b = Δ₁/ε' (Fed_UCB Alg. 3); nodes compose by basic composition.
+
+``sensitivity`` Δ bounds how much one record can change (L2/Frobenius norm for Gaussian, L1 for Laplace); the
+caller guarantees it. Memory is O(log T) per row (spec gossip.md §2.6): the clean running sum and the noise of the
+node at each level of the current cover. Noise is counter based: node (l, k) of row r is a pure function of
+(seed, r, l, k) (a SplitMix64 sequence started from a hash of those numbers), so the same seed gives the same
+noise however rows are batched into calls, a resumed run draws the same numbers, and rows are independent.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from scipy.special import ndtri
+from torch import Tensor, nn
+
+from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.privacy.accountant import (
+    Accountant,
+    GaussianRDPAccountant,
+    LaplaceBasicAccountant,
+    gaussian_rdp_rho,
+    uniform_epsilon_per_round,
+)
+from fedrec.rng import keyed_uniforms
+from fedrec.seeding import numpy_generator
+
+__all__ = [
+    "Node",
+    "TreeAggregator",
+    "augmented_gram",
+    "dyadic_cover",
+    "fclub_node_sigma",
+    "gaussian_node_sigma",
+    "laplace_node_scale",
+    "nodes_touched",
+    "split_augmented",
+]
+
+MECHANISMS = ("gaussian", "laplace")
+LAPLACE_SPLITS = ("paper", "levels")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Dyadic nodes
+# --------------------------------------------------------------------------------------------------------------
+
+
+class Node(NamedTuple):
+    """A dyadic node: the records (start, end] = ((index − 1)·2^level, index·2^level]."""
+
+    level: int
+    index: int
+
+    @property
+    def start(self) -> int:
+        return (self.index - 1) << self.level
+
+    @property
+    def end(self) -> int:
+        return self.index << self.level
+
+
+def dyadic_cover(t: int) -> list[Node]:
+    """The disjoint nodes covering records 1..t, lowest level first: one per set bit l of t, ending at t with the
+    bits below l cleared (FCLUB Alg. 5 ``dyadic_cover``; Fed_UCB Alg. 2). popcount(t) nodes."""
+    t = check_int("t", t, minimum=0)
+    return [Node(level, t >> level) for level in range(t.bit_length()) if (t >> level) & 1]
+
+
+def nodes_touched(t: int, horizon: int) -> list[Node]:
+    """The nodes record ``t`` contributes to in a stream of ``horizon`` records: at level l the block of index
+    k = ⌈t/2^l⌉, which some prefix's cover uses iff k is odd and k·2^l ≤ horizon. At most ⌊log₂ horizon⌋ + 1."""
+    T = check_int("horizon", horizon, minimum=1)
+    t = check_int("t", t, minimum=1)
+    if t > T:
+        raise ConfigError(f"t must be <= horizon={T}, got {t}")
+    out = []
+    for level in range(T.bit_length()):
+        k = ((t - 1) >> level) + 1
+        if k & 1 and k << level <= T:
+            out.append(Node(level, k))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Calibration
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _levels(horizon: int) -> int:
+    """⌊log₂ T⌋ + 1: the most nodes one record touches."""
+    return check_int("horizon", horizon, minimum=1).bit_length()
+
+
+def _noise_multiplier(sigma: float, sensitivity: float, symmetric: bool) -> float:
+    """z of one Gaussian node: σ/Δ, times √2 for symmetric noise (module docstring)."""
+    return sigma * (math.sqrt(2.0) if symmetric else 1.0) / sensitivity
+
+
+def _gaussian_accountant(noise_multiplier: float, horizon: int, delta: float | None) -> GaussianRDPAccountant:
+    acc = GaussianRDPAccountant(delta)
+    acc.step(noise_multiplier, _levels(horizon))
+    return acc
+
+
+def gaussian_node_sigma(epsilon: float, delta: float, horizon: int, sensitivity: float,
+                        symmetric: bool = False) -> float:
+    """The smallest per-node σ for which the ⌊log₂ T⌋ + 1 nodes a record touches compose (RDP) to at most
+    (ε, δ): z = sqrt(levels / (2ρ)) with ρ from :func:`~fedrec.privacy.accountant.gaussian_rdp_rho`."""
+    eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
+    d = check_float("delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
+    delta_l2 = check_float("sensitivity", sensitivity, low=0.0, low_open=True)
+    z = math.sqrt(_levels(horizon) / (2.0 * gaussian_rdp_rho(eps, d)))
+    sigma = z * delta_l2 / (math.sqrt(2.0) if symmetric else 1.0)
+    while _gaussian_accountant(_noise_multiplier(sigma, delta_l2, symmetric), horizon, d).epsilon() > eps:
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma
+
+
+def laplace_node_scale(epsilon: float, horizon: int, sensitivity: float, split: str = "paper") -> float:
+    """The Laplace scale b = Δ₁/ε' of every node (Fed_UCB Alg. 3).
+
+    ``split="paper"``: ε' = ε / max(1, ⌈log₂ T⌉) (spec gossip.md §2.6, [AMBIG-5]). ``"levels"``:
+    ε' = ε / (⌊log₂ T⌋ + 1), the nodes a record really touches, so the accountant's ε never exceeds ``epsilon``
+    (the two differ only when T is a power of two, where the paper's split spends ε·(k+1)/k for T = 2^k).
+    """
+    eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
+    delta_l1 = check_float("sensitivity", sensitivity, low=0.0, low_open=True)
+    if split not in LAPLACE_SPLITS:
+        raise ConfigError(f"laplace_split must be one of {list(LAPLACE_SPLITS)}, got {split!r}")
+    T = check_int("horizon", horizon, minimum=1)
+    count = max(1, (T - 1).bit_length()) if split == "paper" else _levels(T)  # (T − 1).bit_length() = ⌈log₂ T⌉
+    scale = delta_l1 / uniform_epsilon_per_round(eps, count)
+    while Fraction(delta_l1 / scale) * count > Fraction(eps):  # float rounding of Δ/ε'
+        scale = math.nextafter(scale, math.inf)
+    return scale
+
+
+def fclub_node_sigma(epsilon: float, delta: float, uploads: int) -> float:
+    """FCLUB's per-node σ_N = 8·sqrt(ν)·ln(2/δ)/ε, i.e. σ_N² = 64ν ln(2/δ)²/ε² with ν = ⌈log₂(t_c + 1)⌉ + 1 for
+    t_c = ``uploads`` (spec fclub.md §2.0, the Sec. 3 text version; it assumes Δ = 2). Pass it as ``scale`` of a
+    ``symmetric`` Gaussian :class:`TreeAggregator` with horizon t_c + 1 to get the paper's noise and an
+    accounted ε."""
+    eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
+    d = check_float("delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
+    nu = check_int("uploads", uploads, minimum=0).bit_length() + 1
+    return 8.0 * math.sqrt(nu) * math.log(2.0 / d) / eps
+
+
+def augmented_gram(x: Tensor, y: Tensor) -> Tensor:
+    """[x; y][x; y]ᵀ, the (d+1)×(d+1) stream element of FCLUB's privatiser (spec fclub.md §2.6), batched."""
+    z = torch.cat([x, y.unsqueeze(-1).to(x.dtype)], dim=-1)
+    return z.unsqueeze(-1) * z.unsqueeze(-2)
+
+
+def split_augmented(m: Tensor) -> tuple[Tensor, Tensor]:
+    """(V, b) = (top-left d×d block, first d entries of column d) of an augmented (d+1)×(d+1) statistic, as
+    FCLUB's H and h (Alg. 5; column d, not d − 1, spec §2.6)."""
+    d = m.shape[-1] - 1
+    return m[..., :d, :d], m[..., :d, d]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The aggregator
+# --------------------------------------------------------------------------------------------------------------
+
+
+class TreeAggregator(nn.Module):
+    """Private prefix sums of ``num_rows`` independent streams by tree-based aggregation (module docstring).
+
+    Args:
+        shape: shape of one record (``()`` for scalars; ``(d+1, d+1)`` for FCLUB's augmented Gram matrix).
+        horizon: the most records any row may receive (T); adding more raises.
+        sensitivity: Δ, how much one record can change (L2/Frobenius for Gaussian, L1 for Laplace); > 0.
+        mechanism: ``"gaussian"`` or ``"laplace"``.
+        scale: the node noise scale (σ of Ñ for Gaussian, b for Laplace); > 0. Give this or ``epsilon``.
+        epsilon, delta: a budget to calibrate ``scale`` from (:func:`gaussian_node_sigma` /
+            :func:`laplace_node_scale`); Gaussian needs ``delta`` in (0, 1), which is also the default δ of
+            :meth:`epsilon`.
+        num_rows: number of independent streams.
+        seed, name, indices: key of the noise, derived as ``fedrec.seeding.numpy_generator(seed, name, *indices)``
+            (e.g. ``indices=(replicate, phase)`` for a fresh privatiser per phase).
+        symmetric: Gaussian only: symmetric matrix noise (Ñ + Ñᵀ)/√2 over the last two (equal) dimensions; the
+            records must then be symmetric.
+        laplace_split: how ``epsilon`` is split over the nodes for Laplace (see :func:`laplace_node_scale`).
+        noise_empty_nodes: ``False`` leaves nodes without any present record noise-free (Fed_UCB's prose,
+            spec gossip.md §2.6 [AMBIG-7]). Which records are present (e.g. which arm was pulled) is then treated
+            as public; only the values are protected. Records flagged absent in :meth:`add` must be zero.
+        dtype: floating dtype of the sums.
+    """
+
+    def __init__(
+        self,
+        shape: Sequence[int] | int,
+        horizon: int,
+        *,
+        sensitivity: float,
+        mechanism: str = "gaussian",
+        scale: float | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        num_rows: int = 1,
+        seed: int = 0,
+        name: str = "tree",
+        indices: Sequence[int] = (),
+        symmetric: bool = False,
+        laplace_split: str = "paper",
+        noise_empty_nodes: bool = True,
+        dtype: torch.dtype = torch.float64,
+    ) -> None:
+        super().__init__()
+        self.shape = (check_int("shape", shape, minimum=1),) if isinstance(shape, int) else tuple(
+            check_int("shape", s, minimum=1) for s in shape)
+        self.horizon = check_int("horizon", horizon, minimum=1)
+        self.sensitivity = check_float("sensitivity", sensitivity, low=0.0, low_open=True)
+        if mechanism not in MECHANISMS:
+            raise ConfigError(f"mechanism must be one of {list(MECHANISMS)}, got {mechanism!r}")
+        self.mechanism = mechanism
+        self.num_rows = check_int("num_rows", num_rows, minimum=1)
+        self.symmetric = bool(symmetric)
+        if self.symmetric and (mechanism != "gaussian" or len(self.shape) < 2 or self.shape[-1] != self.shape[-2]):
+            raise ConfigError(f"symmetric noise needs mechanism='gaussian' and a shape ending in two equal "
+                              f"dimensions, got mechanism={mechanism!r}, shape={self.shape}")
+        if not dtype.is_floating_point:
+            raise ConfigError(f"dtype must be a floating dtype, got {dtype}")
+        self.delta = None if delta is None else check_float("delta", delta, low=0.0, high=1.0,
+                                                            low_open=True, high_open=True)
+        if (scale is None) == (epsilon is None):
+            raise ConfigError("give exactly one of scale (the node noise) or epsilon (a budget to calibrate it "
+                              "from); a private tree always adds noise")
+        if scale is not None:
+            self.scale = check_float("scale", scale, low=0.0, low_open=True)
+        elif mechanism == "gaussian":
+            if self.delta is None:
+                raise ConfigError("delta must be given with epsilon for the Gaussian mechanism (a number in (0, 1))")
+            self.scale = gaussian_node_sigma(epsilon, self.delta, self.horizon, self.sensitivity, self.symmetric)
+        else:
+            self.scale = laplace_node_scale(epsilon, self.horizon, self.sensitivity, laplace_split)
+        self.noise_empty_nodes = bool(noise_empty_nodes)
+        self.key = int(numpy_generator(check_int("seed", seed, minimum=0), name,
+                                       *(check_int("indices", i, minimum=0) for i in indices)).bit_generator.random_raw())
+        levels = self.levels
+        # per row: records so far, their clean sum, and per level the noise of that level's node in the current
+        # cover (levels whose bit of the count is 0 hold stale entries that prefix masks out); with
+        # noise_empty_nodes=False also the present records so far and in each cover node
+        self.register_buffer("count", torch.zeros(self.num_rows, dtype=torch.long))
+        self.register_buffer("total", torch.zeros(self.num_rows, *self.shape, dtype=dtype))
+        self.register_buffer("noise", torch.zeros(self.num_rows, levels, *self.shape, dtype=dtype))
+        self.register_buffer("present", torch.zeros(self.num_rows, dtype=torch.long))
+        self.register_buffer("node_present", torch.zeros(self.num_rows, levels, dtype=torch.long))
+
+    # ---- privacy ---------------------------------------------------------------------------------------------
+
+    @property
+    def levels(self) -> int:
+        """⌊log₂ T⌋ + 1: the most nodes one record touches, and the number of levels kept per row."""
+        return _levels(self.horizon)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Gaussian: each node's z = σ/Δ, times √2 for symmetric noise (module docstring)."""
+        if self.mechanism != "gaussian":
+            raise ConfigError("noise_multiplier is defined for the Gaussian mechanism; see node_epsilon")
+        return _noise_multiplier(self.scale, self.sensitivity, self.symmetric)
+
+    @property
+    def node_epsilon(self) -> float:
+        """Laplace: each node's ε' = Δ₁/b."""
+        if self.mechanism != "laplace":
+            raise ConfigError("node_epsilon is defined for the Laplace mechanism; see noise_multiplier")
+        return self.sensitivity / self.scale
+
+    def accountant(self) -> Accountant:
+        """A fresh accountant holding what one record of a full stream undergoes: ⌊log₂ T⌋ + 1 node mechanisms
+        (RDP for Gaussian, basic composition for Laplace). Compose further trees into it with ``step``."""
+        if self.mechanism == "gaussian":
+            return _gaussian_accountant(self.noise_multiplier, self.horizon, self.delta)
+        acc = LaplaceBasicAccountant()
+        acc.step(self.node_epsilon, self.levels)
+        return acc
+
+    def epsilon(self, delta: float | None = None) -> float:
+        """The ε of every row over the whole horizon at ``delta`` (default: the configured δ; Laplace: pure ε)."""
+        return float(self.accountant().epsilon(delta))
+
+    # ---- streams ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def cover(t: int) -> list[Node]:
+        """:func:`dyadic_cover`: the popcount(t) nodes whose noise the prefix after t records carries."""
+        return dyadic_cover(t)
+
+    def nodes_touched(self, t: int) -> list[Node]:
+        """:func:`nodes_touched` for this horizon: the nodes record ``t`` contributes to."""
+        return nodes_touched(t, self.horizon)
+
+    def node_noise(self, rows: Tensor | Sequence[int] | None, node: Node) -> Tensor:
+        """The noise of ``node`` in the given rows (``None``: all), regenerated from the key. In a prefix it counts
+        only if the node is in the cover (and, with ``noise_empty_nodes=False``, holds a present record)."""
+        idx = self._rows(rows)
+        level = check_int("node.level", node.level, minimum=0)
+        index = check_int("node.index", node.index, minimum=1)
+        return self._draw(idx, torch.full_like(idx, level), torch.full_like(idx, index))
+
+    def add(self, rows: Tensor | Sequence[int] | None, values: Tensor, present: Tensor | None = None) -> Tensor:
+        """Append one record to the stream of each of ``rows`` and return their private prefix sums.
+
+        Args:
+            rows: distinct row indices (``None``: every row, in order).
+            values: ``(len(rows), *shape)`` finite records (symmetric in the last two dimensions if ``symmetric``).
+            present: optional ``(len(rows),)`` bool: False marks a record that holds no datum (its value must be
+                zero); with ``noise_empty_nodes=False`` a node without present records gets no noise.
+        """
+        idx = self._rows(rows)
+        n = idx.numel()
+        v = torch.as_tensor(values, dtype=self.total.dtype, device=self.total.device)
+        if tuple(v.shape) != (n, *self.shape):
+            raise ValueError(f"values must have shape {(n, *self.shape)} (rows, *shape), got {tuple(v.shape)}")
+        if not bool(torch.isfinite(v).all()):
+            raise ValueError("values contain NaN or infinite entries")
+        if self.symmetric:
+            if not torch.allclose(v, v.mT, rtol=1e-12, atol=0.0):
+                raise ValueError("values must be symmetric matrices: symmetric noise leaves the antisymmetric part "
+                                 "unprotected")
+            v = (v + v.mT) / 2
+        pres = torch.ones(n, dtype=torch.bool) if present is None else torch.as_tensor(present).cpu()
+        if pres.dtype != torch.bool or tuple(pres.shape) != (n,):
+            raise ValueError(f"present must be a ({n},) bool tensor, got {tuple(pres.shape)} {pres.dtype}")
+        pres = pres.to(self.count.device)
+        if bool((v[~pres] != 0).any()):
+            raise ValueError("values of records marked not present must be zero")
+        c = self.count[idx] + 1
+        if bool((c > self.horizon).any()):
+            r = int(idx[c > self.horizon][0])
+            raise ValueError(f"row {r} already holds horizon={self.horizon} records; a longer stream is not covered "
+                             "by the privacy guarantee")
+        # the one new node of record c: level l0 = ctz(c), index c >> l0. Levels below l0 leave the cover; their
+        # stale entries are masked out by the bits of the count (see prefix).
+        l0 = (c & -c).double().log2().round().long()
+        fresh = self._draw(idx, l0, c >> l0)
+        if not self.noise_empty_nodes:
+            grid = torch.arange(self.levels, device=c.device)
+            cover_above = ((c[:, None] >> grid) & 1).bool() & (grid > l0[:, None])
+            total_present = self.present[idx] + pres.long()
+            node_count = total_present - (self.node_present[idx] * cover_above).sum(1)
+            fresh = torch.where((node_count > 0).view(-1, *[1] * len(self.shape)), fresh, torch.zeros_like(fresh))
+            self.node_present[idx, l0] = node_count
+            self.present[idx] = total_present
+        self.noise[idx, l0] = fresh
+        self.total[idx] += v
+        self.count[idx] = c
+        return self._prefix(idx)
+
+    def prefix(self, rows: Tensor | Sequence[int] | None = None) -> Tensor:
+        """The private prefix sums of ``rows`` (``None``: all): clean sum plus the noise of the popcount(t)
+        cover nodes of each row's record count t (zero for a row without records)."""
+        return self._prefix(self._rows(rows))
+
+    # ---- internals -------------------------------------------------------------------------------------------
+
+    def _prefix(self, idx: Tensor) -> Tensor:
+        grid = torch.arange(self.levels, device=self.count.device)
+        bits = ((self.count[idx][:, None] >> grid[None, :]) & 1).bool()
+        mask = bits.view(idx.numel(), self.levels, *[1] * len(self.shape))
+        noise = torch.where(mask, self.noise[idx], torch.zeros((), dtype=self.noise.dtype, device=self.noise.device))
+        return self.total[idx] + noise.sum(1)
+
+    def _rows(self, rows: Tensor | Sequence[int] | None) -> Tensor:
+        if rows is None:
+            return torch.arange(self.num_rows, device=self.count.device)
+        idx = torch.as_tensor(rows)
+        if idx.dim() != 1 or idx.dtype.is_floating_point or idx.dtype == torch.bool:
+            raise ValueError(f"rows must be a 1-D integer tensor or sequence, got shape {tuple(idx.shape)} "
+                             f"{idx.dtype}")
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.num_rows):
+            raise ValueError(f"rows must lie in [0, {self.num_rows}), got {idx.tolist()}")
+        if torch.unique(idx).numel() != idx.numel():
+            raise ValueError(f"rows must be distinct, got {idx.tolist()}")
+        return idx.long().to(self.count.device)
+
+    def _draw(self, idx: Tensor, level: Tensor, index: Tensor) -> Tensor:
+        """The noise of node (level[i], index[i]) of row idx[i], for every i: ``(len(idx), *shape)``."""
+        fields = [t.cpu().numpy() for t in (idx, level, index)]
+        u = keyed_uniforms(self.key, fields, math.prod(self.shape))
+        if self.mechanism == "gaussian":
+            unit = ndtri(u)
+        else:  # inverse CDF of Laplace(0, 1); |u − ½| < ½ so the log is finite
+            w = u - 0.5
+            unit = -np.sign(w) * np.log1p(-2.0 * np.abs(w))
+        out = torch.from_numpy(unit).view(len(idx), *self.shape) * self.scale
+        if self.symmetric:
+            out = (out + out.mT) / math.sqrt(2.0)
+        return out.to(device=self.total.device, dtype=self.total.dtype)
+
+    def _config(self) -> dict[str, Any]:
+        return {"mechanism": self.mechanism, "shape": list(self.shape), "horizon": self.horizon,
+                "num_rows": self.num_rows, "scale": self.scale, "sensitivity": self.sensitivity,
+                "symmetric": self.symmetric, "key": self.key, "noise_empty_nodes": self.noise_empty_nodes}
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return self._config()
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        """Refuse a checkpoint of a differently configured tree (its noise or guarantee would differ)."""
+        mine = self._config()
+        for field, value in mine.items():
+            if state.get(field) != value:
+                raise ConfigError(f"cannot load tree state: {field} is {state.get(field)!r} in the checkpoint but "
+                                  f"{value!r} here")
+
+    def extra_repr(self) -> str:
+        return (f"shape={self.shape}, horizon={self.horizon}, mechanism={self.mechanism!r}, scale={self.scale:.6g}, "
+                f"sensitivity={self.sensitivity}, num_rows={self.num_rows}, symmetric={self.symmetric}")
