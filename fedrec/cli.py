@@ -25,13 +25,16 @@ def build_loggers(cfg: DictConfig, out_dir: Path) -> list[Any]:
     return loggers
 
 
+def _one_line(e: Exception) -> str:
+    return re.sub(r"\s+", " ", str(e)).strip()
+
+
 def _build(node: DictConfig, key: str, **kwargs: Any) -> Any:
     """Instantiate config ``node`` with ``kwargs``; errors name the config group ``key``."""
     try:  # partial first: Hydra would turn dataclass arguments (e.g. RatingData) into configs
         factory = instantiate(node, _partial_=True, _recursive_=False)
     except InstantiationException as e:
-        msg = re.sub(r"\s+", " ", str(e)).strip()
-        raise ConfigError(f"{key}: {msg}") from e
+        raise ConfigError(f"{key}: {_one_line(e)}") from e
     try:
         return factory(**kwargs)
     except (ConfigError, DatasetNotFoundError) as e:
@@ -42,13 +45,26 @@ def _build(node: DictConfig, key: str, **kwargs: Any) -> Any:
         raise ConfigError(f"{key}: {e}") from e
 
 
+def _policy_factory(node: DictConfig, dim: int, seed: int) -> Any:
+    """The ``policy`` group as a factory for a protocol, checked by building one row (errors name ``policy``)."""
+    from fedrec.protocols.base import build_policy
+
+    try:
+        factory = instantiate(node, _partial_=True)
+    except InstantiationException as e:
+        raise ConfigError(f"policy: {_one_line(e)}") from e
+    build_policy(factory, dim, (), seed)
+    return factory
+
+
 def build_task(cfg: DictConfig) -> Any:
     """The task a config describes: a bandit task (``env`` + ``protocol``) or federated recommendation
     (``data`` + ``model`` + ``privacy`` + ``aggregator``)."""
     if cfg.get("data") is None:
         env = _build(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
+        policy = _policy_factory(cfg.policy, env.dim, cfg.seed) if cfg.get("policy") is not None else None
         protocol = _build(cfg.protocol, "protocol", num_clients=env.num_clients, dim=env.dim,
-                          replicates=cfg.replicates)
+                          replicates=cfg.replicates, policy=policy, seed=cfg.seed)
         return _build(cfg.task, "task", env=env, protocol=protocol)
     if cfg.replicates != 1:
         raise ConfigError(f"replicates: federated recommendation runs one replicate (got {cfg.replicates}); "

@@ -220,7 +220,7 @@ BAD_VALUES = [
     ("env.dim=0", "env", "dim"),
     ("env.num_arms=0", "env", "num_arms"),
     ("protocol.gamma_u=0.5", "protocol", "gamma_u"),
-    ("protocol.lam=0", "protocol", "lam"),
+    ("policy.lam=0", "policy", "lam"),
     ("task.steps=0", "task", "steps"),
 ]
 

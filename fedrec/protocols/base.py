@@ -54,7 +54,10 @@ def build_policy(policy: PolicyFactory | None, dim: int, batch_shape: tuple[int,
     kwargs: dict[str, Any] = {"dim": dim, "batch_shape": batch_shape}
     if isinstance(target, type) and issubclass(target, LinTS):
         kwargs["seed"] = seed
-    built = factory(**kwargs)
+    try:
+        built = factory(**kwargs)
+    except (TypeError, ConfigError) as e:
+        raise ConfigError(f"policy: {e}") from e
     if not isinstance(built, LinearBandit):
         raise ConfigError(f"policy must build a fedrec.bandits LinUCB or LinTS, got {type(built).__name__}")
     return built
