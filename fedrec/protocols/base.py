@@ -134,7 +134,6 @@ class StepProtocol(nn.Module, metaclass=ABCMeta):
         return super()._apply(fn, recurse)
 
     # ------------------------------------------------------------------------------------------------ API
-    @torch.no_grad()
     def run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
         """Play steps in order: ``clients`` (R, S), ``contexts`` (R, S, K, d), ``rewards`` (R, S, K) -> arms (R, S).
 
@@ -149,7 +148,7 @@ class StepProtocol(nn.Module, metaclass=ABCMeta):
     def step(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
         """Play one step: ``clients`` (R,), ``contexts`` (R, K, d), ``rewards`` (R, K) -> arms (R,)."""
         return self.run(torch.as_tensor(clients).unsqueeze(1), torch.as_tensor(contexts).unsqueeze(1),
-                        torch.as_tensor(rewards).unsqueeze(1))[:, 0]
+                        torch.as_tensor(rewards).unsqueeze(1)).select(1, 0)
 
     @abstractmethod
     def _run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
@@ -158,11 +157,12 @@ class StepProtocol(nn.Module, metaclass=ABCMeta):
     def check_inputs(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Validate shapes, client ids and finiteness; errors name the argument. Returns CPU/dtype-normalised
         tensors on the protocol's device."""
-        device = self.row_of.device
+        device = self._buffers["row_of"].device
         clients = torch.as_tensor(clients, device=device)
-        if clients.dtype.is_floating_point or clients.dtype == torch.bool:
-            raise ValueError(f"clients must be an integer tensor, got {clients.dtype}")
-        clients = clients.to(torch.long)
+        if clients.dtype != torch.long:
+            if clients.dtype.is_floating_point or clients.dtype == torch.bool or clients.dtype.is_complex:
+                raise ValueError(f"clients must be an integer tensor, got {clients.dtype}")
+            clients = clients.to(torch.long)
         R = self.replicates
         agents = clients.dim() == 3
         if clients.dim() not in (2, 3) or clients.shape[0] != R:
@@ -193,13 +193,14 @@ class StepProtocol(nn.Module, metaclass=ABCMeta):
 def _in_range(ids: Tensor, n: int) -> bool:
     if ids.device.type == "cpu":  # numpy's reductions cost a few µs where torch's cost tens (the step API)
         a = ids.numpy()
-        return bool(a.min() >= 0 and a.max() < n)
+        return bool(a.min() >= 0 and a.max() < n) if a.size > 1 else 0 <= int(a.reshape(-1)[0]) < n
     return bool(((ids >= 0) & (ids < n)).all())
 
 
 def _all_finite(x: Tensor) -> bool:
-    if x.device.type == "cpu":
-        return bool(np.isfinite(x.numpy()).all())
+    if x.device.type == "cpu":  # a finite sum means finite entries (NaN and ±inf propagate); else look closer
+        a = x.numpy()
+        return bool(math.isfinite(a.sum()) or np.isfinite(a).all())
     return bool(torch.isfinite(x).all())
 
 
@@ -217,5 +218,5 @@ def kernel_call(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
     finally:
-        if torch.get_num_threads() != threads:
+        if torch.get_num_threads() != threads:  # pragma: no cover - depends on numba's threading layer
             torch.set_num_threads(threads)

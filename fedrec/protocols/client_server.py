@@ -134,6 +134,7 @@ class ClientServerLinUCB(StepProtocol):
             return self._run_compiled(clients, contexts, rewards)
         return self._run_torch(clients, contexts, rewards)
 
+    @torch.no_grad()
     def _run_torch(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
         R, S = clients.shape
         arms = torch.empty(R, S, dtype=torch.long, device=clients.device)
@@ -151,25 +152,24 @@ class ClientServerLinUCB(StepProtocol):
 
     def _run_compiled(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
         R, S = clients.shape
-        arms = torch.empty(R, S, dtype=torch.long)
+        arms = np.empty((R, S), dtype=np.int64)
         pos = np.zeros(R, dtype=np.int64)
         event = np.zeros(R, dtype=np.int64)
         kernel = self.kernels[R > 1]
-        args = (clients.numpy(), contexts.numpy(), rewards.numpy(), arms.numpy(), pos, event, *self.kernel_arrays(),
+        args = (clients.numpy(), contexts.numpy(), rewards.numpy(), arms, pos, event, *self.kernel_arrays(),
                 *self._kernel_settings(), not self.channel.transparent)
         while True:
             kernel_call(kernel, *args)
+            if not event.any():
+                break
             if (event < 0).any():
                 raise FloatingPointError(
                     f"{type(self).__name__}: a client's Gram matrix V + λI is no longer positive definite "
                     "(did the channel deliver corrupted statistics?)")
-            waiting = np.flatnonzero(event > 0)
-            if waiting.size == 0:
-                break
-            for r in waiting.tolist():  # a message the channel may transform: carried out in Python
+            for r in np.flatnonzero(event > 0).tolist():  # a message the channel may transform: carried out in Python
                 if event[r] == 1:
                     row = self.rows(clients[r : r + 1, pos[r] - 1])
                     self._communicate(torch.tensor([r]), row)
                 else:  # a newcomer due a registration-time download
                     self._register(self.rows(clients[r : r + 1, pos[r]]))
-        return arms
+        return torch.from_numpy(arms)

@@ -33,6 +33,37 @@ def record(sent: np.ndarray, sender: int, received: np.ndarray, receiver: int, r
 
 
 @jit
+def _act(r, s, row, ctx, rew, arms, Ax, kind, params, seed, G, inv, logdet, count, since, stale, draws, buffer,
+         buffer_count, pending, pending_count, refresh) -> bool:
+    """Client row ``row`` plays step ``s`` of replicate ``r``: decide, update its statistics and upload buffer.
+
+    A stale row is refactorised first (``refresh``: the paper's client) or absorbs its pending downloads with
+    this update (the authors' client). Returns False if a Gram matrix lost positive definiteness.
+    """
+    lam = params[P_LAM]
+    if refresh and stale[row] and not refactor_row(G, inv, logdet, since, stale, row, lam):
+        return False
+    a = choose(kind, params, seed, row, G, inv, logdet, count, draws, ctx[r, s], Ax)
+    arms[r, s] = a
+    x = ctx[r, s, a]
+    y = rew[r, s, a]
+    if not refresh and stale[row]:  # absorb the pending downloads with this update, then refactorise
+        G[row] += pending[row]
+        pending[row] = 0.0
+        add_outer(G[row], x, y)
+        count[row] += 1 + pending_count[row]
+        pending_count[row] = 0
+        ok = refactor_row(G, inv, logdet, since, stale, row, lam)
+    else:
+        ok = update(params, row, x, y, Ax, G, inv, logdet, count, since, stale)
+    if not ok:
+        return False
+    add_outer(buffer[row], x, y)
+    buffer_count[row] += 1
+    return True
+
+
+@jit
 def _download(r, j, c, refresh, G, count, stale, buffer, synced_logdet, synced_count, pending, pending_count, server,
               server_count, server_logdet, t_client, t_server, scalars, bps):
     """Client ``c`` (row ``j``) takes ΔV_{−j} = V_g − S_j (S_j = V_j − ΔV_j): Eq. (4)'s download."""
@@ -78,27 +109,10 @@ def _async_run(clients, ctx, rew, arms, pos, event, row_of, N, kind, params, see
                     _download(r, row, c, refresh, G, count, stale, buffer, synced_logdet, synced_count, pending,
                               pending_count, server, server_count, server_logdet, t_client, t_server, scalars, bps)
                 registered[row] = True
-            if refresh and stale[row] and not refactor_row(G, inv, logdet, since, stale, row, lam):
+            if not _act(r, s, row, ctx, rew, arms, Ax, kind, params, seed, G, inv, logdet, count, since, stale, draws,
+                        buffer, buffer_count, pending, pending_count, refresh):
                 event[r] = -1
                 break
-            a = choose(kind, params, seed, row, G, inv, logdet, count, draws, ctx[r, s], Ax)
-            arms[r, s] = a
-            x = ctx[r, s, a]
-            y = rew[r, s, a]
-            if not refresh and stale[row]:  # absorb the pending downloads with this update, then refactorise
-                G[row] += pending[row]
-                pending[row] = 0.0
-                add_outer(G[row], x, y)
-                count[row] += 1 + pending_count[row]
-                pending_count[row] = 0
-                ok = refactor_row(G, inv, logdet, since, stale, row, lam)
-            else:
-                ok = update(params, row, x, y, Ax, G, inv, logdet, count, since, stale)
-            if not ok:
-                event[r] = -1
-                break
-            add_outer(buffer[row], x, y)
-            buffer_count[row] += 1
             s += 1
             if not logdet[row] - synced_logdet[row] > log_gu:  # Eq. (3)
                 continue
@@ -140,18 +154,10 @@ def _sync_run(clients, ctx, rew, arms, pos, event, row_of, N, kind, params, seed
             c = clients[r, s]
             row = row_of[r * N + c]
             registered[row] = True
-            if stale[row] and not refactor_row(G, inv, logdet, since, stale, row, lam):
+            if not _act(r, s, row, ctx, rew, arms, Ax, kind, params, seed, G, inv, logdet, count, since, stale, draws,
+                        buffer, buffer_count, buffer, buffer_count, True):
                 event[r] = -1
                 break
-            a = choose(kind, params, seed, row, G, inv, logdet, count, draws, ctx[r, s], Ax)
-            arms[r, s] = a
-            x = ctx[r, s, a]
-            y = rew[r, s, a]
-            if not update(params, row, x, y, Ax, G, inv, logdet, count, since, stale):
-                event[r] = -1
-                break
-            add_outer(buffer[row], x, y)
-            buffer_count[row] += 1
             steps_since_sync[row] += 1
             s += 1
             if not steps_since_sync[row] * (logdet[row] - synced_logdet[row]) > threshold:
