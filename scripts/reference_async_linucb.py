@@ -12,6 +12,10 @@ scripts/bench_bandits.py. It was written from the spec's description, not copied
   upload the server scans every registered client, the uploader included. Clients register lazily: a new
   client starts empty, and its download buffer is the server aggregate at that moment. Each upload and each
   download counts as one message.
+* ``refresh_on_download``: ``True`` (default) refreshes a client's A⁻¹ and θ as soon as a download arrives, so the
+  downloaded data reaches its next decision (the paper's Algorithm 2). ``False`` is the authors' client: a download
+  only adds to A_local, b_local and numObs, and A⁻¹ and θ are refreshed at the client's next ``localUpdate``, so
+  its next decision still uses the statistics it had before the download.
 
 The exploration weight α is fixed (it is not the theoretical radius), so decisions can be compared one to one
 with fedrec's ``LinUCB(alpha=...)``.
@@ -66,15 +70,17 @@ class RefLinUCB:
 class RefClient:
     """A client's local statistics (unregularised A_local, b_local) and its upload buffer."""
 
-    def __init__(self, dim: int, lam: float, alpha: float) -> None:
+    def __init__(self, dim: int, lam: float, alpha: float, refresh_on_download: bool = True) -> None:
         self.dim = dim
         self.lam = lam
         self.alpha = alpha
+        self.refresh_on_download = refresh_on_download
         self.A_local = np.zeros((dim, dim))
         self.b_local = np.zeros(dim)
         self.A_uploadbuffer = np.zeros((dim, dim))
         self.b_uploadbuffer = np.zeros(dim)
         self.numObs = 0
+        self.numObs_uploadbuffer = 0
         self.AInv = np.linalg.inv(lam * np.identity(dim) + self.A_local)
         self.theta = np.zeros(dim)
 
@@ -91,6 +97,7 @@ class RefClient:
         self.A_uploadbuffer += np.outer(x, x)
         self.b_uploadbuffer += x * reward
         self.numObs += 1
+        self.numObs_uploadbuffer += 1
         self._refresh()
 
     def uploadCommTrigger(self, gamma_u: float) -> bool:
@@ -98,27 +105,34 @@ class RefClient:
         denominator = np.linalg.det(self.lam * np.identity(self.dim) + self.A_local - self.A_uploadbuffer)
         return numerator / denominator > gamma_u
 
-    def receiveDownload(self, A: np.ndarray, b: np.ndarray) -> None:
+    def receiveDownload(self, A: np.ndarray, b: np.ndarray, numObs: int = 0) -> None:
         self.A_local += A
         self.b_local += b
-        self._refresh()
+        self.numObs += numObs
+        if self.refresh_on_download:
+            self._refresh()
+        # otherwise AInv and theta stay as they were until the next localUpdate (authors' client)
 
 
 class RefAsyncLinUCB:
     """Async-LinUCB (homogeneous clients) with a server object and per-client objects, as in the authors' code."""
 
-    def __init__(self, dim: int, lam: float = 0.1, alpha: float = 0.3, gamma_u: float = 5.0, gamma_d: float = 5.0) -> None:
+    def __init__(self, dim: int, lam: float = 0.1, alpha: float = 0.3, gamma_u: float = 5.0, gamma_d: float = 5.0,
+                 refresh_on_download: bool = True) -> None:
         self.dim = dim
         self.lam = lam
         self.alpha = alpha
         self.gamma_u = gamma_u
         self.gamma_d = gamma_d
+        self.refresh_on_download = refresh_on_download
         self.clients: dict[int, RefClient] = {}
         # server state
         self.A_aggregated = np.zeros((dim, dim))
         self.b_aggregated = np.zeros(dim)
         self.A_downloadbuffer: dict[int, np.ndarray] = {}
         self.b_downloadbuffer: dict[int, np.ndarray] = {}
+        self.numObs_downloadbuffer: dict[int, int] = {}
+        self.numObs_aggregated = 0
         # communication cost in messages
         self.uploads = 0
         self.downloads = 0
@@ -128,10 +142,11 @@ class RefAsyncLinUCB:
         return self.uploads + self.downloads
 
     def _register(self, clientID: int) -> None:
-        self.clients[clientID] = RefClient(self.dim, self.lam, self.alpha)
+        self.clients[clientID] = RefClient(self.dim, self.lam, self.alpha, self.refresh_on_download)
         # the server owes the newcomer everything it has aggregated so far
         self.A_downloadbuffer[clientID] = self.A_aggregated.copy()
         self.b_downloadbuffer[clientID] = self.b_aggregated.copy()
+        self.numObs_downloadbuffer[clientID] = self.numObs_aggregated
 
     def decide(self, arms: np.ndarray, clientID: int) -> int:
         if clientID not in self.clients:
@@ -155,20 +170,25 @@ class RefAsyncLinUCB:
         self.uploads += 1
         self.A_aggregated += client.A_uploadbuffer
         self.b_aggregated += client.b_uploadbuffer
+        self.numObs_aggregated += client.numObs_uploadbuffer
         for otherID in self.clients:
             if otherID != clientID:
                 self.A_downloadbuffer[otherID] += client.A_uploadbuffer
                 self.b_downloadbuffer[otherID] += client.b_uploadbuffer
+                self.numObs_downloadbuffer[otherID] += client.numObs_uploadbuffer
         client.A_uploadbuffer = np.zeros((self.dim, self.dim))
         client.b_uploadbuffer = np.zeros(self.dim)
+        client.numObs_uploadbuffer = 0
 
         # download checks: server -> every registered client, the uploader included
         for otherID, other in self.clients.items():
             if self.downloadCommTrigger(otherID):
                 self.downloads += 1
-                other.receiveDownload(self.A_downloadbuffer[otherID], self.b_downloadbuffer[otherID])
+                other.receiveDownload(self.A_downloadbuffer[otherID], self.b_downloadbuffer[otherID],
+                                      self.numObs_downloadbuffer[otherID])
                 self.A_downloadbuffer[otherID] = np.zeros((self.dim, self.dim))
                 self.b_downloadbuffer[otherID] = np.zeros(self.dim)
+                self.numObs_downloadbuffer[otherID] = 0
 
     def play(self, clientID: int, arms: np.ndarray, rewards: np.ndarray) -> int:
         """One step: the client picks an arm, reads its reward from ``rewards`` (K,) and the protocol runs."""

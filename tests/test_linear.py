@@ -1,6 +1,7 @@
 """LinUCB / LinTS modules: numerics, API, batching, validation."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -142,3 +143,64 @@ def test_bandits_import_does_not_pull_heavy_libraries():
     code = "import sys, fedrec.bandits, fedrec.federation; print([m for m in ('lightning', 'torch_geometric', 'opacus', 'hydra') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("policy", [lambda: LinUCB(dim=3, alpha=0.5), lambda: LinTS(dim=3, v=0.5)],
+                         ids=["linucb", "lints"])
+def test_select_rejects_a_non_finite_context_instead_of_picking_around_it(policy, bad):
+    p = policy()
+    p.update(torch.tensor([1.0, 0.0, 0.0]), 1.0)
+    ctx = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    ctx[1, 2] = bad  # NaN compares false with everything: an argmax would silently skip (or pick) this arm
+    state = copy.deepcopy(p.state_dict())
+    with pytest.raises(ValueError, match="contexts"):
+        p.select(ctx)
+    with pytest.raises(ValueError, match="contexts"):
+        p.play(ctx, torch.zeros(3))
+    now = p.state_dict()
+    assert all(torch.equal(v, now[k]) if isinstance(v, torch.Tensor) else v == now[k] for k, v in state.items())
+
+
+def test_batched_update_with_a_repeated_row_applies_both_updates():
+    xs = _unit(3, 4, 7)
+    rewards = torch.tensor([0.3, -0.7, 1.1], dtype=torch.float64)
+    batched = LinUCB(dim=4, lam=0.5, batch_shape=(3,))
+    sequential = LinUCB(dim=4, lam=0.5, batch_shape=(3,))
+    batched.update(xs, rewards, index=torch.tensor([1, 2, 1]))
+    for x, r, row in zip(xs, rewards, (1, 2, 1)):
+        sequential.update(x, r, index=torch.tensor([row]))
+    for name in ("G", "inv", "logdet", "count"):
+        assert torch.equal(getattr(batched, name), getattr(sequential, name)), name
+    assert batched.count.tolist() == [0, 2, 1]
+    A = xs[[0, 2]].T @ xs[[0, 2]] + 0.5 * torch.eye(4, dtype=torch.float64)  # both of row 1's observations
+    assert torch.allclose(batched.inv[1], torch.linalg.inv(A), rtol=1e-12, atol=1e-14)
+    assert batched.logdet[1].item() == pytest.approx(torch.logdet(A).item(), rel=1e-12)
+    assert torch.allclose(batched.b[1], xs[0] * 0.3 + xs[2] * 1.1, rtol=1e-12, atol=1e-15)
+
+
+def test_lints_rows_with_identical_state_draw_different_samples():
+    d = 4
+    p = LinTS(dim=d, v=1.0, lam=1.0, batch_shape=(2,), seed=3)
+    x = _unit(6, d, 8)
+    for row in (0, 1):  # identical data in both rows
+        for xi in x:
+            p.update(xi, 0.5, index=torch.tensor([row]))
+    assert torch.equal(p.G[0], p.G[1]) and torch.equal(p.inv[0], p.inv[1])
+    eye = torch.eye(d, dtype=torch.float64).expand(2, d, d)  # arm k scores θ̃_k: the scores are the samples
+    samples = p.scores(eye, p.gather(torch.arange(2)))
+    assert not torch.allclose(samples[0], samples[1])
+    assert p.draws.tolist() == [1, 1]
+    again = p.scores(eye, p.gather(torch.arange(2)))  # the next draw of each row is a new sample
+    assert not torch.allclose(again[0], samples[0]) and not torch.allclose(again[1], samples[1])
+
+
+@pytest.mark.parametrize("gap, expected", [(0.0, 0), (5e-10, 0), (-5e-10, 0), (2e-9, 1)])
+def test_scores_within_1e_9_of_the_best_tie_to_the_lowest_index(gap, expected):
+    policy = LinUCB(dim=2, alpha=0.0, lam=1.0)  # α = 0: the score is xᵀθ̂, with θ̂ = e1/2 after this update
+    policy.update(torch.tensor([1.0, 0.0]), 1.0)
+    ctx = torch.tensor([[1.0, 0.3], [1.0 + 2 * gap, 0.3], [0.2, 0.0]], dtype=torch.float64)
+    assert int(policy.select(ctx)) == expected
+    batched = LinUCB(dim=2, alpha=0.0, lam=1.0, batch_shape=(2,))
+    batched.update(torch.tensor([[1.0, 0.0], [1.0, 0.0]]), torch.ones(2))
+    assert batched.select(torch.stack([ctx, ctx.flip(0)])).tolist() == [expected, 1]  # reversed: the tie is arms 1, 2

@@ -62,6 +62,8 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
 
     #: a row's state; ``b`` is a copy of the b column of ``G`` and is never scattered back
     state_keys = ("inv", "logdet", "b", "count", "since_refactor")
+    #: the part of a row's state that a step changes and :meth:`scatter` writes back
+    step_keys = ("inv", "logdet", "count", "since_refactor")
 
     def __init__(
         self,
@@ -132,9 +134,8 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
 
         The rows' z zᵀ must already have been added to ``G`` (refactorisation reads V from it).
         """
-        for k in self.state_keys:
-            if k not in ("b", "draws"):
-                getattr(self, k).index_copy_(0, rows, state[k])
+        for k in self.step_keys:
+            getattr(self, k).index_copy_(0, rows, state[k])
         due = state["since_refactor"] >= self.refactor_every
         if bool(due.any()):
             self.refactor(rows[due])

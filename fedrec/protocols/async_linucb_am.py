@@ -16,7 +16,7 @@ from torch import Tensor
 from fedrec.bandits.linear import LinearBandit, LinUCB, RowState, outer
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.protocols.async_linucb import AsyncLinUCB
-from fedrec.protocols.base import PolicyFactory, build_policy
+from fedrec.protocols.base import PolicyFactory, build_policy, resolve_backend
 
 
 def project_unit_ball(theta: Tensor) -> Tensor:
@@ -70,6 +70,7 @@ class AsyncLinUCBAM(AsyncLinUCB):
             dims = (global_dim, dim - global_dim)
         if warmup and global_dim is None:
             raise ConfigError("warmup (Algorithm 5) needs split features: set global_dim")
+        resolve_backend(backend)  # rejects unknown names
         if backend == "compiled":
             raise ConfigError("protocol.backend: Async-LinUCB-AM runs on the torch path only (use auto or torch)")
         noise_pad = check_float("noise_pad", noise_pad, low=0.0)
@@ -211,10 +212,10 @@ class AsyncLinUCBAM(AsyncLinUCB):
         for _ in range(self.am_iterations):
             theta_l = project_unit_ball(Pl @ (xy[dg:] - Agl.T @ theta_g))
             theta_g = project_unit_ball(Pg @ (xy[:dg] - Agl @ theta_l))
-        zg = torch.zeros(dg + 1, dg + 1, dtype=W.dtype)
-        zg[:dg, :dg], zg[:dg, dg] = Agg, xy[:dg] - Agl @ theta_l  # X_gᵀX_g, X_gᵀŷ^(g)
-        zl = torch.zeros(self.local_dim + 1, self.local_dim + 1, dtype=W.dtype)
-        zl[:-1, :-1], zl[:-1, -1] = All, xy[dg:] - Agl.T @ theta_g  # X_lᵀX_l, X_lᵀŷ^(l)
+        # augmented Grams of (x^(g), ŷ^(g) = y − x^(l)·θ^(l)) and (x^(l), ŷ^(l) = y − x^(g)·θ^(g)), symmetric
+        yy = W[-1, -1]
+        zg = _augmented(Agg, xy[:dg] - Agl @ theta_l, yy - 2 * theta_l @ xy[dg:] + theta_l @ All @ theta_l)
+        zl = _augmented(All, xy[dg:] - Agl.T @ theta_g, yy - 2 * theta_g @ xy[:dg] + theta_g @ Agg @ theta_g)
         n = new["warm.count"][i]
         for name, G, count in (("policy", new["G.policy"][i] + zg, new["policy.count"][i] + n), ("local", zl, n)):
             bandit = self._bandits()[name]
@@ -228,6 +229,14 @@ class AsyncLinUCBAM(AsyncLinUCB):
         new["buffer"][i] = new["buffer"][i] + zg
         new["buffer_count"][i] = new["buffer_count"][i] + n
         new["am_ready"][i] = True
+
+
+def _augmented(gram: Tensor, xy: Tensor, yy: Tensor) -> Tensor:
+    """[[XᵀX, Xᵀy], [yᵀX, yᵀy]] from its blocks."""
+    d = gram.shape[0]
+    out = torch.empty(d + 1, d + 1, dtype=gram.dtype)
+    out[:d, :d], out[:d, d], out[d, :d], out[d, d] = gram, xy, xy, yy
+    return out
 
 
 def _where_rows(mask: Tensor, a: Tensor, b: Tensor) -> Tensor:

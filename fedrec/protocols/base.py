@@ -24,6 +24,8 @@ from fedrec.bandits.linear import LinearBandit, LinTS, LinUCB
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
+from fedrec.jit import HAVE_NUMBA
+from fedrec.protocols.kernels.checks import BAD_CLIENT, BAD_CONTEXT, BAD_REWARD, VALID, first_invalid
 
 BACKENDS = ("auto", "compiled", "torch")
 
@@ -67,8 +69,6 @@ def resolve_backend(backend: str) -> str:
     """``compiled`` or ``torch`` for a requested backend; ``auto`` is compiled when numba imports."""
     if backend not in BACKENDS:
         raise ConfigError(f"protocol.backend must be one of {list(BACKENDS)}, got {backend!r}")
-    from fedrec.jit import HAVE_NUMBA
-
     if backend == "compiled" and not HAVE_NUMBA:
         raise ConfigError("protocol.backend=compiled needs numba (pip install numba); use backend=torch")
     if backend == "auto":
@@ -119,8 +119,8 @@ class StepProtocol(nn.Module, metaclass=ABCMeta):
         return self.backend == "compiled" and self.row_of.device.type == "cpu"
 
     def kernel_arrays(self) -> tuple[Any, ...]:
-        """The kernel's arguments that view the module's state (zero-copy numpy views), made once and kept until
-        the buffers move (``.to()``, ``.double()``, ...). Replacing a buffer by assignment is not supported."""
+        """Zero-copy numpy views of the module's state for the kernels, made once and kept until the buffers move
+        (``.to()``, ``.double()``, ...). Replacing a buffer or the channel by assignment is not supported."""
         if self.__dict__.get("_kernel_arrays") is None:
             self.__dict__["_kernel_arrays"] = self._make_kernel_arrays()
         return self.__dict__["_kernel_arrays"]
@@ -180,35 +180,34 @@ class StepProtocol(nn.Module, metaclass=ABCMeta):
         rewards = torch.as_tensor(rewards, device=device, dtype=torch.float64)
         if tuple(rewards.shape) != tuple(contexts.shape[:-1]):
             raise ValueError(f"rewards must have shape {tuple(contexts.shape[:-1])}, got {tuple(rewards.shape)}")
-        if clients.numel() and not _in_range(clients, self.num_clients):
-            bad = clients[(clients < 0) | (clients >= self.num_clients)][0]
-            raise ValueError(f"clients must be ids in [0, {self.num_clients}), got {int(bad)}")
-        if not _all_finite(contexts):
+        clients, contexts, rewards = clients.contiguous(), contexts.contiguous(), rewards.contiguous()
+        bad = self._first_invalid(clients, contexts, rewards)
+        if bad == BAD_CLIENT:
+            wrong = clients[(clients < 0) | (clients >= self.num_clients)][0]
+            raise ValueError(f"clients must be ids in [0, {self.num_clients}), got {int(wrong)}")
+        if bad == BAD_CONTEXT:
             raise ValueError("contexts must be finite (got NaN or inf)")
-        if not _all_finite(rewards):
+        if bad == BAD_REWARD:
             raise ValueError("rewards must be finite (got NaN or inf)")
-        return clients, contexts.contiguous(), rewards.contiguous()
+        return clients, contexts, rewards
+
+    def _first_invalid(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> int:
+        """The first kind of invalid input (:mod:`~fedrec.protocols.kernels.checks` codes): compiled on the CPU,
+        where the step API needs it cheap, torch reductions elsewhere."""
+        if clients.device.type == "cpu" and HAVE_NUMBA:
+            return first_invalid(clients.numpy(), contexts.numpy(), rewards.numpy(), self.num_clients)
+        if bool(((clients < 0) | (clients >= self.num_clients)).any()):
+            return BAD_CLIENT
+        if not bool(torch.isfinite(contexts).all()):
+            return BAD_CONTEXT
+        return VALID if bool(torch.isfinite(rewards).all()) else BAD_REWARD
 
 
-def _in_range(ids: Tensor, n: int) -> bool:
-    if ids.device.type == "cpu":  # numpy's reductions cost a few µs where torch's cost tens (the step API)
-        a = ids.numpy()
-        return bool(a.min() >= 0 and a.max() < n) if a.size > 1 else 0 <= int(a.reshape(-1)[0]) < n
-    return bool(((ids >= 0) & (ids < n)).all())
-
-
-def _all_finite(x: Tensor) -> bool:
-    if x.device.type == "cpu":  # a finite sum means finite entries (NaN and ±inf propagate); else look closer
-        a = x.numpy()
-        return bool(math.isfinite(a.sum()) or np.isfinite(a).all())
-    return bool(torch.isfinite(x).all())
-
-
-def policy_arrays(policy: LinearBandit) -> tuple[Any, ...]:
-    """A policy as the kernels take it: kind, parameters, seed and zero-copy views of its row state."""
-    kind, params, seed = policy.kernel_spec()
+def policy_views(policy: LinearBandit) -> tuple[np.ndarray, ...]:
+    """Zero-copy views of a policy's row state in the kernels' order (its parameters come from
+    :meth:`~fedrec.bandits.LinearBandit.kernel_spec` at every call, so that a loaded seed takes effect)."""
     draws = policy.draws.numpy() if isinstance(policy, LinTS) else np.zeros(1, dtype=np.int64)
-    return (kind, params, seed, policy.G.numpy(), policy.inv.numpy(), policy.logdet.numpy(), policy.count.numpy(),
+    return (policy.G.numpy(), policy.inv.numpy(), policy.logdet.numpy(), policy.count.numpy(),
             policy.since_refactor.numpy(), policy.stale.numpy(), draws)
 
 

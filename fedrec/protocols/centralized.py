@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedrec.protocols.base import PolicyFactory, StepProtocol, build_policy, kernel_call, policy_arrays
+from fedrec.protocols.base import PolicyFactory, StepProtocol, build_policy, kernel_call, policy_views
 from fedrec.protocols.kernels.centralized import ROWS_RUN
 
 
@@ -29,7 +29,7 @@ class CentralizedLinUCB(StepProtocol):
         self.row_of.copy_(torch.arange(self.replicates).repeat_interleave(self.num_clients))
 
     def _make_kernel_arrays(self) -> tuple[Any, ...]:
-        return policy_arrays(self.policy)
+        return policy_views(self.policy)
 
     def _run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
         R = self.replicates
@@ -49,7 +49,7 @@ class CentralizedLinUCB(StepProtocol):
         arms = torch.empty(rows.shape, dtype=torch.long)
         event = np.zeros(self.replicates, dtype=np.int64)
         kernel_call(ROWS_RUN[self.replicates > 1], rows.contiguous().numpy(), contexts.numpy(), rewards.numpy(),
-                    arms.numpy(), event, *self.kernel_arrays())
+                    arms.numpy(), event, *self.policy.kernel_spec(), *self.kernel_arrays())
         if (event < 0).any():
             raise FloatingPointError("CentralizedLinUCB: a Gram matrix V + λI is no longer positive definite")
         return arms

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from fedrec.bandits.linear import LinearBandit, RowState, outer
-from fedrec.protocols.base import PolicyFactory, StepProtocol, build_policy, kernel_call, policy_arrays
+from fedrec.protocols.base import PolicyFactory, StepProtocol, build_policy, kernel_call, policy_views
 
 
 class ClientServerLinUCB(StepProtocol):
@@ -49,6 +49,10 @@ class ClientServerLinUCB(StepProtocol):
     def message_scalars(self) -> int:
         """Scalars in one {ΔV, Δb} message."""
         return self.dim * self.dim + self.dim
+
+    def _row(self, replicate: int, client: Tensor) -> Tensor:
+        """The state row (a 1-element tensor) of ``client`` in ``replicate``."""
+        return self.row_of[replicate * self.num_clients + client].view(1)
 
     def _client_ids(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """(replicate, client) of state rows (the client-server protocols keep ``row_of`` the identity)."""
@@ -87,9 +91,8 @@ class ClientServerLinUCB(StepProtocol):
 
     def _make_kernel_arrays(self) -> tuple[Any, ...]:
         ledger = self.channel.ledger
-        return (self.row_of.numpy(), self.num_clients, *policy_arrays(self.policy), *self._protocol_arrays(),
-                ledger.traffic("client").numpy(), ledger.traffic("server").numpy(), self.message_scalars,
-                self.channel.bytes_per_scalar)
+        return (*policy_views(self.policy), *self._protocol_arrays(), ledger.traffic("client").numpy(),
+                ledger.traffic("server").numpy())
 
     @abstractmethod
     def _protocol_arrays(self) -> tuple[Any, ...]:
@@ -113,10 +116,10 @@ class ClientServerLinUCB(StepProtocol):
         zz = outer(z)
         for buf in self._additive():
             buf.index_add_(0, rows, zz)
-        for name, bandit in self._bandits().items():
-            bandit.scatter(rows, {k: state[f"{name}.{k}"] for k in bandit.state_keys})
-        for k, buf in self._row_buffers().items():
+        for k, buf in self._row_buffers().items():  # before the bandits: their refactorisation reads G
             buf.index_copy_(0, rows, state[k])
+        for name, bandit in self._bandits().items():
+            bandit.scatter(rows, {k: state[f"{name}.{k}"] for k in bandit.step_keys})
 
     def _local_step(self, contexts: Tensor, rewards: Tensor, state: RowState) -> tuple[Tensor, RowState, Tensor]:
         """A client's decision and update with its local policy (Eq. 5 for LinUCB): (arms, new state, z)."""
@@ -156,8 +159,9 @@ class ClientServerLinUCB(StepProtocol):
         pos = np.zeros(R, dtype=np.int64)
         event = np.zeros(R, dtype=np.int64)
         kernel = self.kernels[R > 1]
-        args = (clients.numpy(), contexts.numpy(), rewards.numpy(), arms, pos, event, *self.kernel_arrays(),
-                *self._kernel_settings(), not self.channel.transparent)
+        args = (clients.numpy(), contexts.numpy(), rewards.numpy(), arms, pos, event, self.row_of.numpy(),
+                self.num_clients, *self.policy.kernel_spec(), *self.kernel_arrays(), self.message_scalars,
+                self.channel.bytes_per_scalar, *self._kernel_settings(), not self.channel.transparent)
         while True:
             kernel_call(kernel, *args)
             if not event.any():
@@ -168,8 +172,7 @@ class ClientServerLinUCB(StepProtocol):
                     "(did the channel deliver corrupted statistics?)")
             for r in np.flatnonzero(event > 0).tolist():  # a message the channel may transform: carried out in Python
                 if event[r] == 1:
-                    row = self.rows(clients[r : r + 1, pos[r] - 1])
-                    self._communicate(torch.tensor([r]), row)
+                    self._communicate(torch.tensor([r]), self._row(r, clients[r, pos[r] - 1]))
                 else:  # a newcomer due a registration-time download
-                    self._register(self.rows(clients[r : r + 1, pos[r]]))
+                    self._register(self._row(r, clients[r, pos[r]]))
         return torch.from_numpy(arms)
