@@ -140,9 +140,11 @@ def test_bandits_import_does_not_pull_heavy_libraries():
     import subprocess
     import sys
 
-    code = "import sys, fedrec.bandits, fedrec.federation; print([m for m in ('lightning', 'torch_geometric', 'opacus', 'hydra') if m in sys.modules])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "[]"
+    heavy = ("lightning", "torch_geometric", "opacus", "hydra", "pandas", "scipy", "fedrec.tasks.recommendation")
+    for modules in ("fedrec.bandits, fedrec.federation", "fedrec.trainer"):
+        code = f"import sys, {modules}; print([m for m in {heavy!r} if m in sys.modules])"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        assert out == "[]", modules
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
