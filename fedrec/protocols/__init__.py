@@ -1,8 +1,12 @@
 """Federated bandit protocols: step-wise ``nn.Module``s over batched clients and replicates, state in buffers."""
 from fedrec.protocols.async_linucb import AsyncLinUCB
 from fedrec.protocols.async_linucb_am import AsyncLinUCBAM
-from fedrec.protocols.base import StepProtocol, paper_linucb
+from fedrec.protocols.base import ProtocolModule, StepProtocol, paper_linucb
 from fedrec.protocols.centralized import CentralizedLinUCB
+from fedrec.protocols.gossip import FedUCB, GossipBandit, GossipUCB, MultiAgentProtocol
 from fedrec.protocols.sync_linucb import SyncLinUCB
 
-__all__ = ["AsyncLinUCB", "AsyncLinUCBAM", "CentralizedLinUCB", "StepProtocol", "SyncLinUCB", "paper_linucb"]
+__all__ = [
+    "AsyncLinUCB", "AsyncLinUCBAM", "CentralizedLinUCB", "FedUCB", "GossipBandit", "GossipUCB", "MultiAgentProtocol",
+    "ProtocolModule", "StepProtocol", "SyncLinUCB", "paper_linucb",
+]

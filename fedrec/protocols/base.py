@@ -76,7 +76,50 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-class StepProtocol(nn.Module, metaclass=ABCMeta):
+class ProtocolModule(nn.Module):
+    """What every bandit protocol shares: replicates, the run seed, the backend, an addressed channel, and the
+    kernels' cached views of the buffers.
+
+    Args:
+        replicates: independent runs batched together.
+        seed: the run seed (policies and protocols derive their counter-based streams from it).
+        backend: ``auto`` | ``compiled`` | ``torch`` (see the module docstring).
+        endpoints: the channel's endpoint roles and counts.
+    """
+
+    def __init__(self, replicates: int, seed: int, backend: str, endpoints: Mapping[str, int]) -> None:
+        super().__init__()
+        self.replicates = check_int("replicates", replicates)
+        self.seed = check_int("seed", seed, minimum=0)
+        self.backend = resolve_backend(backend)
+        self.channel = Channel(self.replicates, endpoints)
+
+    @property
+    def ledger(self) -> CommLedger:
+        return self.channel.ledger
+
+    def use_compiled(self) -> bool:
+        """Whether this call runs the compiled kernels (CPU buffers and a compiled backend)."""
+        first = next(iter(self.ledger.roles))
+        return self.backend == "compiled" and self.ledger.traffic(first).device.type == "cpu"
+
+    def kernel_arrays(self) -> tuple[Any, ...]:
+        """Zero-copy numpy views of the module's state for the kernels, made once and kept until the buffers move
+        (``.to()``, ``.double()``, ...). Replacing a buffer or the channel by assignment is not supported."""
+        if self.__dict__.get("_kernel_arrays") is None:
+            self.__dict__["_kernel_arrays"] = self._make_kernel_arrays()
+        return self.__dict__["_kernel_arrays"]
+
+    def _make_kernel_arrays(self) -> tuple[Any, ...]:
+        """See :meth:`kernel_arrays` (protocols with a compiled backend override it)."""
+        return ()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self.__dict__["_kernel_arrays"] = None
+        return super()._apply(fn, recurse)
+
+
+class StepProtocol(ProtocolModule, metaclass=ABCMeta):
     """Interaction steps of ``replicates`` independent runs × ``num_clients`` clients, batched.
 
     Args:
@@ -93,45 +136,19 @@ class StepProtocol(nn.Module, metaclass=ABCMeta):
         self, num_clients: int, dim: int, replicates: int = 1, seed: int = 0, backend: str = "auto",
         endpoints: Mapping[str, int] | None = None,
     ) -> None:
-        super().__init__()
-        self.num_clients = check_int("num_clients", num_clients)
+        num = check_int("num_clients", num_clients)
+        super().__init__(replicates, seed, backend, endpoints or {"client": num, "server": 1})
+        self.num_clients = num
         self.dim = check_int("dim", dim)
         self.context_dim = self.dim  # features per arm in the input (Async-LinUCB-AM splits them)
-        self.replicates = check_int("replicates", replicates)
-        self.seed = check_int("seed", seed, minimum=0)
-        self.backend = resolve_backend(backend)
         R, N = self.replicates, self.num_clients
-        self.channel = Channel(R, endpoints or {"client": N, "server": 1})
         self.register_buffer("row_of", torch.arange(R * N))
         self.register_buffer("_offsets", torch.arange(R) * N, persistent=False)
         self.register_buffer("_replicate_ids", torch.arange(R), persistent=False)
 
-    @property
-    def ledger(self) -> CommLedger:
-        return self.channel.ledger
-
     def rows(self, clients: Tensor) -> Tensor:
         """State rows of ``clients`` (R,) (one per replicate) through ``row_of``."""
         return self.row_of[self._offsets + clients]
-
-    def use_compiled(self) -> bool:
-        """Whether this call runs the compiled kernels (CPU buffers and a compiled backend)."""
-        return self.backend == "compiled" and self.row_of.device.type == "cpu"
-
-    def kernel_arrays(self) -> tuple[Any, ...]:
-        """Zero-copy numpy views of the module's state for the kernels, made once and kept until the buffers move
-        (``.to()``, ``.double()``, ...). Replacing a buffer or the channel by assignment is not supported."""
-        if self.__dict__.get("_kernel_arrays") is None:
-            self.__dict__["_kernel_arrays"] = self._make_kernel_arrays()
-        return self.__dict__["_kernel_arrays"]
-
-    def _make_kernel_arrays(self) -> tuple[Any, ...]:
-        """See :meth:`kernel_arrays` (protocols with a compiled backend override it)."""
-        return ()
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        self.__dict__["_kernel_arrays"] = None
-        return super()._apply(fn, recurse)
 
     # ------------------------------------------------------------------------------------------------ API
     def run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:

@@ -1,0 +1,103 @@
+"""Multi-agent multi-armed bandit environments whose rewards are drawn inside the compiled step loop (gossip spec
+§1.1 and §4.2).
+
+Agent i observes a locally biased reward X_{i,k}(t) of mean μ_{i,k}; the global reward of arm k has the mean
+μ_k = (1/N) Σ_i μ_{i,k} (Zhu et al. §2). A reward is a pure function of (key, replicate, agent, arm, t) through
+:func:`fedrec.protocols.kernels.gossip.draw_reward`, so no (T × N × M) tensor is ever built and any round can be
+redrawn after a resume. An environment hands the kernel its :meth:`MultiAgentMAB.reward_spec`: a reward kind and
+the arrays that kind reads. ``GAUSSIAN`` (this module) reads ``means``; ``RECORDS`` reads per-(agent, arm) pools
+of observed rewards (``pool_ptr``, ``pool_values``) to sample from with replacement, for real-data environments
+that set them and their empirical ``means``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.protocols.kernels.gossip import GAUSSIAN, RECORDS, draw_reward, rewards_many
+from fedrec.seeding import numpy_generator
+
+NOISES = ("gaussian",)
+
+
+class MultiAgentMAB:
+    """N agents × M arms × R replicates with rewards μ_{i,k} + N(0, σ²) (the paper's synthetic setting, §5).
+
+    Args:
+        num_agents, num_arms, replicates: N, M, R.
+        seed: the run seed; it keys the means and the reward stream.
+        means: μ as (N, M) (the same for every replicate) or (R, N, M); None draws μ_{i,k} ~ U(0, 1) once per seed
+            (spec §4.2: fixed across trials, only the noise varies), or once per (seed, replicate) with
+            ``vary_means``.
+        noise: ``"gaussian"``.
+        noise_std: σ >= 0 (the paper: 1, which violates its [0, 1] support assumption; not clipped, spec §4.2).
+        vary_means: draw new means for every replicate.
+
+    Attributes: ``means`` (R, N, M), ``global_means`` (R, M), ``best_arm`` (R,) (argmax of the global means),
+    ``local_best`` (R, N), ``reward_kind``, ``key`` (uint64 of the reward stream).
+    """
+
+    name = "mab"
+    reward_kind = GAUSSIAN
+
+    def __init__(self, num_agents: int, num_arms: int, replicates: int = 1, seed: int = 0,
+                 means: Any = None, noise: str = "gaussian", noise_std: float = 1.0, vary_means: bool = False) -> None:
+        self.num_agents = check_int("env.num_agents", num_agents, minimum=1)
+        self.num_arms = check_int("env.num_arms", num_arms, minimum=1)
+        self.replicates = check_int("env.replicates", replicates, minimum=1)
+        self.seed = check_int("env.seed", seed, minimum=0)
+        if noise not in NOISES:
+            raise ConfigError(f"env.noise must be one of {list(NOISES)}, got {noise!r}")
+        self.noise = noise
+        self.noise_std = check_float("env.noise_std", noise_std, low=0.0)
+        R, N, M = self.replicates, self.num_agents, self.num_arms
+        if means is None:
+            if vary_means:
+                mu = np.stack([numpy_generator(self.seed, "envs.mab.means", r).random((N, M)) for r in range(R)])
+            else:
+                mu = np.broadcast_to(numpy_generator(self.seed, "envs.mab.means").random((N, M)), (R, N, M))
+        else:
+            mu = np.asarray(means, dtype=np.float64)
+            if mu.shape == (N, M):
+                mu = np.broadcast_to(mu, (R, N, M))
+            if mu.shape != (R, N, M):
+                raise ConfigError(f"env.means must have shape ({N}, {M}) or ({R}, {N}, {M}), got {mu.shape}")
+            if not np.isfinite(mu).all():
+                raise ConfigError("env.means must be finite")
+        self.means = np.ascontiguousarray(mu)
+        self.key = np.uint64(numpy_generator(self.seed, "envs.mab.rewards").bit_generator.random_raw())
+        self.pool_ptr = np.zeros(N * M + 1, dtype=np.int64)
+        self.pool_values = np.zeros(0)
+
+    @property
+    def global_means(self) -> np.ndarray:
+        """μ_k = (1/N) Σ_i μ_{i,k} per replicate: (R, M)."""
+        return self.means.mean(axis=1)
+
+    @property
+    def best_arm(self) -> np.ndarray:
+        """argmax_k μ_k per replicate (R,)."""
+        return self.global_means.argmax(axis=1)
+
+    @property
+    def local_best(self) -> np.ndarray:
+        """argmax_k μ_{i,k} per replicate and agent (R, N)."""
+        return self.means.argmax(axis=2)
+
+    def reward_spec(self) -> tuple[Any, ...]:
+        """What the kernel's :func:`~fedrec.protocols.kernels.gossip.draw_reward` reads:
+        (kind, key, means, noise_std, pool_ptr, pool_values)."""
+        return (self.reward_kind, self.key, self.means, self.noise_std, self.pool_ptr, self.pool_values)
+
+    def reward(self, replicate: int, agent: int, arm: int, t: int) -> float:
+        """X_{agent,arm}(t) of ``replicate`` (t = 0: the initialisation pull), exactly as the kernel draws it."""
+        return float(draw_reward(*self.reward_spec(), int(replicate), int(agent), int(arm), int(t)))
+
+    def rewards(self, arms: np.ndarray, t: int) -> np.ndarray:
+        """The rewards of ``arms`` (R, N) at round t: (R, N)."""
+        return rewards_many(*self.reward_spec(), np.ascontiguousarray(arms, dtype=np.int64), int(t))
+
+
+__all__ = ["GAUSSIAN", "RECORDS", "MultiAgentMAB"]

@@ -1,0 +1,298 @@
+"""Gossip_UCB and Fed_UCB (Zhu, Zhu, Liu & Liu, *Federated Bandit: A Gossiping Approach*, SIGMETRICS 2021;
+gossip spec §2): N agents on a connected graph all pull an arm every round and gossip their estimates of the
+global means over one random edge per round.
+
+Both are :class:`GossipBandit` s: Gossip_UCB (Algorithm 1, eq. 11) is Fed_UCB (Algorithm 4, eq. 12, with the
+noisy partial sums of Algorithms 2–3) at ε = ∞, and the two coincide draw for draw since the Laplace noise has
+its own counter-based stream. The compiled step loop is :mod:`fedrec.protocols.kernels.gossip` (its docstring
+lists the order of a round and how every draw is keyed); :meth:`GossipBandit._play_torch` is the readable
+reference, batched over replicates, that the tests hold it to.
+
+These protocols do not fit :class:`~fedrec.protocols.base.StepProtocol`: that interface feeds one acting client
+per step with contexts and all arms' rewards from outside, while here every agent acts in every round and the
+rewards are drawn inside the step loop from the environment's counter-based stream (no (T × N × M) tensor). They
+share its conventions through the sibling base :class:`MultiAgentProtocol`: state in buffers, a ``compiled`` or
+``torch`` backend, a channel whose ledger counts every message.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.federation.topology import Topology
+from fedrec.privacy.accountant import LaplaceBasicAccountant
+from fedrec.privacy.tree import LAPLACE_SPLITS, laplace_node_scale
+from fedrec.protocols.base import ProtocolModule, kernel_call
+from fedrec.protocols.kernels.gossip import GOSSIP_RUN, laplace_many, uniforms_many
+from fedrec.seeding import numpy_generator
+
+if TYPE_CHECKING:  # the environment imports this package's kernels for its reward draws
+    from fedrec.envs.mab import MultiAgentMAB
+
+
+def _stream_key(seed: int, name: str) -> np.uint64:
+    return np.uint64(numpy_generator(seed, name).bit_generator.random_raw())
+
+
+class MultiAgentProtocol(ProtocolModule):
+    """All ``num_agents`` agents of a :class:`Topology` act in every round, ``replicates`` independent runs batched.
+
+    The sibling of :class:`~fedrec.protocols.base.StepProtocol` for environments whose rewards the step loop draws
+    itself; the channel has one ``client`` endpoint per agent (peer messages).
+    """
+
+    def __init__(self, topology: Topology, num_arms: int, replicates: int, seed: int, backend: str) -> None:
+        if not isinstance(topology, Topology):
+            raise ConfigError(f"topology must be a fedrec.federation.topology.Topology, got {type(topology).__name__}")
+        super().__init__(replicates, seed, backend, {"client": topology.num_agents})
+        self.topology = topology
+        self.num_agents = topology.num_agents
+        self.num_arms = check_int("num_arms", num_arms, minimum=1)
+
+    def check_env(self, env: MultiAgentMAB) -> None:
+        """The environment must have this protocol's agents, arms and replicates."""
+        for field, mine in (("num_agents", self.num_agents), ("num_arms", self.num_arms),
+                            ("replicates", self.replicates)):
+            if getattr(env, field) != mine:
+                raise ConfigError(f"env.{field} must equal the protocol's {field} ({mine}), got {getattr(env, field)}")
+
+
+class GossipBandit(MultiAgentProtocol):
+    """Fed_UCB (Algorithm 4) on ``topology`` with ``num_arms`` arms and horizon T; ε = ∞ is Gossip_UCB (Algorithm 1).
+
+    Args:
+        topology: the connected graph (N >= 2 agents).
+        num_arms: M >= 1.
+        horizon: T >= 1; it enters ε' = ε/⌈log₂ T⌉ and C̃, and bounds the rounds :meth:`play` may reach.
+        replicates: independent trials run together.
+        seed: keys the choice, edge and noise streams (:mod:`fedrec.protocols.kernels.gossip`).
+        epsilon: total privacy level ε > 0 (``inf``: no noise).
+        laplace_split: ``"paper"`` ε' = ε/⌈log₂ T⌉ (AMBIG-5) or ``"levels"`` ε' = ε/(⌊log₂ T⌋ + 1).
+        noise_empty_intervals: also noise dyadic intervals without a pull of the arm (Alg. 3 literally; default:
+            the prose, AMBIG-7).
+        privacy_log2: use log₂ for the log²T · log t factor of C̃ (spec §2.2; default natural log everywhere).
+        consistency_fresh: test the consistency rule against ñ(t+1) instead of ñ(t) (AMBIG-3 variant).
+        backend: ``auto`` | ``compiled`` | ``torch``.
+
+    State (buffers, (R, N, M) unless noted): ``n`` pulls incl. the time-0 pull, ``ntil`` ñ, ``x0`` X(0), ``sums``
+    Σ_{τ>=1} of the rewards, ``xbar`` X̃ (noisy for finite ε), ``theta`` ϑ, the per-level noise state
+    ``noise_last``/``noise_prev``/``noise_node``/``noise_value`` (R, N, M, ⌊log₂ T⌋ + 1), ``regret`` (R, N) the
+    pseudo-regret Σ_t (μ_{k*} − μ_{a_i(t)}) with global means, and ``t`` the rounds played.
+    """
+
+    def __init__(
+        self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0,
+        epsilon: float = math.inf, *, laplace_split: str = "paper", noise_empty_intervals: bool = False,
+        privacy_log2: bool = False, consistency_fresh: bool = False, backend: str = "auto",
+    ) -> None:
+        super().__init__(topology, num_arms, replicates, seed, backend)
+        self.horizon = check_int("horizon", horizon, minimum=1)
+        self.epsilon = check_float("epsilon", epsilon, low=0.0, low_open=True, allow_inf=True)
+        if laplace_split not in LAPLACE_SPLITS:
+            raise ConfigError(f"laplace_split must be one of {list(LAPLACE_SPLITS)}, got {laplace_split!r}")
+        self.laplace_split = laplace_split
+        self.noise_empty_intervals = bool(noise_empty_intervals)
+        self.privacy_log2 = bool(privacy_log2)
+        self.consistency_fresh = bool(consistency_fresh)
+        N, T = self.num_agents, self.horizon
+        #: Laplace scale b = 1/ε' of every dyadic node (sensitivity 1); 0 for ε = ∞
+        self.scale = 0.0 if math.isinf(self.epsilon) else laplace_node_scale(self.epsilon, T, 1.0, laplace_split)
+        self.alpha1 = 64.0 / N ** 17
+        log_T = math.log2(T) if self.privacy_log2 else math.log(T)
+        #: P = 128 N log²T / ε² of eq. 12 (0 for ε = ∞)
+        self.privacy = 0.0 if math.isinf(self.epsilon) else 128.0 * N * log_T ** 2 / self.epsilon ** 2
+        self.levels = T.bit_length()
+        self.key_choice = _stream_key(self.seed, "gossip.choice")
+        self.key_edge = _stream_key(self.seed, "gossip.edge")
+        self.key_noise = _stream_key(self.seed, "gossip.noise")
+        R, M, L = self.replicates, self.num_arms, self.levels
+        for name in ("n", "ntil"):
+            self.register_buffer(name, torch.zeros(R, N, M, dtype=torch.long))
+        for name in ("x0", "sums", "xbar", "theta"):
+            self.register_buffer(name, torch.zeros(R, N, M, dtype=torch.float64))
+        for name in ("noise_last", "noise_prev", "noise_node"):
+            self.register_buffer(name, torch.zeros(R, N, M, L, dtype=torch.long))
+        self.register_buffer("noise_value", torch.zeros(R, N, M, L, dtype=torch.float64))
+        self.register_buffer("regret", torch.zeros(R, N, dtype=torch.float64))
+        self.register_buffer("t", torch.zeros((), dtype=torch.long))
+
+    # ----------------------------------------------------------------------------------------------- privacy
+    def accountant(self) -> LaplaceBasicAccountant | None:
+        """What one observation undergoes over the horizon: ⌊log₂ T⌋ + 1 Laplace node mechanisms at ε' = 1/b each
+        (basic composition, the tree accountant of :mod:`fedrec.privacy.tree`); None for ε = ∞."""
+        if self.scale == 0.0:
+            return None
+        acc = LaplaceBasicAccountant()
+        acc.step(1.0 / self.scale, self.levels)
+        return acc
+
+    def epsilon_spent(self) -> Tensor:
+        """ε of every agent (R, N): each of its per-arm streams is ε-DP by the tree, and an observation lies in one
+        stream (parallel composition). ``inf`` without noise."""
+        acc = self.accountant()
+        eps = math.inf if acc is None else acc.epsilon()
+        return torch.full((self.replicates, self.num_agents), eps, dtype=torch.float64)
+
+    def width(self, n: Tensor, t: int) -> Tensor:
+        """C̃_{i,k}(t) of eq. 12 for pre-pull counts ``n`` (C of eq. 11 when ε = ∞): α₁ + sqrt(2N (P log t log n /
+        n² + 1/n) log t), the same arithmetic as the kernel's ``ucb_width``."""
+        log_t = math.log(t)
+        log_t_privacy = log_t / math.log(2.0) if self.privacy_log2 else log_t
+        nd = n.to(torch.float64)
+        inv = 1.0 / nd
+        two_n = 2.0 * self.num_agents
+        return self.alpha1 + torch.sqrt(two_n * (self.privacy * log_t_privacy * torch.log(nd) * inv * inv + inv)
+                                        * log_t)
+
+    def node_noise(self, replicate: Any, agent: Any, arm: Any, level: Any, index: Any) -> np.ndarray:
+        """The Laplace noise of dyadic node (level, index) of stream (agent, arm), regenerated from the key
+        (array arguments broadcast)."""
+        r, i, k, lv, m = (np.ascontiguousarray(a, dtype=np.int64).ravel()
+                          for a in np.broadcast_arrays(replicate, agent, arm, level, index))
+        return laplace_many(self.key_noise, self.num_agents, self.num_arms, r, i, k, lv, m, self.scale)
+
+    # -------------------------------------------------------------------------------------------------- API
+    def play(self, env: MultiAgentMAB, steps: int, return_arms: bool = False) -> Tensor | None:
+        """Play ``steps`` rounds against ``env`` (the first call also plays the time-0 pull of every arm).
+
+        Returns the arms (R, steps, N) with ``return_arms``, else None (long runs never materialise them).
+        """
+        self.check_env(env)
+        steps = check_int("steps", steps, minimum=0)
+        if int(self.t) + steps > self.horizon:
+            raise ConfigError(f"steps must keep the rounds within horizon={self.horizon}: {int(self.t)} played, "
+                              f"got steps={steps}")
+        arms = torch.zeros(self.replicates, steps if return_arms else 0, self.num_agents, dtype=torch.long)
+        if steps:
+            if self.use_compiled():
+                self._play_compiled(env, steps, arms)
+            else:
+                self._play_torch(env, steps, arms)
+        return arms if return_arms else None
+
+    def _make_kernel_arrays(self) -> tuple[Any, ...]:
+        return tuple(b.numpy() for b in (self.n, self.ntil, self.x0, self.sums, self.xbar, self.theta,
+                                         self.noise_last, self.noise_prev, self.noise_node, self.noise_value,
+                                         self.regret))
+
+    def _play_compiled(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
+        topo = self.topology
+        t0 = int(self.t)
+        kernel_call(GOSSIP_RUN[self.replicates > 1], t0, steps, t0 == 0, topo.indptr, topo.indices, topo.edges,
+                    self.key_choice, self.key_edge, self.key_noise, self.alpha1, 2.0 * self.num_agents, self.privacy,
+                    self.privacy_log2, self.scale, self.noise_empty_intervals, self.consistency_fresh,
+                    *env.reward_spec(), np.ascontiguousarray(env.global_means), *self.kernel_arrays(), arms.numpy(),
+                    self.ledger.traffic("client").numpy(), self.channel.bytes_per_scalar)
+        self.t += steps
+
+    # ------------------------------------------------------------------------------------- torch reference
+    @torch.no_grad()
+    def _play_torch(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
+        """The reference step loop (spec §2.3 / §2.7), one round of every replicate at a time."""
+        R, N, M = self.replicates, self.num_agents, self.num_arms
+        topo = self.topology
+        neighbours = [torch.from_numpy(topo.indices[topo.indptr[i]:topo.indptr[i + 1]]) for i in range(N)]
+        edges = torch.from_numpy(topo.edges)
+        global_means = torch.from_numpy(np.ascontiguousarray(env.global_means))
+        best = global_means.amax(1)
+        reps = torch.arange(R)
+        if int(self.t) == 0:  # time 0: every agent pulls every arm once
+            for k in range(M):
+                self.x0[:, :, k] = torch.from_numpy(env.rewards(np.full((R, N), k), 0))
+            self.xbar.copy_(self.x0)
+            self.theta.copy_(self.x0)
+            self.n.fill_(1)
+            self.ntil.fill_(1)
+        for s in range(steps):
+            t = int(self.t) + 1
+            # lines 3–5: ñ(t+1) = max(n(t), max_{j ∈ N_i} ñ_j(t)) (eq. 1), n(t) the pre-pull count
+            ntil_next = torch.stack([torch.maximum(self.n[:, i], self.ntil[:, nb].amax(1))
+                                     for i, nb in enumerate(neighbours)], 1)
+            # lines 6–13: a lagging arm if any (consistency rule), else argmax of ϑ + C̃ (eq. 11/12)
+            lagging = self.n < (ntil_next if self.consistency_fresh else self.ntil) - N
+            q = self.theta + self.width(self.n, t)
+            top = q == q.amax(-1, keepdim=True)
+            candidates = torch.where(lagging.any(-1, keepdim=True), lagging, top)
+            a = _uniform_pick(candidates, torch.from_numpy(uniforms_many(self.key_choice, R, N, t)))
+            # lines 14–15: observe, n += 1, the (noisy) sample mean of all n observations incl. X(0)
+            x = torch.from_numpy(env.rewards(a.numpy(), t))
+            idx = a.unsqueeze(-1)
+            self.n.scatter_add_(2, idx, torch.ones_like(idx))
+            self.sums.scatter_add_(2, idx, x.unsqueeze(-1))
+            total = self.x0.gather(2, idx) + self.sums.gather(2, idx)
+            if self.scale > 0.0:
+                total = total + self._cover_noise(a, t).unsqueeze(-1)
+            mean = total / self.n.gather(2, idx).to(torch.float64)
+            d = torch.zeros_like(self.xbar).scatter_(2, idx, mean - self.xbar.gather(2, idx))
+            self.xbar.scatter_(2, idx, mean)
+            self.regret += best.unsqueeze(1) - global_means.gather(1, a)
+            # lines 16–22: one uniformly random edge (u, v); ϑ(t) = W(t) ϑ(t−1) + X̃(t) − X̃(t−1)
+            u_edge = torch.from_numpy(uniforms_many(self.key_edge, R, 1, t))[:, 0]
+            e = (u_edge * topo.num_edges).floor().long().clamp(max=topo.num_edges - 1)
+            eu, ev = edges[e, 0], edges[e, 1]
+            avg = (self.theta[reps, eu] + self.theta[reps, ev]) * 0.5
+            theta = self.theta + d
+            theta[reps, eu] = avg + d[reps, eu]
+            theta[reps, ev] = avg + d[reps, ev]
+            self.theta.copy_(theta)
+            self.channel.send("peer", ("client", torch.cat([eu, ev])), ("client", torch.cat([ev, eu])), None, M,
+                              torch.cat([reps, reps]))
+            self.ntil.copy_(ntil_next)
+            if arms.shape[1]:
+                arms[:, s] = a
+            self.t += 1
+
+    def _cover_noise(self, a: Tensor, t: int) -> Tensor:
+        """Σ of the cached Laplace noises of the non-empty dyadic nodes covering 1..t (Alg. 2–3, spec §2.6) for the
+        arms ``a`` (R, N) pulled at round t, after marking those pulls: (R, N)."""
+        R, N = a.shape
+        r, i = torch.meshgrid(torch.arange(R), torch.arange(N), indexing="ij")
+        last, prev = self.noise_last[r, i, a], self.noise_prev[r, i, a]  # (R, N, L) copies
+        node, value = self.noise_node[r, i, a], self.noise_value[r, i, a]
+        total = torch.zeros(R, N, dtype=torch.float64)
+        for lv in range(self.levels):  # the pull at t lies in the level-lv node of index ⌈t / 2^lv⌉
+            c = ((t - 1) >> lv) + 1
+            moved = last[..., lv] != c
+            prev[..., lv] = torch.where(moved, last[..., lv], prev[..., lv])
+            last[..., lv] = c
+        for lv in range(self.levels):
+            if not (t >> lv) & 1:
+                continue
+            m = t >> lv  # t's cover holds node (lv, m) = ((m − 1)·2^lv, m·2^lv]
+            noised = (last[..., lv] == m) | (prev[..., lv] == m) | self.noise_empty_intervals
+            fresh = noised & (node[..., lv] != m)
+            if bool(fresh.any()):
+                value[..., lv][fresh] = torch.from_numpy(self.node_noise(r[fresh], i[fresh], a[fresh], lv, m))
+                node[..., lv][fresh] = m
+            total = total + torch.where(noised, value[..., lv], 0.0)
+        self.noise_last[r, i, a], self.noise_prev[r, i, a] = last, prev
+        self.noise_node[r, i, a], self.noise_value[r, i, a] = node, value
+        return total
+
+
+def _uniform_pick(candidates: Tensor, u: Tensor) -> Tensor:
+    """The ⌊u·c⌋-th (0-based) True entry along the last dimension of ``candidates``, c the number of Trues."""
+    count = candidates.sum(-1)
+    pick = torch.minimum((u * count).floor().long(), count - 1)
+    return ((candidates.cumsum(-1) == (pick + 1).unsqueeze(-1)) & candidates).to(torch.uint8).argmax(-1)
+
+
+class GossipUCB(GossipBandit):
+    """Gossip_UCB (Algorithm 1): UCB index ϑ + C of eq. 11, no privacy noise."""
+
+    def __init__(self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0, *,
+                 consistency_fresh: bool = False, backend: str = "auto") -> None:
+        super().__init__(topology, num_arms, horizon, replicates, seed, math.inf,
+                         consistency_fresh=consistency_fresh, backend=backend)
+
+
+class FedUCB(GossipBandit):
+    """Fed_UCB (Algorithm 4): ε-DP noisy sample means from Laplace tree noise and the index ϑ̃ + C̃ of eq. 12;
+    ``epsilon=inf`` is Gossip_UCB."""
+
+

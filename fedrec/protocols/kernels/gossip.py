@@ -1,0 +1,267 @@
+"""Step loop of the decentralised bandits Gossip_UCB (Zhu et al. 2021, Algorithm 1) and Fed_UCB (Algorithm 4 with
+the partial sums of Algorithm 2 and the Laplace noise of Algorithm 3), and the counter-based draws they and
+:class:`~fedrec.envs.mab.MultiAgentMAB` share.
+
+One call plays rounds ``t0 + 1 … t0 + steps`` of every replicate (``prange``: replicates are independent) in place
+on the protocol's buffers (gossip spec §2.3 and §2.7, readings AMBIG-1…8):
+
+1. count propagation over all neighbours, ñ(t+1) = max(n(t), max_{j∈N_i} ñ_j(t)) (eq. 1, lines 3–5);
+2. the consistency rule: a uniformly random arm among {k : n_{i,k} < ñ_{i,k}(t) − N} (line 6), else the argmax of
+   ϑ + C (eq. 11) or ϑ̃ + C̃ (eq. 12), ties uniformly at random;
+3. the reward, n += 1, and the sample mean over all n observations including X(0) (eq. 2, AMBIG-1/4); Fed_UCB
+   adds the cached Laplace noise of the non-empty dyadic nodes covering 1..t (Alg. 3, AMBIG-6/7);
+4. one uniformly random edge (u, v): ϑ(t) = W(t) ϑ(t−1) + X̃(t) − X̃(t−1) (eq. 9/13), counted as two peer
+   messages of M scalars in the ledger.
+
+Randomness is counter based (:func:`keyed`): a draw is a pure function of a stream key and its counters, so a
+resumed run redraws exactly what an uninterrupted one would, whatever the batching:
+
+* choice (r·N + i, t): one uniform per agent and round, for the consistency pick or the tie break;
+* edge (r, t): the gossip edge ⌊u·|E|⌋ of the sorted edge list;
+* noise ((r·N + i)·M + k, index·64 + level): the Laplace noise of dyadic node (level, index) of stream (i, k) —
+  its own key, so that ε = ∞ (no noise drawn) reproduces Gossip_UCB draw for draw;
+* rewards ((r·N + i)·M + k, t): :func:`draw_reward`, keyed by the environment.
+
+Noise memory is O(log T) per (replicate, agent, arm) (spec §2.6): per level l, the level-l node indices of the
+two latest distinct nodes holding a pull of the arm (``last``, ``prev``) decide whether a node of t's cover is
+empty, and the noise of the level's current cover node is cached with its index (``node``, ``value``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fedrec.federation.ledger import KINDS
+from fedrec.jit import jit, parallel_variant, prange
+from fedrec.protocols.kernels.client_server import record
+from fedrec.rng import mix64
+
+#: reward kinds of :func:`draw_reward`: μ_{i,k} + σ·N(0, 1), or a record drawn with replacement from the (i, k) pool
+GAUSSIAN, RECORDS = 0, 1
+#: the ledger's message kind of a gossip exchange
+PEER = KINDS.index("peer")
+
+_mix = jit(mix64)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_S11 = np.uint64(11)
+_TWO_M53 = 2.0 ** -53
+
+
+@jit
+def keyed(key: np.uint64, row: int, counter: int) -> np.uint64:
+    """The state of a counter-based draw: ``key`` hashed with a stream row and a counter, both non-negative
+    (each step h ↦ mix(h ⊕ mix(field)) is a bijection of h)."""
+    return _mix(_mix(key ^ _mix(np.uint64(row))) ^ _mix(np.uint64(counter)))
+
+
+@jit
+def uniform(h: np.uint64, j: int) -> float:
+    """Output ``j`` (>= 1) of state ``h`` as a uniform in (0, 1) with 53 random bits (never 0 or 1)."""
+    bits = _mix(h + np.uint64(j) * _GOLDEN)
+    return (np.float64(bits >> _S11) + 0.5) * _TWO_M53
+
+
+@jit
+def laplace(key: np.uint64, shape: tuple, r: int, i: int, k: int, level: int, index: int, scale: float) -> float:
+    """Laplace(0, ``scale``) noise of dyadic node (``level``, ``index``) of stream (agent i, arm k) in replicate r,
+    ``shape`` = (N, M) (inverse CDF; |u − ½| < ½ keeps the log finite)."""
+    N, M = shape[0], shape[1]
+    w = uniform(keyed(key, (r * N + i) * M + k, (index << 6) | level), 1) - 0.5
+    return -scale * np.sign(w) * np.log1p(-2.0 * abs(w))
+
+
+@jit
+def draw_reward(kind: int, key: np.uint64, means: np.ndarray, noise_std: float, pool_ptr: np.ndarray,
+                pool_values: np.ndarray, r: int, i: int, k: int, t: int) -> float:
+    """X_{i,k}(t) of replicate r (t = 0: the initialisation pull).
+
+    ``GAUSSIAN``: μ_{i,k} + σ·N(0, 1) (Box–Muller from two uniforms), ``means`` (R, N, M). ``RECORDS``: one value
+    drawn uniformly with replacement from ``pool_values[pool_ptr[i·M + k] : pool_ptr[i·M + k + 1]]``.
+    """
+    M = means.shape[2]
+    h = keyed(key, (r * means.shape[1] + i) * M + k, t)
+    if kind == RECORDS:
+        lo = pool_ptr[i * M + k]
+        size = pool_ptr[i * M + k + 1] - lo
+        return pool_values[lo + min(int(uniform(h, 1) * size), size - 1)]
+    u1 = uniform(h, 1)
+    u2 = uniform(h, 2)
+    return means[r, i, k] + noise_std * np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+@jit
+def ucb_width(n: int, log_n: float, log_t: float, log_t_privacy: float, two_n: float, privacy: float,
+              alpha1: float) -> float:
+    """C̃ of eq. 12, α₁ + sqrt(2N (P log t log n / n² + 1/n) log t) with P = 128 N log²T / ε² (``privacy``);
+    P = 0 (Gossip_UCB, or ε = ∞) gives C of eq. 11, α₁ + sqrt(2N log t / n). n is the pre-pull count."""
+    inv = 1.0 / n
+    return alpha1 + np.sqrt(two_n * (privacy * log_t_privacy * log_n * inv * inv + inv) * log_t)
+
+
+@jit
+def pull_noise(key: np.uint64, shape: tuple, r: int, i: int, k: int, t: int, scale: float, noise_empty: bool,
+               last: np.ndarray,
+               prev: np.ndarray, node: np.ndarray, value: np.ndarray) -> float:
+    """Mark the pull of arm k by agent i at round t and return Σ of the noises of t's dyadic cover (Alg. 2–3).
+
+    ``last``/``prev``/``node``/``value`` are the stream's (levels,) slices. A cover node (l, t >> l) is noised iff it
+    holds a pull (or ``noise_empty``); its noise is drawn once per node and cached with its index.
+    """
+    levels = last.shape[0]
+    for lv in range(levels):
+        c = ((t - 1) >> lv) + 1  # the level-lv node holding round t
+        if last[lv] != c:
+            prev[lv] = last[lv]
+            last[lv] = c
+    total = 0.0
+    for lv in range(levels):
+        if (t >> lv) & 1:
+            m = t >> lv
+            if noise_empty or last[lv] == m or prev[lv] == m:
+                if node[lv] != m:
+                    value[lv] = laplace(key, shape, r, i, k, lv, m, scale)
+                    node[lv] = m
+                total += value[lv]
+    return total
+
+
+@jit
+def laplace_many(key: np.uint64, N: int, M: int, r: np.ndarray, i: np.ndarray, k: np.ndarray, level: np.ndarray,
+                 index: np.ndarray, scale: float) -> np.ndarray:
+    """:func:`laplace` of many nodes (the torch path and the tests draw through this)."""
+    out = np.empty(r.shape[0])
+    for m in range(r.shape[0]):
+        out[m] = laplace(key, (N, M), r[m], i[m], k[m], level[m], index[m], scale)
+    return out
+
+
+@jit
+def rewards_many(kind: int, key: np.uint64, means: np.ndarray, noise_std: float, pool_ptr: np.ndarray,
+                 pool_values: np.ndarray, arms: np.ndarray, t: int) -> np.ndarray:
+    """:func:`draw_reward` of every (replicate, agent) for ``arms`` (R, N) at round t: (R, N)."""
+    R, N = arms.shape
+    out = np.empty((R, N))
+    for r in range(R):
+        for i in range(N):
+            out[r, i] = draw_reward(kind, key, means, noise_std, pool_ptr, pool_values, r, i, arms[r, i], t)
+    return out
+
+
+@jit
+def uniforms_many(key: np.uint64, R: int, N: int, t: int) -> np.ndarray:
+    """The uniforms of rows r·N + i and counter t for all r < R, i < N: (R, N) (choice draws; N = 1: the edges)."""
+    out = np.empty((R, N))
+    for r in range(R):
+        for i in range(N):
+            out[r, i] = uniform(keyed(key, r * N + i, t), 1)
+    return out
+
+
+def _gossip_run(t0, steps, initialise, indptr, indices, edges, key_choice, key_edge, key_noise, alpha1, two_n,
+                privacy, privacy_log2, scale, noise_empty, fresh, kind, key_reward, means, noise_std, pool_ptr,
+                pool_values, global_means, n, ntil, x0, sums, xbar, theta, last, prev, node, value, regret, arms_out,
+                traffic, bps):
+    """Rounds t0 + 1 … t0 + steps of Gossip_UCB / Fed_UCB (module docstring); ``initialise`` first plays time 0
+    (every agent pulls every arm once: n = ñ = 1, X̃ = ϑ = X(0)). ``arms_out`` (R, steps, N) receives the arms when
+    its second dimension equals ``steps``; ``scale`` = 0 means no noise (ε = ∞)."""
+    R, N, M = n.shape
+    E = edges.shape[0]
+    keep = arms_out.shape[1] == steps
+    for r in prange(R):
+        nxt = np.empty((N, M), dtype=np.int64)
+        q = np.empty(M)
+        chosen = np.empty(N, dtype=np.int64)
+        delta = np.empty(N)
+        log_n = np.empty((N, M))  # log n, updated with n (the privacy term of eq. 12 reads it every round)
+        best = global_means[r].max()
+        if initialise:
+            for i in range(N):
+                for k in range(M):
+                    x = draw_reward(kind, key_reward, means, noise_std, pool_ptr, pool_values, r, i, k, 0)
+                    x0[r, i, k] = x
+                    xbar[r, i, k] = x
+                    theta[r, i, k] = x
+                    n[r, i, k] = 1
+                    ntil[r, i, k] = 1
+        for i in range(N):
+            for k in range(M):
+                log_n[i, k] = np.log(n[r, i, k])
+        for s in range(steps):
+            t = t0 + s + 1
+            log_t = np.log(t)
+            log_t_privacy = log_t / np.log(2.0) if privacy_log2 else log_t
+            for i in range(N):  # ñ(t+1), eq. 1 (lines 3–5)
+                for k in range(M):
+                    v = n[r, i, k]
+                    for p in range(indptr[i], indptr[i + 1]):
+                        v = max(v, ntil[r, indices[p], k])
+                    nxt[i, k] = v
+            for i in range(N):  # lines 6–13
+                u = uniform(keyed(key_choice, r * N + i, t), 1)
+                lagging = 0
+                for k in range(M):
+                    target = nxt[i, k] if fresh else ntil[r, i, k]
+                    if n[r, i, k] < target - N:
+                        lagging += 1
+                a = -1
+                if lagging > 0:
+                    pick = min(int(u * lagging), lagging - 1)
+                    for k in range(M):
+                        target = nxt[i, k] if fresh else ntil[r, i, k]
+                        if n[r, i, k] < target - N:
+                            if pick == 0:
+                                a = k
+                                break
+                            pick -= 1
+                else:
+                    top = -np.inf
+                    ties = 0
+                    for k in range(M):
+                        q[k] = theta[r, i, k] + ucb_width(n[r, i, k], log_n[i, k], log_t, log_t_privacy, two_n,
+                                                          privacy, alpha1)
+                        if q[k] > top:
+                            top = q[k]
+                            ties = 1
+                        elif q[k] == top:
+                            ties += 1
+                    pick = min(int(u * ties), ties - 1)
+                    for k in range(M):
+                        if q[k] == top:
+                            if pick == 0:
+                                a = k
+                                break
+                            pick -= 1
+                chosen[i] = a
+            for i in range(N):  # lines 14–15: observe, n += 1, (noisy) sample mean
+                a = chosen[i]
+                x = draw_reward(kind, key_reward, means, noise_std, pool_ptr, pool_values, r, i, a, t)
+                n[r, i, a] += 1
+                log_n[i, a] = np.log(n[r, i, a])
+                sums[r, i, a] += x
+                total = x0[r, i, a] + sums[r, i, a]
+                if scale > 0.0:
+                    total += pull_noise(key_noise, (N, M), r, i, a, t, scale, noise_empty, last[r, i, a],
+                                        prev[r, i, a], node[r, i, a], value[r, i, a])
+                mean = total / n[r, i, a]
+                delta[i] = mean - xbar[r, i, a]
+                xbar[r, i, a] = mean
+                regret[r, i] += best - global_means[r, a]
+                if keep:
+                    arms_out[r, s, i] = a
+            e = min(int(uniform(keyed(key_edge, r, t), 1) * E), E - 1)  # lines 16–22
+            eu = edges[e, 0]
+            ev = edges[e, 1]
+            for k in range(M):
+                avg = (theta[r, eu, k] + theta[r, ev, k]) * 0.5
+                theta[r, eu, k] = avg
+                theta[r, ev, k] = avg
+            for i in range(N):
+                theta[r, i, chosen[i]] += delta[i]
+            record(traffic, eu, traffic, ev, r, PEER, M, bps)
+            record(traffic, ev, traffic, eu, r, PEER, M, bps)
+            for i in range(N):
+                for k in range(M):
+                    ntil[r, i, k] = nxt[i, k]
+
+
+#: (serial, parallel over replicates)
+GOSSIP_RUN = (jit(_gossip_run), jit(parallel_variant(_gossip_run), parallel=True))

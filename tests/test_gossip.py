@@ -1,0 +1,332 @@
+"""Gossip_UCB and Fed_UCB (gossip spec §6): structural identities every round, the lemmas, the dyadic noise cache,
+both backends, resume, behaviour on a small heterogeneous case and bad input.
+
+Kernels compile once per signature (cached on disk): every protocol here uses the serial variant (R = 1) or the
+parallel one (R > 1), with all flags as runtime arguments.
+"""
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedrec.envs.mab import MultiAgentMAB
+from fedrec.errors import ConfigError
+from fedrec.federation.ledger import KINDS
+from fedrec.federation.topology import Topology, complete, gossip_matrix, path, ring
+from fedrec.privacy.tree import dyadic_cover
+from fedrec.protocols.gossip import FedUCB, GossipUCB
+
+BACKENDS = ("compiled", "torch")
+STATE = ("n", "ntil", "x0", "sums", "xbar", "theta", "noise_last", "noise_prev", "noise_node", "noise_value", "regret",
+         "t")
+PEER = KINDS.index("peer")
+
+#: agent 0's local best arm (0) differs from the global best (1): μ_k = (0.4, 0.667, 0.2)
+HETERO = np.array([[0.9, 0.5, 0.1], [0.1, 0.7, 0.2], [0.2, 0.8, 0.3]])
+
+
+def trajectory(p: FedUCB, env: MultiAgentMAB, steps: int) -> list[dict[str, torch.Tensor]]:
+    """The state before round 1 (after the time-0 pulls are known) and after every round, one round per call."""
+    out = []
+    for _ in range(steps):
+        before = {k: getattr(p, k).clone() for k in STATE}
+        before["peer_sent"] = p.ledger.per_endpoint("client", "peer").clone()
+        arms = p.play(env, 1, return_arms=True)[:, 0]
+        if not out:  # the first call also played time 0: rebuild that state
+            before.update(n=torch.ones_like(p.n), ntil=torch.ones_like(p.n), x0=p.x0.clone(), xbar=p.x0.clone(),
+                          theta=p.x0.clone())
+        before["arms"] = arms
+        out.append(before)
+    final = {k: getattr(p, k).clone() for k in STATE}
+    final["peer_sent"] = p.ledger.per_endpoint("client", "peer").clone()
+    out.append(final)
+    return out
+
+
+def states_equal(a: torch.nn.Module, b: torch.nn.Module, atol: float = 0.0) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        if sa[k].dtype.is_floating_point:
+            torch.testing.assert_close(sa[k], sb[k], atol=atol, rtol=0, msg=k)
+        else:
+            assert torch.equal(sa[k], sb[k]), k
+
+
+# ------------------------------------------------------------------------------------------- structure per round
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("epsilon", [math.inf, 2.0])
+def test_mean_preservation_and_matrix_form(backend: str, epsilon: float) -> None:
+    """§6.3 mean_i ϑ = mean_i X̃ every round; eq. 9/13 ϑ(t) = W(t) ϑ(t−1) + X̃(t) − X̃(t−1) with the ledger's edge."""
+    top = ring(5)
+    env = MultiAgentMAB(5, 4, replicates=2, seed=1)
+    p = FedUCB(top, 4, 64, replicates=2, seed=2, epsilon=epsilon, backend=backend)
+    traj = trajectory(p, env, 60)
+    for prev, cur in zip(traj[:-1], traj[1:]):
+        torch.testing.assert_close(cur["theta"].mean(1), cur["xbar"].mean(1), atol=1e-12, rtol=0)
+        for r in range(2):
+            sent = (cur["peer_sent"] - prev["peer_sent"])[r]
+            u, v = torch.nonzero(sent).flatten().tolist()
+            assert sent[u] == sent[v] == 1
+            w = torch.from_numpy(gossip_matrix(5, u, v))
+            expect = w @ prev["theta"][r] + cur["xbar"][r] - prev["xbar"][r]
+            torch.testing.assert_close(cur["theta"][r], expect, atol=1e-12, rtol=0)
+
+
+def test_bookkeeping_and_consistency_rule() -> None:
+    """§6.8 Σ_k n = M + t and X̃ = exact sample mean incl. X(0) at ε = ∞; §6.9 the arm lies in A_i when A_i ≠ ∅,
+    else it maximises ϑ + C (pre-pull n, ln t)."""
+    N, M = 4, 3
+    env = MultiAgentMAB(N, M, replicates=2, seed=5)
+    p = GossipUCB(path(N), M, 120, replicates=2, seed=6)
+    traj = trajectory(p, env, 120)
+    rewards = [[[[env.reward(r, i, k, 0)] for k in range(M)] for i in range(N)] for r in range(2)]
+    for t, (prev, cur) in enumerate(zip(traj[:-1], traj[1:]), start=1):
+        a = prev["arms"]
+        assert torch.equal(cur["n"].sum(-1), torch.full((2, N), M + t))
+        lagging = prev["n"] < prev["ntil"] - N
+        q = prev["theta"] + p.width(prev["n"], t)
+        for r in range(2):
+            for i in range(N):
+                k = int(a[r, i])
+                rewards[r][i][k].append(env.reward(r, i, k, t))
+                if lagging[r, i].any():
+                    assert lagging[r, i, k]
+                else:
+                    assert q[r, i, k] == q[r, i].max()
+    exact = torch.tensor([[[np.mean(x) for x in row] for row in rep] for rep in rewards])
+    torch.testing.assert_close(traj[-1]["xbar"], exact, atol=1e-12, rtol=0)
+
+
+def test_lemma1_count_propagation() -> None:
+    """§6.5 ñ_{i,k}(t+1) = max_j n_{j,k}(t − d_{j,i}) (n_j(s) the pre-pull count of round s, n(0) = 1, 0 before),
+    ñ non-decreasing and between the own pre-pull count and the global maximum."""
+    N, M, T = 6, 3, 80
+    top = path(N)
+    dist = dict(nx.all_pairs_shortest_path_length(top.graph))
+    env = MultiAgentMAB(N, M, replicates=2, seed=7)
+    traj = trajectory(GossipUCB(top, M, T, replicates=2, seed=8), env, T)
+    counts = [s["n"] for s in traj]  # counts[s] = after round s = pre-pull count of round s + 1
+
+    def pre_pull(s: int) -> torch.Tensor:
+        return counts[max(s - 1, 0)] if s >= 0 else torch.zeros_like(counts[0])
+
+    for t in range(1, T + 1):
+        ntil = traj[t]["ntil"]  # ñ(t+1)
+        for i in range(N):
+            expect = torch.stack([pre_pull(t - dist[j][i])[:, j] for j in range(N)]).amax(0)
+            assert torch.equal(ntil[:, i], expect)
+        assert (ntil >= traj[t - 1]["ntil"]).all()
+        assert (ntil >= pre_pull(t)).all() and (ntil <= pre_pull(t).amax(1, keepdim=True)).all()
+
+
+@pytest.mark.parametrize("epsilon", [math.inf, 1.0])
+def test_lemmas_2_and_3(epsilon: float) -> None:
+    """§6.6 n_{i,k}(t) > ñ_{i,k}(t+1) − 3MN and §6.7 max_j n_{j,k}(t) <= 2 n_{i,k}(t) once n_{i,k}(t) >= (3M+1)N,
+    on random runs (pre-pull counts)."""
+    for top, M in ((complete(3), 5), (ring(6), 3)):
+        N = top.num_agents
+        env = MultiAgentMAB(N, M, replicates=4, seed=N)
+        traj = trajectory(FedUCB(top, M, 400, replicates=4, seed=9, epsilon=epsilon), env, 400)
+        seen = False
+        for prev, cur in zip(traj[:-1], traj[1:]):
+            n = prev["n"]
+            assert (n > cur["ntil"] - 3 * M * N).all()
+            big = n >= (3 * M + 1) * N
+            seen |= bool(big.any())
+            assert (n.amax(1, keepdim=True).expand_as(n)[big] <= 2 * n[big]).all()
+        assert seen
+
+
+# ------------------------------------------------------------------------------------------------ privacy noise
+@pytest.mark.parametrize("noise_empty", [False, True])
+def test_dyadic_cover_noise_identity(noise_empty: bool) -> None:
+    """§6.10–11 the noisy numerator is X(0) + S(t) + Σ of the node noises of t's dyadic cover (non-empty nodes
+    only, unless flagged), recomputed from the pull times; at most popcount(t) terms; cached noise is the node's."""
+    N, M, T = 3, 3, 100
+    env = MultiAgentMAB(N, M, replicates=2, seed=3)
+    p = FedUCB(complete(N), M, T, replicates=2, seed=4, epsilon=1.0, noise_empty_intervals=noise_empty,
+               backend="compiled")
+    traj = trajectory(p, env, T)
+    pulls: dict[tuple[int, int, int], list[int]] = {}
+    for t, (prev, cur) in enumerate(zip(traj[:-1], traj[1:]), start=1):
+        for r in range(2):
+            for i in range(N):
+                k = int(prev["arms"][r, i])
+                times = pulls.setdefault((r, i, k), [])
+                times.append(t)
+                nodes = [nd for nd in dyadic_cover(t)
+                         if noise_empty or any(nd.start < s <= nd.end for s in times)]
+                assert len(nodes) <= bin(t).count("1")
+                noise = sum(float(p.node_noise(r, i, k, nd.level, nd.index)[0]) for nd in nodes)
+                numerator = float(cur["xbar"][r, i, k] * cur["n"][r, i, k])
+                clean = float(cur["x0"][r, i, k] + cur["sums"][r, i, k])
+                assert numerator == pytest.approx(clean + noise, abs=1e-9)
+                for nd in nodes:  # the cache holds the node's own noise
+                    assert int(cur["noise_node"][r, i, k, nd.level]) == nd.index
+                    assert float(cur["noise_value"][r, i, k, nd.level]) == float(
+                        p.node_noise(r, i, k, nd.level, nd.index)[0])
+
+
+def test_laplace_scale_and_accounting() -> None:
+    """§6.11 node noise is Laplace with b = ⌈log₂ T⌉/ε (variance 2b²); ε spent from the basic-composition tree
+    accountant; the "levels" split spends at most ε."""
+    T, eps = 1000, 2.0
+    p = FedUCB(complete(3), 4, T, seed=1, epsilon=eps)
+    b = math.ceil(math.log2(T)) / eps
+    assert p.scale == pytest.approx(b)
+    m = np.arange(1, 100_001)
+    z = p.node_noise(m % 3, (m // 3) % 3, m % 4, m % 7, m)
+    assert z.var() == pytest.approx(2 * b * b, rel=0.03)
+    assert stats.kstest(z, stats.laplace(scale=b).cdf).pvalue > 1e-3
+    assert p.levels == 10 and torch.allclose(p.epsilon_spent(), torch.full((1, 3), eps, dtype=torch.float64))
+    assert FedUCB(complete(3), 4, 1024, epsilon=eps).epsilon_spent()[0, 0] > eps  # paper split at T = 2^10
+    assert FedUCB(complete(3), 4, 1024, epsilon=eps, laplace_split="levels").epsilon_spent()[0, 0] <= eps
+    assert math.isinf(GossipUCB(complete(3), 4, T).epsilon_spent()[0, 0])
+
+
+def test_width_formula() -> None:
+    """§6.13 C̃ − α₁ = sqrt(2N (128 N log²T log t log n/(n²ε²) + 1/n) log t); C̃ >= C, non-increasing in ε, = C at
+    n = 1; ε = ∞ gives eq. 11."""
+    N, T, t = 3, 10**6, 5000
+    n = torch.arange(1, 3000)
+    gossip = GossipUCB(complete(N), 2, T)
+    c = gossip.width(n, t)
+    torch.testing.assert_close(c, gossip.alpha1 + torch.sqrt(2 * N * math.log(t) / n.double()), rtol=1e-14, atol=0)
+    assert gossip.alpha1 == 64 / 3**17
+    prev = None
+    for eps in (0.5, 1.0, 2.0, 5.0, math.inf):
+        fed = FedUCB(complete(N), 2, T, epsilon=eps)
+        ct = fed.width(n, t)
+        nd = n.double()
+        expect = torch.sqrt(2 * N * (128 * N * math.log(T) ** 2 * math.log(t) * torch.log(nd) / (nd**2 * eps**2)
+                                     + 1 / nd) * math.log(t))
+        torch.testing.assert_close(ct - fed.alpha1, expect, rtol=1e-12, atol=0)
+        assert (ct >= c).all() and ct[0] == c[0]
+        if prev is not None:
+            assert (ct <= prev).all()
+        prev = ct
+    torch.testing.assert_close(prev, c, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------ backends and resume
+def test_fed_ucb_at_infinity_is_gossip_ucb() -> None:
+    """§6.12 the same seed gives the same trajectory (arms, ϑ, n, everything)."""
+    env = MultiAgentMAB(10, 6, replicates=3, seed=2)
+    g = GossipUCB(ring(10), 6, 500, replicates=3, seed=11)
+    f = FedUCB(ring(10), 6, 500, replicates=3, seed=11, epsilon=math.inf)
+    assert torch.equal(g.play(env, 500, return_arms=True), f.play(env, 500, return_arms=True))
+    states_equal(g, f)
+
+
+@pytest.mark.parametrize("flags", [
+    dict(epsilon=math.inf),
+    dict(epsilon=1.5),
+    dict(epsilon=0.7, noise_empty_intervals=True, consistency_fresh=True),
+    dict(epsilon=3.0, laplace_split="levels", privacy_log2=True),
+])
+@pytest.mark.parametrize("replicates", [1, 3])
+def test_compiled_equals_torch(flags: dict, replicates: int) -> None:
+    """Decisions and ledgers equal, states to 1e-10, over the flag matrix (serial and parallel kernels)."""
+    env = MultiAgentMAB(4, 5, replicates=replicates, seed=4)
+    ps = [FedUCB(path(4), 5, 300, replicates=replicates, seed=5, backend=b, **flags) for b in BACKENDS]
+    arms = [torch.cat([p.play(env, s, return_arms=True) for s in (1, 130, 169)], 1) for p in ps]
+    assert torch.equal(*arms)
+    states_equal(*ps, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resume_equals_uninterrupted(backend: str) -> None:
+    """A state_dict taken mid-run and loaded into a fresh protocol continues bit for bit (also across backends)."""
+    env = MultiAgentMAB(3, 4, replicates=2, seed=8)
+    kw = dict(replicates=2, seed=3, epsilon=1.0)
+    whole = FedUCB(complete(3), 4, 256, backend=backend, **kw)
+    whole.play(env, 200)
+    half = FedUCB(complete(3), 4, 256, backend=backend, **kw)
+    half.play(env, 77)
+    for other in BACKENDS:
+        resumed = FedUCB(complete(3), 4, 256, backend=other, **kw)
+        resumed.load_state_dict(half.state_dict())
+        resumed.play(env, 123)
+        states_equal(whole, resumed, atol=0.0 if other == backend else 1e-10)
+
+
+# ----------------------------------------------------------------------------------------------------- behaviour
+def test_consensus_and_global_best_under_heterogeneity() -> None:
+    """§6.14–15 ϑ agrees across agents and approaches the global means; every agent, including the one whose local
+    best differs, ends up pulling the global best arm."""
+    env = MultiAgentMAB(3, 3, replicates=4, seed=0, means=HETERO, noise_std=0.5)
+    assert env.best_arm[0] == 1 and env.local_best[0, 0] == 0
+    p = GossipUCB(complete(3), 3, 20_000, replicates=4, seed=1)
+    p.play(env, 10_000)
+    before = p.n.clone()
+    p.play(env, 10_000)
+    share = (p.n - before)[..., 1].double() / 10_000
+    assert (share > 0.9).all()
+    spread = p.theta.amax(1) - p.theta.amin(1)
+    assert (spread[..., 1] < 0.05).all()
+    assert (p.theta[..., 1] - env.global_means[0, 1]).abs().max() < 0.1
+    assert (p.regret[:, :] / 20_000 < 0.05).all()
+
+
+def test_no_starvation_with_privacy() -> None:
+    """§6.19 with the un-noised X(0) every arm is pulled again (no arm stays at n = 1), even at small ε."""
+    env = MultiAgentMAB(3, 3, replicates=4, seed=0, means=HETERO)
+    p = FedUCB(complete(3), 3, 20_000, replicates=4, seed=2, epsilon=1.0)
+    p.play(env, 20_000)
+    assert (p.n >= 2).all()
+
+
+def test_privacy_ordering() -> None:
+    """§6.17 mean regret R(ε=1) > R(ε=2) > R(ε=5) > R(ε=∞) at every checkpoint of a small heterogeneous case."""
+    env = MultiAgentMAB(3, 3, replicates=8, seed=0, means=HETERO)
+    ps = [FedUCB(complete(3), 3, 20_000, replicates=8, seed=2, epsilon=eps) for eps in (1.0, 2.0, 5.0, math.inf)]
+    for _ in range(4):
+        regrets = []
+        for p in ps:
+            p.play(env, 5_000)
+            regrets.append(float(p.regret.mean()))
+        assert regrets == sorted(regrets, reverse=True) and len(set(regrets)) == 4
+
+
+def test_ledger_counts_two_peer_messages_per_round() -> None:
+    env = MultiAgentMAB(5, 7, replicates=3, seed=0)
+    for backend in BACKENDS:
+        p = GossipUCB(ring(5), 7, 100, replicates=3, backend=backend)
+        p.play(env, 100)
+        tot = p.ledger.totals()
+        assert torch.equal(tot["comm_peer_messages"], torch.full((3,), 200))
+        assert torch.equal(tot["comm_peer_scalars"], torch.full((3,), 200 * 7))
+        assert torch.equal(tot["comm_messages"], tot["comm_peer_messages"])
+        received = p.ledger.per_endpoint("client", "peer", side="received")
+        assert torch.equal(received.sum(1), torch.full((3,), 200))
+
+
+# ------------------------------------------------------------------------------------------------------ bad input
+def test_bad_input_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="topology.num_agents"):
+        GossipUCB(Topology("edge_list", 1, np.zeros((0, 2))), 3, 10)
+    with pytest.raises(ConfigError, match="topology.edges"):
+        GossipUCB(Topology("edge_list", 4, np.array([[0, 1], [2, 3]])), 3, 10)
+    with pytest.raises(ConfigError, match="num_arms"):
+        GossipUCB(complete(3), 0, 10)
+    with pytest.raises(ConfigError, match="horizon"):
+        GossipUCB(complete(3), 3, 0)
+    for eps in (0.0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match="epsilon"):
+            FedUCB(complete(3), 3, 10, epsilon=eps)
+    with pytest.raises(ConfigError, match="laplace_split"):
+        FedUCB(complete(3), 3, 10, laplace_split="ln")
+    with pytest.raises(ConfigError, match="env.num_arms"):
+        GossipUCB(complete(3), 3, 10).play(MultiAgentMAB(3, 4), 1)
+    with pytest.raises(ConfigError, match="steps"):
+        GossipUCB(complete(3), 3, 10).play(MultiAgentMAB(3, 3), 11)
+    with pytest.raises(ConfigError, match="env.means"):
+        MultiAgentMAB(3, 3, means=np.zeros((2, 3)))
+    with pytest.raises(ConfigError, match="env.num_arms"):
+        MultiAgentMAB(3, 0)
