@@ -1,5 +1,5 @@
 """Gossip_UCB and Fed_UCB (gossip spec §6): structural identities every round, the lemmas, the dyadic noise cache,
-both backends, resume, behaviour on a small heterogeneous case and bad input.
+both backends, resume, behaviour on a small heterogeneous case and bad input; our local and central UCB baselines.
 
 Kernels compile once per signature (cached on disk): every protocol here uses the serial variant (R = 1) or the
 parallel one (R > 1), with all flags as runtime arguments.
@@ -19,7 +19,7 @@ from fedrec.errors import ConfigError
 from fedrec.federation.ledger import KINDS
 from fedrec.federation.topology import Topology, complete, gossip_matrix, path, ring
 from fedrec.privacy.tree import dyadic_cover
-from fedrec.protocols.gossip import FedUCB, GossipUCB
+from fedrec.protocols.gossip import CentralUCB, FedUCB, GossipBandit, GossipUCB, LocalUCB
 
 BACKENDS = ("compiled", "torch")
 STATE = ("n", "ntil", "x0", "sums", "xbar", "theta", "noise_last", "noise_prev", "noise_node", "noise_value", "regret",
@@ -330,3 +330,56 @@ def test_bad_input_names_the_field() -> None:
         MultiAgentMAB(3, 3, means=np.zeros((2, 3)))
     with pytest.raises(ConfigError, match="env.num_arms"):
         MultiAgentMAB(3, 0)
+
+
+# ------------------------------------------------------------------------------- baselines (ours, spec §4.1 [PROP])
+@pytest.mark.parametrize("cls", [LocalUCB, CentralUCB])
+@pytest.mark.parametrize("replicates", [1, 3])
+def test_baselines_compiled_equals_torch(cls: type, replicates: int) -> None:
+    """Both baselines: arms and ledgers equal on both backends, states to 1e-10, across resumed calls."""
+    env = MultiAgentMAB(4, 5, replicates=replicates, seed=4)
+    ps = [cls(path(4), 5, 300, replicates=replicates, seed=5, backend=b) for b in BACKENDS]
+    arms = [torch.cat([p.play(env, s, return_arms=True) for s in (1, 130, 169)], 1) for p in ps]
+    assert torch.equal(*arms)
+    states_equal(*ps, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_local_ucb_stays_on_local_best(backend: str) -> None:
+    """§6.15 contrast: without communication each agent settles on its LOCAL best arm (agent 0: arm 0, while the
+    global best is arm 1, which Gossip_UCB finds); ϑ = X̃ throughout (§6.4), ñ never moves, nothing is sent."""
+    env = MultiAgentMAB(3, 3, replicates=4, seed=0, means=HETERO, noise_std=0.5)
+    p = LocalUCB(complete(3), 3, 6_000, replicates=4, seed=1, backend=backend)
+    p.play(env, 3_000)
+    before = p.n.clone()
+    p.play(env, 3_000)
+    share = (p.n - before).double() / 3_000
+    local = torch.from_numpy(env.local_best)  # (R, N): agent 0 → 0, agents 1, 2 → 1
+    assert (share.gather(2, local.unsqueeze(-1)) > 0.9).all() and (local[:, 0] != int(env.best_arm[0])).all()
+    torch.testing.assert_close(p.theta, p.xbar, atol=1e-12, rtol=0)
+    assert (p.ntil == 1).all()
+    assert p.regret[:, 0].min() > 0.2 * 6_000  # agent 0 pays Δ = 0.267 on most rounds
+    assert all(int(v.sum()) == 0 for v in p.ledger.totals().values())
+    assert (p.epsilon_spent() == 0).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_central_ucb_finds_global_best(backend: str) -> None:
+    """Centralised UCB on the global means: all agents pull the learner's arm, which converges to the global best;
+    ϑ is the pooled mean of every observation; nothing is sent."""
+    env = MultiAgentMAB(3, 3, replicates=4, seed=0, means=HETERO, noise_std=0.5)
+    p = CentralUCB(complete(3), 3, 6_000, replicates=4, seed=1, backend=backend)
+    arms = p.play(env, 6_000, return_arms=True)
+    assert (arms == arms[:, :, :1]).all()
+    assert ((arms[:, 3_000:] == int(env.best_arm[0])).double().mean((1, 2)) > 0.95).all()
+    pooled = (p.x0 + p.sums).sum(1) / p.n.sum(1).double()
+    torch.testing.assert_close(p.theta, pooled.unsqueeze(1).expand_as(p.theta), atol=1e-12, rtol=0)
+    assert (p.regret / 6_000 < 0.02).all()
+    assert all(int(v.sum()) == 0 for v in p.ledger.totals().values())
+
+
+def test_baseline_bad_input() -> None:
+    with pytest.raises(ConfigError, match="mode"):
+        GossipBandit(complete(3), 3, 10, mode="federated")
+    with pytest.raises(ConfigError, match="epsilon"):
+        GossipBandit(complete(3), 3, 10, epsilon=1.0, mode="local")

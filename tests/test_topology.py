@@ -268,12 +268,13 @@ def test_make_topology_rejects_unknown_kind_and_parameters():
         make_topology("erdos_renyi", 10, p=0.5)  # seed is required
 
 
-@pytest.mark.parametrize("kind, lam2", [
-    ("complete", 0.5), ("ring", 0.9809), ("path", 0.9946), ("grid", 0.9853), ("erdos_renyi", None),
-    ("edge_list", 0.9444),
+@pytest.mark.parametrize("kind, agents, lam2", [
+    ("complete", 3, 0.5), ("ring", 10, 0.9809), ("path", 10, 0.9946), ("grid", 10, 0.9853),
+    ("erdos_renyi", 10, None), ("edge_list", 10, 0.9444),
 ])
-def test_conf_files_instantiate(kind, lam2):
-    cfg = OmegaConf.create({"seed": 0, "topology": OmegaConf.load(CONF / f"{kind}.yaml")})
+def test_conf_files_instantiate(kind, agents, lam2):
+    cfg = OmegaConf.create({"seed": 0, "env": {"num_agents": agents},
+                            "topology": OmegaConf.load(CONF / f"{kind}.yaml")})
     assert cfg.topology._target_ == "fedrec.federation.topology.make_topology"
     topo = instantiate(cfg.topology)
     assert isinstance(topo, Topology) and topo.kind == kind

@@ -3,10 +3,12 @@ from fedrec.protocols.async_linucb import AsyncLinUCB
 from fedrec.protocols.async_linucb_am import AsyncLinUCBAM
 from fedrec.protocols.base import ProtocolModule, StepProtocol, paper_linucb
 from fedrec.protocols.centralized import CentralizedLinUCB
-from fedrec.protocols.gossip import FedUCB, GossipBandit, GossipUCB, MultiAgentProtocol
+from fedrec.protocols.gossip import (
+    CentralUCB, FedUCB, GossipBandit, GossipUCB, LocalUCB, MultiAgentProtocol,
+)
 from fedrec.protocols.sync_linucb import SyncLinUCB
 
 __all__ = [
-    "AsyncLinUCB", "AsyncLinUCBAM", "CentralizedLinUCB", "FedUCB", "GossipBandit", "GossipUCB", "MultiAgentProtocol",
-    "ProtocolModule", "StepProtocol", "SyncLinUCB", "paper_linucb",
+    "AsyncLinUCB", "AsyncLinUCBAM", "CentralUCB", "CentralizedLinUCB", "FedUCB", "GossipBandit", "GossipUCB",
+    "LocalUCB", "MultiAgentProtocol", "ProtocolModule", "StepProtocol", "SyncLinUCB", "paper_linucb",
 ]

@@ -8,6 +8,10 @@ its own counter-based stream. The compiled step loop is :mod:`fedrec.protocols.k
 lists the order of a round and how every draw is keyed); :meth:`GossipBandit._play_torch` is the readable
 reference, batched over replicates, that the tests hold it to.
 
+The same class and loop also play our two baselines (spec §4.1 [PROP]: sanity checks, not results of the paper),
+``mode="local"`` (:class:`LocalUCB`, UCB1 per agent without communication) and ``mode="central"``
+(:class:`CentralUCB`, one UCB1 learner on the global means pulling one arm for all agents).
+
 These protocols do not fit :class:`~fedrec.protocols.base.StepProtocol`: that interface feeds one acting client
 per step with contexts and all arms' rewards from outside, while here every agent acts in every round and the
 rewards are drawn inside the step loop from the environment's counter-based stream (no (T × N × M) tensor). They
@@ -28,11 +32,15 @@ from fedrec.federation.topology import Topology
 from fedrec.privacy.accountant import LaplaceBasicAccountant
 from fedrec.privacy.tree import LAPLACE_SPLITS, laplace_node_scale
 from fedrec.protocols.base import ProtocolModule, kernel_call
-from fedrec.protocols.kernels.gossip import GOSSIP_RUN, laplace_many, uniforms_many
+from fedrec.protocols.kernels.gossip import CENTRAL, GOSSIP, GOSSIP_RUN, LOCAL, laplace_many, uniforms_many
 from fedrec.seeding import numpy_generator
 
 if TYPE_CHECKING:  # the environment imports this package's kernels for its reward draws
     from fedrec.envs.mab import MultiAgentMAB
+
+
+#: ``mode`` of :class:`GossipBandit` → the kernel's code
+MODES = {"gossip": GOSSIP, "local": LOCAL, "central": CENTRAL}
 
 
 def _stream_key(seed: int, name: str) -> np.uint64:
@@ -77,6 +85,13 @@ class GossipBandit(MultiAgentProtocol):
             the prose, AMBIG-7).
         privacy_log2: use log₂ for the log²T · log t factor of C̃ (spec §2.2; default natural log everywhere).
         consistency_fresh: test the consistency rule against ñ(t+1) instead of ñ(t) (AMBIG-3 variant).
+        mode: ``"gossip"`` (the paper's algorithms), or one of our baselines (spec §4.1 [PROP], ε = ∞ only):
+            ``"local"`` UCB1 per agent with index X̃_{i,k} + sqrt(2 ln t / n_{i,k}) and no communication at all (no
+            count propagation, consistency rule or gossip; ϑ stays X̃), ``"central"`` one learner per replicate
+            that pulls one arm for all N agents and sees their N rewards, with index (mean of all observations of
+            k) + sqrt(2 ln t / Σ_i n_{i,k}), the count in observations (N per round, N at time 0). Both keep
+            α₁ = 0, the ledger at zero, and the regret per agent with global means; the central learner's
+            uploads are not modelled.
         backend: ``auto`` | ``compiled`` | ``torch``.
 
     State (buffers, (R, N, M) unless noted): ``n`` pulls incl. the time-0 pull, ``ntil`` ñ, ``x0`` X(0), ``sums``
@@ -88,11 +103,16 @@ class GossipBandit(MultiAgentProtocol):
     def __init__(
         self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0,
         epsilon: float = math.inf, *, laplace_split: str = "paper", noise_empty_intervals: bool = False,
-        privacy_log2: bool = False, consistency_fresh: bool = False, backend: str = "auto",
+        privacy_log2: bool = False, consistency_fresh: bool = False, mode: str = "gossip", backend: str = "auto",
     ) -> None:
         super().__init__(topology, num_arms, replicates, seed, backend)
         self.horizon = check_int("horizon", horizon, minimum=1)
         self.epsilon = check_float("epsilon", epsilon, low=0.0, low_open=True, allow_inf=True)
+        if mode not in MODES:
+            raise ConfigError(f"mode must be one of {list(MODES)}, got {mode!r}")
+        if mode != "gossip" and not math.isinf(self.epsilon):
+            raise ConfigError(f"epsilon must be inf for the {mode} baseline (it adds no noise), got {epsilon!r}")
+        self.mode = mode
         if laplace_split not in LAPLACE_SPLITS:
             raise ConfigError(f"laplace_split must be one of {list(LAPLACE_SPLITS)}, got {laplace_split!r}")
         self.laplace_split = laplace_split
@@ -102,7 +122,11 @@ class GossipBandit(MultiAgentProtocol):
         N, T = self.num_agents, self.horizon
         #: Laplace scale b = 1/ε' of every dyadic node (sensitivity 1); 0 for ε = ∞
         self.scale = 0.0 if math.isinf(self.epsilon) else laplace_node_scale(self.epsilon, T, 1.0, laplace_split)
-        self.alpha1 = 64.0 / N ** 17
+        gossip = mode == "gossip"
+        #: α₁ = 64/N¹⁷ of eq. 11/12 (0 for the baselines)
+        self.alpha1 = 64.0 / N ** 17 if gossip else 0.0
+        #: the factor of ln t / n under the root: 2N (eq. 11/12) or 2 (UCB1 of the baselines)
+        self.width_factor = 2.0 * N if gossip else 2.0
         log_T = math.log2(T) if self.privacy_log2 else math.log(T)
         #: P = 128 N log²T / ε² of eq. 12 (0 for ε = ∞)
         self.privacy = 0.0 if math.isinf(self.epsilon) else 128.0 * N * log_T ** 2 / self.epsilon ** 2
@@ -133,21 +157,21 @@ class GossipBandit(MultiAgentProtocol):
 
     def epsilon_spent(self) -> Tensor:
         """ε of every agent (R, N): each of its per-arm streams is ε-DP by the tree, and an observation lies in one
-        stream (parallel composition). ``inf`` without noise."""
+        stream (parallel composition). ``inf`` without noise; 0 for the local baseline, which releases nothing."""
         acc = self.accountant()
-        eps = math.inf if acc is None else acc.epsilon()
+        eps = 0.0 if self.mode == "local" else math.inf if acc is None else acc.epsilon()
         return torch.full((self.replicates, self.num_agents), eps, dtype=torch.float64)
 
     def width(self, n: Tensor, t: int) -> Tensor:
         """C̃_{i,k}(t) of eq. 12 for pre-pull counts ``n`` (C of eq. 11 when ε = ∞): α₁ + sqrt(2N (P log t log n /
-        n² + 1/n) log t), the same arithmetic as the kernel's ``ucb_width``."""
+        n² + 1/n) log t), the same arithmetic as the kernel's ``ucb_width``; the baselines' sqrt(2 ln t / n) (``n``
+        in observations for ``central``)."""
         log_t = math.log(t)
         log_t_privacy = log_t / math.log(2.0) if self.privacy_log2 else log_t
         nd = n.to(torch.float64)
         inv = 1.0 / nd
-        two_n = 2.0 * self.num_agents
-        return self.alpha1 + torch.sqrt(two_n * (self.privacy * log_t_privacy * torch.log(nd) * inv * inv + inv)
-                                        * log_t)
+        return self.alpha1 + torch.sqrt(self.width_factor * (self.privacy * log_t_privacy * torch.log(nd) * inv * inv
+                                                             + inv) * log_t)
 
     def node_noise(self, replicate: Any, agent: Any, arm: Any, level: Any, index: Any) -> np.ndarray:
         """The Laplace noise of dyadic node (level, index) of stream (agent, arm), regenerated from the key
@@ -183,9 +207,9 @@ class GossipBandit(MultiAgentProtocol):
     def _play_compiled(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
         topo = self.topology
         t0 = int(self.t)
-        kernel_call(GOSSIP_RUN[self.replicates > 1], t0, steps, t0 == 0, topo.indptr, topo.indices, topo.edges,
-                    self.key_choice, self.key_edge, self.key_noise, self.alpha1, 2.0 * self.num_agents, self.privacy,
-                    self.privacy_log2, self.scale, self.noise_empty_intervals, self.consistency_fresh,
+        kernel_call(GOSSIP_RUN[self.replicates > 1], MODES[self.mode], t0, steps, t0 == 0, topo.indptr, topo.indices,
+                    topo.edges, self.key_choice, self.key_edge, self.key_noise, self.alpha1, self.width_factor,
+                    self.privacy, self.privacy_log2, self.scale, self.noise_empty_intervals, self.consistency_fresh,
                     *env.reward_spec(), np.ascontiguousarray(env.global_means), *self.kernel_arrays(), arms.numpy(),
                     self.ledger.traffic("client").numpy(), self.channel.bytes_per_scalar)
         self.t += steps
@@ -193,7 +217,8 @@ class GossipBandit(MultiAgentProtocol):
     # ------------------------------------------------------------------------------------- torch reference
     @torch.no_grad()
     def _play_torch(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
-        """The reference step loop (spec §2.3 / §2.7), one round of every replicate at a time."""
+        """The reference step loop (spec §2.3 / §2.7, and the baselines of ``mode``), one round of every replicate
+        at a time."""
         R, N, M = self.replicates, self.num_agents, self.num_arms
         topo = self.topology
         neighbours = [torch.from_numpy(topo.indices[topo.indptr[i]:topo.indptr[i + 1]]) for i in range(N)]
@@ -201,6 +226,7 @@ class GossipBandit(MultiAgentProtocol):
         global_means = torch.from_numpy(np.ascontiguousarray(env.global_means))
         best = global_means.amax(1)
         reps = torch.arange(R)
+        gossip, central = self.mode == "gossip", self.mode == "central"
         if int(self.t) == 0:  # time 0: every agent pulls every arm once
             for k in range(M):
                 self.x0[:, :, k] = torch.from_numpy(env.rewards(np.full((R, N), k), 0))
@@ -208,17 +234,26 @@ class GossipBandit(MultiAgentProtocol):
             self.theta.copy_(self.x0)
             self.n.fill_(1)
             self.ntil.fill_(1)
+            if central:
+                self.theta.copy_(self.x0.mean(1, keepdim=True).expand_as(self.x0))
         for s in range(steps):
             t = int(self.t) + 1
-            # lines 3–5: ñ(t+1) = max(n(t), max_{j ∈ N_i} ñ_j(t)) (eq. 1), n(t) the pre-pull count
-            ntil_next = torch.stack([torch.maximum(self.n[:, i], self.ntil[:, nb].amax(1))
-                                     for i, nb in enumerate(neighbours)], 1)
-            # lines 6–13: a lagging arm if any (consistency rule), else argmax of ϑ + C̃ (eq. 11/12)
-            lagging = self.n < (ntil_next if self.consistency_fresh else self.ntil) - N
-            q = self.theta + self.width(self.n, t)
-            top = q == q.amax(-1, keepdim=True)
-            candidates = torch.where(lagging.any(-1, keepdim=True), lagging, top)
-            a = _uniform_pick(candidates, torch.from_numpy(uniforms_many(self.key_choice, R, N, t)))
+            u = torch.from_numpy(uniforms_many(self.key_choice, R, N, t))
+            if central:  # one learner: the pooled index, agent 0's draw breaks ties, every agent pulls its arm
+                q = self.theta[:, :1] + self.width(self.n.sum(1, keepdim=True), t)
+                a = _uniform_pick(q == q.amax(-1, keepdim=True), u[:, :1]).expand(R, N).contiguous()
+            elif gossip:
+                # lines 3–5: ñ(t+1) = max(n(t), max_{j ∈ N_i} ñ_j(t)) (eq. 1), n(t) the pre-pull count
+                ntil_next = torch.stack([torch.maximum(self.n[:, i], self.ntil[:, nb].amax(1))
+                                         for i, nb in enumerate(neighbours)], 1)
+                # lines 6–13: a lagging arm if any (consistency rule), else argmax of ϑ + C̃ (eq. 11/12)
+                lagging = self.n < (ntil_next if self.consistency_fresh else self.ntil) - N
+                q = self.theta + self.width(self.n, t)
+                top = q == q.amax(-1, keepdim=True)
+                a = _uniform_pick(torch.where(lagging.any(-1, keepdim=True), lagging, top), u)
+            else:  # local UCB1 on the agent's own mean (ϑ = X̃)
+                q = self.theta + self.width(self.n, t)
+                a = _uniform_pick(q == q.amax(-1, keepdim=True), u)
             # lines 14–15: observe, n += 1, the (noisy) sample mean of all n observations incl. X(0)
             x = torch.from_numpy(env.rewards(a.numpy(), t))
             idx = a.unsqueeze(-1)
@@ -231,18 +266,25 @@ class GossipBandit(MultiAgentProtocol):
             d = torch.zeros_like(self.xbar).scatter_(2, idx, mean - self.xbar.gather(2, idx))
             self.xbar.scatter_(2, idx, mean)
             self.regret += best.unsqueeze(1) - global_means.gather(1, a)
-            # lines 16–22: one uniformly random edge (u, v); ϑ(t) = W(t) ϑ(t−1) + X̃(t) − X̃(t−1)
-            u_edge = torch.from_numpy(uniforms_many(self.key_edge, R, 1, t))[:, 0]
-            e = (u_edge * topo.num_edges).floor().long().clamp(max=topo.num_edges - 1)
-            eu, ev = edges[e, 0], edges[e, 1]
-            avg = (self.theta[reps, eu] + self.theta[reps, ev]) * 0.5
-            theta = self.theta + d
-            theta[reps, eu] = avg + d[reps, eu]
-            theta[reps, ev] = avg + d[reps, ev]
-            self.theta.copy_(theta)
-            self.channel.send("peer", ("client", torch.cat([eu, ev])), ("client", torch.cat([ev, eu])), None, M,
-                              torch.cat([reps, reps]))
-            self.ntil.copy_(ntil_next)
+            if central:  # ϑ of the pulled arm: the mean of all its observations over the agents
+                arm = a[:, 0]
+                pooled = (self.x0 + self.sums)[reps, :, arm].sum(1) / self.n[reps, :, arm].sum(1).to(torch.float64)
+                self.theta[reps, :, arm] = pooled.unsqueeze(1)
+            elif gossip:
+                # lines 16–22: one uniformly random edge (u, v); ϑ(t) = W(t) ϑ(t−1) + X̃(t) − X̃(t−1)
+                u_edge = torch.from_numpy(uniforms_many(self.key_edge, R, 1, t))[:, 0]
+                e = (u_edge * topo.num_edges).floor().long().clamp(max=topo.num_edges - 1)
+                eu, ev = edges[e, 0], edges[e, 1]
+                avg = (self.theta[reps, eu] + self.theta[reps, ev]) * 0.5
+                theta = self.theta + d
+                theta[reps, eu] = avg + d[reps, eu]
+                theta[reps, ev] = avg + d[reps, ev]
+                self.theta.copy_(theta)
+                self.channel.send("peer", ("client", torch.cat([eu, ev])), ("client", torch.cat([ev, eu])), None, M,
+                                  torch.cat([reps, reps]))
+                self.ntil.copy_(ntil_next)
+            else:  # W(t) = I: ϑ(t) = ϑ(t−1) + X̃(t) − X̃(t−1)
+                self.theta += d
             if arms.shape[1]:
                 arms[:, s] = a
             self.t += 1
@@ -296,3 +338,22 @@ class FedUCB(GossipBandit):
     ``epsilon=inf`` is Gossip_UCB."""
 
 
+
+
+class LocalUCB(GossipBandit):
+    """Our local-only baseline (spec §4.1 [PROP], not the paper's): UCB1 per agent, index X̃_{i,k} + sqrt(2 ln t /
+    n_{i,k}), no communication (``mode="local"``); it converges to each agent's local best arm."""
+
+    def __init__(self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0, *,
+                 backend: str = "auto") -> None:
+        super().__init__(topology, num_arms, horizon, replicates, seed, mode="local", backend=backend)
+
+
+class CentralUCB(GossipBandit):
+    """Our centralised baseline (spec §4.1 [PROP], not the paper's): one UCB1 learner per replicate on the global
+    means pulls one arm for all N agents each round, index (mean of all observations of k) + sqrt(2 ln t / Σ_i
+    n_{i,k}) with the count in observations (``mode="central"``)."""
+
+    def __init__(self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0, *,
+                 backend: str = "auto") -> None:
+        super().__init__(topology, num_arms, horizon, replicates, seed, mode="central", backend=backend)

@@ -8,7 +8,9 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-_WHERE = {"BanditTask": "bandit", "FederatedTask": "base", "FedRecTask": "recommendation"}
+_WHERE = {
+    "BanditTask": "bandit", "FederatedTask": "base", "FedRecTask": "recommendation", "MultiAgentTask": "multi_agent",
+}
 
 __all__ = sorted(_WHERE)
 

@@ -13,6 +13,16 @@ on the protocol's buffers (gossip spec §2.3 and §2.7, readings AMBIG-1…8):
 4. one uniformly random edge (u, v): ϑ(t) = W(t) ϑ(t−1) + X̃(t) − X̃(t−1) (eq. 9/13), counted as two peer
    messages of M scalars in the ledger.
 
+The same loop plays our two baselines (spec §4.1 [PROP], not the paper's), chosen by ``mode``:
+
+* ``LOCAL``: UCB1 per agent, no communication: no count propagation, no consistency rule, no gossip, so ϑ stays
+  X̃ (the §6.4 no-communication limit); the index is X̃_{i,k} + sqrt(2 ln t / n_{i,k});
+* ``CENTRAL``: one learner per replicate picks one arm for all N agents (agent 0's choice draw breaks its ties) and
+  sees their N rewards; ϑ_{i,k} holds, for every i, the mean of all Σ_j n_{j,k} observations of arm k and the
+  index is that mean + sqrt(2 ln t / Σ_j n_{j,k}).
+
+The width arithmetic is shared: the baselines pass α₁ = 0, P = 0 and the factor 2 instead of 2N.
+
 Randomness is counter based (:func:`keyed`): a draw is a pure function of a stream key and its counters, so a
 resumed run redraws exactly what an uninterrupted one would, whatever the batching:
 
@@ -37,6 +47,8 @@ from fedrec.rng import mix64
 
 #: reward kinds of :func:`draw_reward`: μ_{i,k} + σ·N(0, 1), or a record drawn with replacement from the (i, k) pool
 GAUSSIAN, RECORDS = 0, 1
+#: ``mode`` of :data:`GOSSIP_RUN`: Gossip_UCB / Fed_UCB, local-only UCB1, centralised UCB (module docstring)
+GOSSIP, LOCAL, CENTRAL = 0, 1, 2
 #: the ledger's message kind of a gossip exchange
 PEER = KINDS.index("peer")
 
@@ -156,12 +168,14 @@ def uniforms_many(key: np.uint64, R: int, N: int, t: int) -> np.ndarray:
     return out
 
 
-def _gossip_run(t0, steps, initialise, indptr, indices, edges, key_choice, key_edge, key_noise, alpha1, two_n,
-                privacy, privacy_log2, scale, noise_empty, fresh, kind, key_reward, means, noise_std, pool_ptr,
+def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice, key_edge, key_noise, alpha1,
+                two_n, privacy, privacy_log2, scale, noise_empty, fresh, kind, key_reward, means, noise_std, pool_ptr,
                 pool_values, global_means, n, ntil, x0, sums, xbar, theta, last, prev, node, value, regret, arms_out,
                 traffic, bps):
-    """Rounds t0 + 1 … t0 + steps of Gossip_UCB / Fed_UCB (module docstring); ``initialise`` first plays time 0
-    (every agent pulls every arm once: n = ñ = 1, X̃ = ϑ = X(0)). ``arms_out`` (R, steps, N) receives the arms when
+    """Rounds t0 + 1 … t0 + steps of Gossip_UCB / Fed_UCB or a baseline (``mode``, module docstring); ``initialise``
+    first plays time 0 (every agent pulls every arm once: n = ñ = 1, X̃ = ϑ = X(0); ``CENTRAL``: ϑ = mean_i X(0)).
+    ``two_n`` is the factor of ln t / n under the root (2N for eq. 11/12, 2 for the baselines).
+    ``arms_out`` (R, steps, N) receives the arms when
     its second dimension equals ``steps``; ``scale`` = 0 means no noise (ε = ∞)."""
     R, N, M = n.shape
     E = edges.shape[0]
@@ -182,6 +196,13 @@ def _gossip_run(t0, steps, initialise, indptr, indices, edges, key_choice, key_e
                     theta[r, i, k] = x
                     n[r, i, k] = 1
                     ntil[r, i, k] = 1
+            if mode == CENTRAL:
+                for k in range(M):
+                    pooled = 0.0
+                    for i in range(N):
+                        pooled += x0[r, i, k]
+                    for i in range(N):
+                        theta[r, i, k] = pooled / N
         for i in range(N):
             for k in range(M):
                 log_n[i, k] = np.log(n[r, i, k])
@@ -189,19 +210,24 @@ def _gossip_run(t0, steps, initialise, indptr, indices, edges, key_choice, key_e
             t = t0 + s + 1
             log_t = np.log(t)
             log_t_privacy = log_t / np.log(2.0) if privacy_log2 else log_t
-            for i in range(N):  # ñ(t+1), eq. 1 (lines 3–5)
-                for k in range(M):
-                    v = n[r, i, k]
-                    for p in range(indptr[i], indptr[i + 1]):
-                        v = max(v, ntil[r, indices[p], k])
-                    nxt[i, k] = v
+            if mode == GOSSIP:
+                for i in range(N):  # ñ(t+1), eq. 1 (lines 3–5)
+                    for k in range(M):
+                        v = n[r, i, k]
+                        for p in range(indptr[i], indptr[i + 1]):
+                            v = max(v, ntil[r, indices[p], k])
+                        nxt[i, k] = v
             for i in range(N):  # lines 6–13
+                if mode == CENTRAL and i > 0:
+                    chosen[i] = chosen[0]
+                    continue
                 u = uniform(keyed(key_choice, r * N + i, t), 1)
                 lagging = 0
-                for k in range(M):
-                    target = nxt[i, k] if fresh else ntil[r, i, k]
-                    if n[r, i, k] < target - N:
-                        lagging += 1
+                if mode == GOSSIP:
+                    for k in range(M):
+                        target = nxt[i, k] if fresh else ntil[r, i, k]
+                        if n[r, i, k] < target - N:
+                            lagging += 1
                 a = -1
                 if lagging > 0:
                     pick = min(int(u * lagging), lagging - 1)
@@ -216,7 +242,12 @@ def _gossip_run(t0, steps, initialise, indptr, indices, edges, key_choice, key_e
                     top = -np.inf
                     ties = 0
                     for k in range(M):
-                        q[k] = theta[r, i, k] + ucb_width(n[r, i, k], log_n[i, k], log_t, log_t_privacy, two_n,
+                        count = n[r, i, k]
+                        if mode == CENTRAL:
+                            count = 0
+                            for j in range(N):
+                                count += n[r, j, k]
+                        q[k] = theta[r, i, k] + ucb_width(count, log_n[i, k], log_t, log_t_privacy, two_n,
                                                           privacy, alpha1)
                         if q[k] > top:
                             top = q[k]
@@ -247,20 +278,31 @@ def _gossip_run(t0, steps, initialise, indptr, indices, edges, key_choice, key_e
                 regret[r, i] += best - global_means[r, a]
                 if keep:
                     arms_out[r, s, i] = a
-            e = min(int(uniform(keyed(key_edge, r, t), 1) * E), E - 1)  # lines 16–22
-            eu = edges[e, 0]
-            ev = edges[e, 1]
-            for k in range(M):
-                avg = (theta[r, eu, k] + theta[r, ev, k]) * 0.5
-                theta[r, eu, k] = avg
-                theta[r, ev, k] = avg
+            if mode == CENTRAL:  # the pooled mean of every observation of the one pulled arm
+                a = chosen[0]
+                pooled = 0.0
+                count = 0
+                for i in range(N):
+                    pooled += x0[r, i, a] + sums[r, i, a]
+                    count += n[r, i, a]
+                for i in range(N):
+                    theta[r, i, a] = pooled / count
+                continue
+            if mode == GOSSIP:
+                e = min(int(uniform(keyed(key_edge, r, t), 1) * E), E - 1)  # lines 16–22
+                eu = edges[e, 0]
+                ev = edges[e, 1]
+                for k in range(M):
+                    avg = (theta[r, eu, k] + theta[r, ev, k]) * 0.5
+                    theta[r, eu, k] = avg
+                    theta[r, ev, k] = avg
+                record(traffic, eu, traffic, ev, r, PEER, M, bps)
+                record(traffic, ev, traffic, eu, r, PEER, M, bps)
+                for i in range(N):
+                    for k in range(M):
+                        ntil[r, i, k] = nxt[i, k]
             for i in range(N):
                 theta[r, i, chosen[i]] += delta[i]
-            record(traffic, eu, traffic, ev, r, PEER, M, bps)
-            record(traffic, ev, traffic, eu, r, PEER, M, bps)
-            for i in range(N):
-                for k in range(M):
-                    ntil[r, i, k] = nxt[i, k]
 
 
 #: (serial, parallel over replicates)
