@@ -1,7 +1,9 @@
 """Build a run from a composed Hydra config, train it, and write the run directory's results."""
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -9,12 +11,38 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from fedrec.errors import ConfigError, DatasetNotFoundError
+from fedrec.errors import ConfigError, DatasetNotFoundError, check_int
 from fedrec.io import atomic_write, atomic_write_json
 
 
-def build_loggers(cfg: DictConfig, out_dir: Path) -> list[Any]:
-    """Lightning's CSV logger (``metrics.csv`` in the run dir) and TensorBoard logger (``tb/``)."""
+class PublicMetricsLogger:
+    """A Lightning logger that never receives the metrics ``is_private`` flags (``logger.private_metrics=false``);
+    it offers what :class:`~fedrec.trainer.FederatedTrainer` calls on a logger."""
+
+    def __init__(self, logger: Any, is_private: Callable[[str], bool]) -> None:
+        self.logger, self.is_private = logger, is_private
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self.logger.log_metrics({k: v for k, v in metrics.items() if not self.is_private(k)}, step=step)
+
+    def save(self) -> None:
+        self.logger.save()
+
+    def finalize(self, status: str) -> None:
+        self.logger.finalize(status)
+
+
+def logs_private_metrics(cfg: DictConfig) -> bool:
+    """``logger.private_metrics``: whether metrics computed from clients' raw data are logged (default true)."""
+    value = cfg.get("private_metrics", True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"logger.private_metrics must be true or false, got {value!r}")
+    return value
+
+
+def build_loggers(cfg: DictConfig, out_dir: Path, is_private: Callable[[str], bool] | None = None) -> list[Any]:
+    """Lightning's CSV logger (``metrics.csv`` in the run dir) and TensorBoard logger (``tb/``); with
+    ``logger.private_metrics=false`` they never receive a metric ``is_private`` flags."""
     from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
 
     loggers: list[Any] = []
@@ -22,7 +50,18 @@ def build_loggers(cfg: DictConfig, out_dir: Path) -> list[Any]:
         loggers.append(CSVLogger(root_dir=str(out_dir), name="", version=""))
     if cfg.get("tensorboard", True):
         loggers.append(TensorBoardLogger(root_dir=str(out_dir), name="", version="tb", default_hp_metric=False))
+    if is_private is not None and not logs_private_metrics(cfg):
+        loggers = [PublicMetricsLogger(lg, is_private) for lg in loggers]
     return loggers
+
+
+def mark_private_metrics(summary: dict[str, Any], history: list[dict[str, float]],
+                         is_private: Callable[[str], bool], logged: bool) -> dict[str, Any]:
+    """``summary`` with ``private_metrics`` (the per-round metrics computed from clients' raw data) and
+    ``private_metrics_logged``; without the fields derived from them if they are not ``logged``."""
+    names = sorted({name for metrics in history for name in metrics if is_private(name)})
+    kept = summary if logged else {k: v for k, v in summary.items() if not is_private(k)}
+    return {**kept, "private_metrics": names, "private_metrics_logged": logged}
 
 
 def _one_line(e: Exception) -> str:
@@ -57,9 +96,34 @@ def _policy_factory(node: DictConfig, dim: int, seed: int) -> Any:
     return factory
 
 
+def _build_multi_agent(cfg: DictConfig) -> Any:
+    """Every agent of a topology acts every round (``protocol=gossip_ucb|fed_ucb``); ``privacy=tree_laplace``
+    gives Fed_UCB its ε and noise options."""
+    env = _build(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
+    topology = _build(cfg.topology, "topology")
+    privacy: dict[str, Any] = {}
+    if cfg.get("privacy") is not None:
+        node = OmegaConf.to_container(cfg.privacy)
+        if node.pop("mechanism", None) != "tree_laplace":
+            raise ConfigError("privacy: a multi-agent protocol takes privacy=tree_laplace (or no privacy group)")
+        privacy = node
+    target = str(cfg.protocol.get("_target_"))
+    if privacy and not target.endswith("FedUCB"):  # a protocol without noise is fine only at ε = ∞
+        if not math.isinf(float(privacy["epsilon"])):
+            raise ConfigError(f"privacy.epsilon: {target} adds no privacy noise, so it runs only at epsilon=inf; "
+                              "use protocol=fed_ucb for a finite epsilon")
+        privacy = {}
+    horizon = check_int("task.steps", cfg.task.get("steps"))  # T is also the protocol's horizon (ε', eq. 12)
+    protocol = _build(cfg.protocol, "protocol", topology=topology, num_arms=env.num_arms, horizon=horizon,
+                      replicates=cfg.replicates, seed=cfg.seed, **privacy)
+    return _build(cfg.task, "task", env=env, protocol=protocol)
+
+
 def build_task(cfg: DictConfig) -> Any:
     """The task a config describes: a bandit task (``env`` + ``protocol``) or federated recommendation
     (``data`` + ``model`` + ``privacy`` + ``aggregator``)."""
+    if cfg.get("topology") is not None:
+        return _build_multi_agent(cfg)
     if cfg.get("data") is None:
         env = _build(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
         policy = _policy_factory(cfg.policy, env.dim, cfg.seed) if cfg.get("policy") is not None else None
@@ -102,10 +166,12 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     from fedrec.trainer import FederatedTrainer
 
     task = build_task(cfg)
+    is_private = getattr(task, "is_private_metric", None)  # tasks whose metrics may come from clients' raw data
+    log_private = logs_private_metrics(cfg.logger)
     planner = _build(cfg.planner, "planner") if cfg.get("planner") is not None else None
     trainer = FederatedTrainer(
-        default_root_dir=out, loggers=build_loggers(cfg.logger, out), callbacks=[planner] if planner else [],
-        **OmegaConf.to_container(cfg.trainer),
+        default_root_dir=out, loggers=build_loggers(cfg.logger, out, is_private),
+        callbacks=[planner] if planner else [], **OmegaConf.to_container(cfg.trainer),
     )
     history = trainer.fit(task, ckpt_path=cfg.get("ckpt_path"))
     summary = {
@@ -116,6 +182,10 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
         "rounds_run": trainer.round,
         "wall_seconds": trainer.wall_seconds,
     }
+    if is_private is not None:
+        summary = mark_private_metrics(summary, history, is_private, log_private)
+        if not log_private:
+            history = [{k: v for k, v in metrics.items() if not is_private(k)} for metrics in history]
     atomic_write_json(out / "summary.json", summary)
     if cfg.get("plots", True) and history:
         from fedrec.plots import plot_run

@@ -111,8 +111,14 @@ def test_the_server_receives_noise_at_the_calibrated_scale(data_dir: Path, mecha
     clean = local_updates(before, prep.data)
     task.run_round(1)
     up = task.last_uploads
-    real = up.rows[: prep.data.row_client.numel()]  # real rows come first, in the same order
-    clipped = dp.mechanism._clip_parts([clean.rows], [prep.data.row_client], prep.data.num_clients)[0]
+    d, n = prep.data, data.num_items
+    # the upload is shuffled: find each real row by its (client, item) pair
+    key, wanted = up.clients[up.row_client] * n + up.row_item, d.clients[d.row_client] * n + d.row_item
+    order = torch.argsort(key)
+    at = order[torch.searchsorted(key[order], wanted)]
+    assert torch.equal(key[at], wanted)
+    real = up.rows[at]
+    clipped = dp.mechanism._clip_parts([clean.rows], [d.row_client], d.num_clients)[0]
     noise = (real - clipped).double()
     expected = float(dp.mechanism.noise_std(dp.levels(torch.tensor(dp.uniform_budget(10)))))
     assert abs(float(noise.std()) / expected - 1) < 0.05
@@ -129,6 +135,7 @@ def test_upload_items_is_x_t_real_and_pseudo(tiny: RatingData) -> None:
     pairs = set(zip(up.clients[up.row_client].tolist(), up.row_item.tolist()))
     rows, cols = X.nonzero()
     assert set(zip(rows.tolist(), cols.tolist())) == pairs
+    assert X.has_sorted_indices  # X^t lists item ids sorted: nothing tells real from pseudo items
     d = task._prepare(2).data
     assert torch.equal(torch.as_tensor(X.sum(1)).flatten().long()[d.clients], d.rows_per_client() + 5)
 

@@ -3,7 +3,8 @@
 An upload carries the client's (noised) ω update and one embedding row per uploaded item, with the item ids
 X^t. ω is combined as a weighted mean over the clients; each item's row is the weighted mean over the clients
 that uploaded that item (item-wise averaging, FedGNN [3] / BGTplanner spec §1.3). The server optimiser then
-steps on the result, so both aggregators produce a gradient-like update.
+steps on the result, so both aggregators produce a gradient-like update. Nothing depends on the order of the rows
+(clients shuffle them, :func:`fedrec.federation.local.upload_order`): only float64 rounding does.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class Uploads:
     clients: Tensor  # (C,) global client ids
     shared: Tensor  # (C, P) flattened ω updates (P = 0 for models without ω)
     row_client: Tensor  # (R,) index into clients
-    row_item: Tensor  # (R,) global item ids: X^t, real and pseudo items
+    row_item: Tensor  # (R,) global item ids: X^t, real and pseudo items, in no meaningful order
     rows: Tensor  # (R, k) item-row updates
     num_ratings: Tensor | None  # (C,) ratings each client trained on; None under DP (it is private)
 

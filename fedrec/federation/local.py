@@ -4,7 +4,8 @@
 may hold several users (ML-1M). :func:`local_updates` differentiates every client's loss with respect to its own
 copy of the shared parameters ω, its users' rows and its item rows in one backward pass: the copies are separate
 leaves, so the gradient of the *sum* of client losses with respect to a client's copy is that client's gradient.
-:func:`sample_pseudo_items` and :func:`pseudo_item_rows` add FedGNN's pseudo-interacted items (spec §1.2).
+:func:`sample_pseudo_items` and :func:`pseudo_item_rows` add FedGNN's pseudo-interacted items (spec §1.2), and
+:func:`upload_order` shuffles each client's uploaded rows so their positions do not tell real items from pseudo ones.
 """
 from __future__ import annotations
 
@@ -173,3 +174,14 @@ def pseudo_item_rows(rows: Tensor, row_client: Tensor, num_clients: int, valid: 
     draw = torch.randn(shape, generator=generator, dtype=torch.float64)
     out = mean.view(-1, 1, 1) + std.view(-1, 1, 1) * draw
     return (out * valid.unsqueeze(-1)).to(rows.dtype)
+
+
+def upload_order(row_client: Tensor, generator: torch.Generator) -> Tensor:
+    """A permutation of upload rows that groups them by client (in client order) and puts each client's rows in a
+    uniformly random order, independently across clients, so a row's position in an upload says nothing about it.
+
+    It ranks the rows by a uniform random permutation of all of them and sorts that stably by client: the rows of
+    one client keep the permutation's relative order, which is uniform over that client's orderings.
+    """
+    perm = torch.randperm(row_client.numel(), generator=generator)
+    return perm[torch.sort(row_client[perm], stable=True).indices]

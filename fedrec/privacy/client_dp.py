@@ -13,6 +13,13 @@ Budget units (what a budget callback such as a planner sets per round, spec bgtp
 Whatever the per-round budgets are, the reported ε comes from the accountant (Opacus RDP over all orders, or
 PRV), which is never larger than the fixed-order bound, and a round that would take a client past ε_total does
 not run for that client.
+
+Randomness (``rng``): ``"reproducible"`` (the default, for research) derives every privacy draw from the run's seed
+with :func:`fedrec.seeding.torch_generator`, so a run and its resume repeat the same noise, and anyone who knows
+the seed can recompute it. ``"secure"`` (for deployment-grade runs) makes every draw that protects clients (the
+DP noise, and the pseudo items, pseudo rows and upload order of federated recommendation) with a fresh generator
+seeded from the operating system's cryptographic source (:func:`fedrec.privacy.mechanisms.secure_generator`):
+not reproducible, and a resumed run restores the accountant's state, not the draws.
 """
 from __future__ import annotations
 
@@ -25,7 +32,18 @@ from torch import Tensor
 
 from fedrec.errors import ConfigError, check_float
 from fedrec.privacy.accountant import ClientAccountant, uniform_epsilon_per_round
-from fedrec.privacy.mechanisms import GaussianMechanism, LaplaceMechanism, NoiseMechanism, rdp_noise_multiplier
+from fedrec.privacy.mechanisms import (
+    GaussianMechanism,
+    LaplaceMechanism,
+    NoiseMechanism,
+    check_sensitivity,
+    rdp_noise_multiplier,
+    secure_generator,
+)
+from fedrec.seeding import torch_generator
+
+#: where privacy draws come from (see the module docstring)
+RNGS = ("reproducible", "secure")
 
 #: relative margin kept below a client's total by the uniform split and by every planner's schedule or levels, so
 #: float rounding never makes their last round unaffordable
@@ -78,9 +96,12 @@ class ClientDP:
         epsilon: each client's total ε; > 0.
         delta: δ at which the Gaussian ε is reported, in (0, 1) (ignored for Laplace).
         clip: norm bound of a client's whole upload (L2 Gaussian, L1 Laplace); > 0.
-        sensitivity_factor: Δ = factor · clip (2: replace-one client neighbours, see mechanisms).
+        sensitivity_factor: Δ = factor · clip (2: the clip ball's diameter, see mechanisms).
+        adjacency: ``"replace_one"`` (needs sensitivity_factor ≥ 2) or ``"add_remove"`` (≥ 1; only valid if the
+            server cannot tell a zero upload from a missing one), see :func:`check_sensitivity`.
         accountant: ``"rdp"`` or ``"prv"`` (Gaussian).
         rdp_alpha: the RDP order of Gaussian budgets, a number > 1 or ``"auto"``.
+        rng: ``"reproducible"`` or ``"secure"`` (see the module docstring).
     """
 
     def __init__(
@@ -91,21 +112,25 @@ class ClientDP:
         delta: float = 1e-5,
         clip: float = 0.1,
         sensitivity_factor: float = 2.0,
+        adjacency: str = "replace_one",
         accountant: str = "rdp",
         rdp_alpha: float | str = "auto",
+        rng: str = "reproducible",
     ) -> None:
         mechs: dict[str, type[NoiseMechanism]] = {"gaussian": GaussianMechanism, "laplace": LaplaceMechanism}
         if mechanism not in mechs:
             raise ConfigError(f"privacy.mechanism must be one of ['none', 'gaussian', 'laplace'], got {mechanism!r}")
+        if rng not in RNGS:
+            raise ConfigError(f"privacy.rng must be one of {list(RNGS)}, got {rng!r}")
+        self.rng = rng
         self.epsilon_total = check_float("privacy.epsilon", epsilon, low=0.0, low_open=True)
         if mechanism == "gaussian":
             self.delta = check_float("privacy.delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
         else:
             self.delta = 0.0
         self.clip = check_float("privacy.clip", clip, low=0.0, low_open=True)  # as configured (a planner may vary it)
-        self.mechanism = mechs[mechanism](clip=self.clip,
-                                          sensitivity_factor=check_float("privacy.sensitivity_factor",
-                                                                         sensitivity_factor, low=0.0, low_open=True))
+        factor = check_sensitivity(sensitivity_factor, adjacency, prefix="privacy.")
+        self.mechanism = mechs[mechanism](clip=self.clip, sensitivity_factor=factor, adjacency=adjacency)
         if mechanism == "gaussian":
             if rdp_alpha == "auto":
                 self.rdp_alpha = best_rdp_order(self.epsilon_total, self.delta)
@@ -132,6 +157,11 @@ class ClientDP:
     @property
     def budget_unit(self) -> str:
         return "epsilon" if self.rdp_alpha is None else f"rdp_epsilon(alpha={self.rdp_alpha:g})"
+
+    def generator(self, seed: int, name: str, round_idx: int) -> torch.Generator:
+        """The generator of privacy draw ``name`` in round ``round_idx``: counter based on ``seed``
+        (``rng="reproducible"``) or freshly seeded from the OS's cryptographic source (``rng="secure"``)."""
+        return torch_generator(seed, name, round_idx) if self.rng == "reproducible" else secure_generator()
 
     def uniform_budget(self, rounds: int) -> float:
         """The uniform split of a client's total budget over ``rounds`` rounds (the default schedule)."""
@@ -168,6 +198,8 @@ class ClientDP:
             "accountant": self.accountant.accountant if self.rdp_alpha is not None else "basic_composition",
             "clip": self.clip,
             "sensitivity": self.mechanism.sensitivity,
+            "adjacency": self.mechanism.adjacency,
+            "privacy_rng": self.rng,
         }
         if self.rdp_alpha is not None:
             out["rdp_alpha"] = self.rdp_alpha

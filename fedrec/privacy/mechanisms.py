@@ -8,11 +8,29 @@ privatises its own row (local perturbation of the upload), so the mechanism's in
 ball, and two neighbouring inputs (the client's data replaced by any other data) can be any two points of it.
 
 Neighbouring relation and sensitivity
-    Replace-one at the client level: the sensitivity of a clipped upload is the diameter of the clip ball,
-    ``Δ = 2·clip`` (L2 ball for Gaussian, L1 ball for Laplace). This is the Δ = 2C of the authors' code
-    (spec §1.4). ``sensitivity_factor`` makes it explicit; ``sensitivity_factor=1`` is the add/remove convention
-    in which an absent client's upload is the zero vector (Opacus's convention for DP-SGD), which is only valid
-    if the server cannot tell a zero upload from a missing one.
+    ``adjacency="replace_one"`` (the default): two neighbouring inputs differ in one client's data, so the
+    sensitivity of a clipped upload is the diameter of the clip ball, ``Δ = 2·clip`` (L2 ball for Gaussian, L1
+    ball for Laplace). This is the Δ = 2C of the authors' code (spec §1.4), and ``sensitivity_factor`` below 2 is
+    refused under it. ``adjacency="add_remove"`` is the convention in which an absent client's upload is the zero
+    vector (Opacus's for DP-SGD), so ``sensitivity_factor=1`` suffices; it is only valid if the server cannot tell
+    a zero upload from a missing one, which is why it must be chosen explicitly (:func:`check_sensitivity`).
+
+Clipping arithmetic (the bound the noise is calibrated for)
+    After clipping (:meth:`NoiseMechanism.privatize_parts`, :meth:`NoiseMechanism.clip_rows`), every client's
+    upload ``x`` (all the values it owns, in the upload's dtype) satisfies ``‖x‖ ≤ clip`` **in exact real
+    arithmetic** on those values: each value is a float, hence an exact rational number, and ``Σ x_i² ≤ clip²``
+    (L2) or ``Σ |x_i| ≤ clip`` (L1) holds exactly, with ``clip`` the float it is. An upload whose exact norm is
+    ≤ clip is returned bit for bit. A clipped upload also satisfies the bound when its norm is evaluated in float64
+    by summing its values' squares (L2) or absolute values (L1) in any order and taking the square root, as
+    ``torch.linalg.vector_norm`` of the values converted to float64 does, unless that evaluation over- or
+    underflows.
+
+    How: norms are evaluated in float64, where values of 32 bits or fewer have exact squares; float64 values are
+    first divided by a power of two per client (exact), so huge, tiny and denormal values neither overflow nor
+    underflow. An evaluated power sum within the certified rounding margin ``(n + 4)·2⁻⁵¹`` (relative; n = number
+    of values) of ``clip^ord`` is decided exactly, in rational arithmetic. Clipping aims at norm
+    ``clip·(1 − 2·margin/ord − eps)`` (eps of the upload's dtype), re-evaluates the rounded result and shrinks it
+    further until its evaluated power sum is below ``clip^ord`` by the margin, which certifies both bounds.
 
 The per-round *level* is the one number the accountant records for a client and round:
 
@@ -23,13 +41,15 @@ The per-round *level* is the one number the accountant records for a client and 
 Levels must be finite and > 0, so a noiseless mechanism cannot be built by accident; ``privacy=none`` is a
 different code path that does not use this module.
 
-Randomness comes only from the explicit ``torch.Generator`` passed to :meth:`NoiseMechanism.privatize`; derive
-it with ``fedrec.seeding.torch_generator(seed, "privacy", round_idx)`` so a resumed run draws the same noise.
+Randomness comes only from the explicit ``torch.Generator`` passed to :meth:`NoiseMechanism.privatize`: for
+research runs derive it with ``fedrec.seeding.torch_generator(seed, "privacy", round_idx)`` so a resumed run draws
+the same noise; for deployment-grade runs use :func:`secure_generator` (``privacy.rng=secure`` of ClientDP).
 """
 from __future__ import annotations
 
 import abc
 import math
+import secrets
 from collections.abc import Sequence
 
 import torch
@@ -40,15 +60,27 @@ from torch import Tensor
 from fedrec.errors import ConfigError, check_float
 
 __all__ = [
+    "ADJACENCIES",
     "GaussianMechanism",
     "LaplaceMechanism",
     "Mechanism",
     "NoiseMechanism",
     "analytic_gaussian_delta",
     "analytic_gaussian_noise_multiplier",
+    "check_sensitivity",
     "classical_gaussian_noise_multiplier",
     "rdp_noise_multiplier",
+    "secure_generator",
 ]
+
+#: neighbouring relations a clipped upload's sensitivity can be stated for (see the module docstring)
+ADJACENCIES = ("replace_one", "add_remove")
+#: the smallest Δ / clip each neighbouring relation allows: the clip ball's diameter, or its radius
+MIN_SENSITIVITY_FACTOR = {"replace_one": 2.0, "add_remove": 1.0}
+#: the certified rounding margin of a float64 norm evaluation is (n + 4) times this, relative (module docstring)
+ROUNDING_MARGIN_UNIT = 2.0**-51
+#: mantissa · 2^e with a mantissa in [0.5, 1) is a normal float64 for e at least this
+MIN_NORMAL_EXPONENT = -1021
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -132,6 +164,110 @@ def rdp_noise_multiplier(rdp_epsilon: float | Tensor, alpha: float) -> float | T
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Sensitivity, clipping helpers and secure randomness
+# --------------------------------------------------------------------------------------------------------------
+
+
+def check_sensitivity(sensitivity_factor: float, adjacency: str, prefix: str = "") -> float:
+    """``sensitivity_factor`` as a float if the neighbouring relation ``adjacency`` allows it; else ConfigError
+    naming ``{prefix}sensitivity_factor`` or ``{prefix}adjacency``.
+
+    Under replace-one adjacency a client's clipped upload may move anywhere in the clip ball, so Δ is its diameter
+    (factor ≥ 2); under add/remove an absent client counts as a zero upload, so Δ is its radius (factor ≥ 1).
+    """
+    if adjacency not in ADJACENCIES:
+        raise ConfigError(f"{prefix}adjacency must be one of {list(ADJACENCIES)}, got {adjacency!r}")
+    factor = check_float(f"{prefix}sensitivity_factor", sensitivity_factor, low=0.0, low_open=True)
+    if factor >= MIN_SENSITIVITY_FACTOR[adjacency]:
+        return factor
+    if adjacency == "replace_one":
+        raise ConfigError(
+            f"{prefix}sensitivity_factor={factor} is below 2, which {prefix}adjacency=replace_one does not allow: "
+            "replacing one client's data can move its clipped upload anywhere in the clip ball, so the sensitivity "
+            "is the ball's diameter, 2·clip. A factor of 1 is the add/remove convention (an absent client counts as "
+            "a zero upload), valid only if the server cannot tell a zero upload from a missing one: set "
+            f"{prefix}adjacency=add_remove to choose it")
+    raise ConfigError(
+        f"{prefix}sensitivity_factor={factor} is below 1, which no neighbouring relation allows: even under "
+        f"{prefix}adjacency=add_remove, adding or removing one client moves the uploads by up to clip")
+
+
+def secure_generator(device: str | torch.device = "cpu") -> torch.Generator:
+    """A fresh ``torch.Generator`` seeded with 64 bits from the operating system's cryptographic source
+    (``secrets.randbits``, i.e. ``os.urandom``): its draws cannot be derived from the run's seed or logs, and two
+    runs draw different numbers (unless both get the same 64-bit seed, probability 2⁻⁶⁴). The draws themselves come
+    from torch's generator (Mersenne Twister on CPU, Philox on CUDA) started from that seed; a resumed run cannot
+    repeat them."""
+    g = torch.Generator(device=device)
+    g.manual_seed(secrets.randbits(64))
+    return g
+
+
+def _flat_rows(part: Tensor) -> Tensor:
+    """``part`` as ``(rows, values per row)``."""
+    return part.reshape(part.shape[0], math.prod(part.shape[1:]))
+
+
+def _owner_ids(parts: Sequence[Tensor], owners: Sequence[Tensor | None]) -> list[Tensor]:
+    """``owners`` with ``None`` (row ``j`` is client ``j``'s) spelled out."""
+    return [torch.arange(p.shape[0], device=p.device) if o is None else o for p, o in zip(parts, owners)]
+
+
+def _squares_exact_in_float64(parts: Sequence[Tensor]) -> bool:
+    """Whether every value has 32 bits or fewer: its square is then an exact float64 far inside float64's range."""
+    return all(torch.finfo(p.dtype).bits <= 32 for p in parts)
+
+
+def _client_scales(parts: Sequence[Tensor], owners: Sequence[Tensor], num_clients: int) -> Tensor:
+    """Per client, the power of two ``2^e`` with ``max |value| / 2^e`` in [1, 2) (1 for an all-zero upload), float64.
+
+    Dividing by it is exact and puts every client's power sum in [1, 2^ord·n], so float64 norms of huge, tiny or
+    denormal float64 values neither overflow nor underflow. Values of 32 bits or fewer need no scaling (their
+    squares are exact float64 numbers far inside its range), so their scale is 1.
+    """
+    amax = torch.zeros(num_clients, dtype=torch.float64, device=parts[0].device)
+    if _squares_exact_in_float64(parts):
+        return amax + 1.0
+    for part, owner in zip(parts, owners):
+        if part.numel():
+            amax = amax.scatter_reduce(0, owner, _flat_rows(part).abs().amax(1).double(), reduce="amax")
+    _, exponent = torch.frexp(amax)
+    ones = torch.ones_like(amax)
+    return torch.where(amax > 0, torch.ldexp(ones, exponent - 1), ones)
+
+
+def _client_sizes(parts: Sequence[Tensor], owners: Sequence[Tensor], num_clients: int) -> Tensor:
+    """Per client, the number of values in its upload (float64)."""
+    n = torch.zeros(num_clients, dtype=torch.float64, device=parts[0].device)
+    for part, owner in zip(parts, owners):
+        width = _flat_rows(part).shape[1]
+        n = n.index_add(0, owner, torch.full(owner.shape, float(width), dtype=torch.float64, device=n.device))
+    return n
+
+
+def _rescaled(part: Tensor, owner: Tensor, over: Tensor, gain: Tensor, shift: Tensor) -> Tensor:
+    """Rows of clients in ``over`` multiplied by their factor ``gain · 2^shift`` (below 1) and rounded to the part's
+    dtype; other rows as they are, bit for bit. No value grows in magnitude.
+
+    A factor in float64's normal range is applied in one rounding. A smaller one (huge uploads, a tiny clip) is
+    applied as ``gain``'s mantissa, then as its power of two in two halves, each exact until the result itself
+    underflows.
+    """
+    mantissa, exponent = torch.frexp(gain)
+    power = exponent + shift
+    rows = _flat_rows(part)
+    x = rows.double()
+    if bool((power[over] >= MIN_NORMAL_EXPONENT).all()):
+        scaled = x * torch.ldexp(mantissa, power)[owner].unsqueeze(1)
+    else:
+        half = torch.div(power, 2, rounding_mode="floor")
+        ones = torch.ones_like(gain)
+        first, second = torch.ldexp(ones, half), torch.ldexp(ones, power - half)
+        scaled = x * mantissa[owner].unsqueeze(1) * first[owner].unsqueeze(1) * second[owner].unsqueeze(1)
+    return torch.where(over[owner].unsqueeze(1), scaled.to(part.dtype), rows).reshape(part.shape)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Mechanisms
 # --------------------------------------------------------------------------------------------------------------
 
@@ -164,16 +300,18 @@ class NoiseMechanism(Mechanism):
 
     Args:
         clip: the norm bound C of one client's whole (flattened) upload; > 0.
-        sensitivity_factor: Δ = ``sensitivity_factor · clip``. Default 2: replace-one client-level neighbours,
-            i.e. the diameter of the clip ball (see the module docstring). Must be > 0.
+        sensitivity_factor: Δ = ``sensitivity_factor · clip``. Default 2: the diameter of the clip ball.
+        adjacency: ``"replace_one"`` (default; needs ``sensitivity_factor ≥ 2``) or ``"add_remove"`` (needs ≥ 1),
+            see the module docstring.
     """
 
     #: order of the clipping norm (2 for Gaussian, 1 for Laplace)
     norm_ord: float
 
-    def __init__(self, clip: float, sensitivity_factor: float = 2.0) -> None:
+    def __init__(self, clip: float, sensitivity_factor: float = 2.0, adjacency: str = "replace_one") -> None:
         self.clip = check_float("clip", clip, low=0.0, low_open=True)
-        self.sensitivity_factor = check_float("sensitivity_factor", sensitivity_factor, low=0.0, low_open=True)
+        self.sensitivity_factor = check_sensitivity(sensitivity_factor, adjacency)
+        self.adjacency = adjacency
 
     @property
     def sensitivity(self) -> float:
@@ -181,7 +319,8 @@ class NoiseMechanism(Mechanism):
         return self.sensitivity_factor * self.clip
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(clip={self.clip}, sensitivity_factor={self.sensitivity_factor})"
+        return (f"{type(self).__name__}(clip={self.clip}, sensitivity_factor={self.sensitivity_factor}, "
+                f"adjacency={self.adjacency!r})")
 
     # ---- levels ----------------------------------------------------------------------------------------------
 
@@ -212,30 +351,94 @@ class NoiseMechanism(Mechanism):
     # ---- clipping and noise ----------------------------------------------------------------------------------
 
     def clip_rows(self, updates: Tensor) -> Tensor:
-        """``row · min(1, clip / ‖row‖)`` for every row (rows within the bound are returned bit for bit)."""
+        """``row · min(1, clip / ‖row‖)`` for every row, with the exact bound of the module docstring (rows
+        within the bound are returned bit for bit)."""
         return self._clip_parts([updates], [None], updates.shape[0])[0]
 
     def client_norms(self, parts: Sequence[Tensor], owners: Sequence[Tensor | None], num_clients: int) -> Tensor:
         """The norm of each client's whole upload, made of the rows of ``parts`` (row ``j`` of part ``p`` belongs
-        to client ``owners[p][j]``; ``None`` means row ``j`` belongs to client ``j``)."""
-        row_norms = [torch.linalg.vector_norm(p.double().reshape(p.shape[0], -1), ord=self.norm_ord, dim=1)
-                     for p in parts]
-        if len(parts) == 1 and owners[0] is None:  # one row per client: exactly torch's norm, no round trip
-            return row_norms[0]
-        total = torch.zeros(num_clients, dtype=torch.float64, device=parts[0].device)
-        for norms, owner in zip(row_norms, owners):
-            contrib = norms.pow(self.norm_ord)
-            total = total + contrib if owner is None else total.index_add(0, owner, contrib)
-        return total.pow(1.0 / self.norm_ord)
+        to client ``owners[p][j]``; ``None`` means row ``j`` belongs to client ``j``), evaluated in float64 as
+        clipping evaluates it: within ``(n + 4)·2⁻⁵³`` relative of the exact norm (n values), and never overflowing
+        or underflowing before the final multiplication by the client's power-of-two scale."""
+        ids = _owner_ids(parts, owners)
+        scale = _client_scales(parts, ids, num_clients)
+        return scale * self._power_sums(parts, ids, scale, num_clients).pow(1.0 / self.norm_ord)
+
+    def _power_sums(self, parts: Sequence[Tensor], owners: Sequence[Tensor], scale: Tensor,
+                    num_clients: int) -> Tensor:
+        """``Σ |value / scale|^ord`` over each client's upload, in float64 (each row's norm to the power ord, summed
+        per client). The division is exact but for float64 values over 2¹⁰²² times smaller than their client's
+        largest, whose share of the sum is below 2⁻²⁰⁰⁰ (inside the rounding margin's constant term)."""
+        total = torch.zeros(num_clients, dtype=torch.float64, device=scale.device)
+        unscaled = _squares_exact_in_float64(parts)  # every scale is 1
+        for part, owner in zip(parts, owners):
+            if part.numel():
+                x = _flat_rows(part) if unscaled else _flat_rows(part).double() / scale[owner].unsqueeze(1)
+                row = torch.linalg.vector_norm(x, ord=self.norm_ord, dim=1, dtype=torch.float64)
+                total = total.index_add(0, owner, row.pow(self.norm_ord))
+        return total
+
+    def _power_sums_and_targets(self, parts: Sequence[Tensor], owners: Sequence[Tensor],
+                                num_clients: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(scale, sums, target, margin)`` per client: ``sums`` is the evaluated power sum of the scaled upload,
+        ``target = (clip / scale)^ord`` the exact bound on it, and ``margin`` the certified rounding margin:
+        ``sums ≤ target·(1 − margin)`` proves the exact norm ≤ clip (and any float64 evaluation of it ≤ clip),
+        ``sums > target·(1 + margin)`` proves it > clip; in between the evaluation cannot decide."""
+        scale = _client_scales(parts, owners, num_clients)
+        sums = self._power_sums(parts, owners, scale, num_clients)
+        margin = (_client_sizes(parts, owners, num_clients) + 4.0) * ROUNDING_MARGIN_UNIT
+        # tensor / tensor: torch evaluates number / tensor as number · (1 / tensor), which overflows for tiny scales
+        target = (torch.full_like(scale, self.clip) / scale).pow(self.norm_ord)
+        return scale, sums, target, margin
+
+    def _exactly_inside(self, parts: Sequence[Tensor], owners: Sequence[Tensor], client: int) -> bool:
+        """Whether ``client``'s upload has norm ≤ clip in exact rational arithmetic (for undecided uploads): every
+        value and the clip are dyadic rationals ``n / 2^k``, so both sides are integers over one power of two."""
+        p = int(self.norm_ord)
+        ratios = [abs(v).as_integer_ratio() for part, owner in zip(parts, owners)
+                  for v in _flat_rows(part)[owner == client].double().flatten().tolist()]
+        num, den = self.clip.as_integer_ratio()
+        common = max([d**p for _, d in ratios] + [den**p])
+        return sum(n**p * (common // d**p) for n, d in ratios) <= num**p * (common // den**p)
+
+    def _outside(self, parts: Sequence[Tensor], owners: Sequence[Tensor], sums: Tensor, target: Tensor,
+                 margin: Tensor) -> Tensor:
+        """``(num_clients,)`` bool: whose upload's exact norm exceeds clip, given its
+        :meth:`_power_sums_and_targets`."""
+        outside = sums > target * (1.0 + margin)
+        for c in ((sums > target * (1.0 - margin)) & ~outside).nonzero().flatten().tolist():
+            outside[c] = not self._exactly_inside(parts, owners, c)
+        return outside
 
     def _clip_parts(self, parts: Sequence[Tensor], owners: Sequence[Tensor | None], num_clients: int) -> list[Tensor]:
-        norms = self.client_norms(parts, owners, num_clients)
-        factor = torch.where(norms > self.clip, self.clip / norms, torch.ones_like(norms))
-        out = []
-        for part, owner in zip(parts, owners):
-            f = (factor if owner is None else factor[owner]).to(part.dtype).view(-1, *([1] * (part.dim() - 1)))
-            out.append(part * f)
-        return out
+        """Scale every client whose upload is outside the ball so that its norm is certified ≤ clip; the others'
+        rows are returned bit for bit (see "Clipping arithmetic" in the module docstring).
+
+        The first attempt aims at norm ``clip · (1 − 2·margin/ord − eps)``, with ``margin`` the certified rounding
+        margin of the power sum and eps that of the upload's dtype (the rounding of the scaled values to it), which
+        certifies every upload of normal numbers at once; a client still not certified (denormal results may round
+        up) is shrunk by ``eps·2^k`` relative at its k-th retry (at most by half), so the loop ends: a zero upload
+        is inside.
+        """
+        ids = _owner_ids(parts, owners)
+        scale, sums, target, margin = self._power_sums_and_targets(parts, ids, num_clients)
+        over = self._outside(parts, ids, sums, target, margin)
+        if not bool(over.any()):
+            return list(parts)
+        eps = max(torch.finfo(p.dtype).eps for p in parts)
+        # factor clip / norm = (clip mantissa / scaled norm) · 2^(clip exponent − scale exponent), kept in two pieces
+        clip_mantissa, clip_exponent = math.frexp(self.clip)
+        shift = clip_exponent - (torch.frexp(scale)[1] - 1)
+        gain = clip_mantissa / sums.pow(1.0 / self.norm_ord) * (1.0 - 2.0 * margin / self.norm_ord - eps)
+        step = eps
+        while True:
+            out = [_rescaled(part, owner, over, gain, shift) for part, owner in zip(parts, ids)]
+            _, out_sums, out_target, out_margin = self._power_sums_and_targets(out, ids, num_clients)
+            pending = over & (out_sums > out_target * (1.0 - out_margin))
+            if not bool(pending.any()):
+                return out
+            gain = torch.where(pending, gain * (1.0 - step), gain)
+            step = min(2.0 * step, 0.5)
 
     def privatize(self, updates: Tensor, level: Tensor | float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Clip each client's row and add noise at that client's level; returns ``(noisy, clipped)``.

@@ -7,12 +7,19 @@ One round ``t`` (paper Fig. 1, steps ①–⑤):
 2. each client gets the round's budget, set by a callback through :meth:`FedRecTask.set_round_budget` (the
    planner hook) or else the uniform split; clients it would take past their total sit the round out;
 3. all clients compute their updates together (:func:`fedrec.federation.local.local_updates`), clip and noise
-   ω and their real item rows (:class:`fedrec.privacy.ClientDP`), and append FedGNN's synthesised pseudo rows;
-   user rows stay on the client and are updated there;
+   ω and their real item rows (:class:`fedrec.privacy.ClientDP`), append FedGNN's synthesised pseudo rows and
+   shuffle their rows (:func:`fedrec.federation.local.upload_order`), so that neither position nor order tells
+   real items from pseudo ones; user rows stay on the client and are updated there;
 4. the channel counts the uploads, the aggregator combines them, the server optimiser steps and broadcasts;
 5. the model is evaluated on the test (and validation) ratings.
 
-Randomness is counter based (seed, component, round), so a resumed run repeats the uninterrupted one exactly.
+Randomness is counter based (seed, component, round), so a resumed run repeats the uninterrupted one exactly;
+with ``privacy.rng=secure`` the draws that protect clients (pseudo items, DP noise, pseudo rows, upload order)
+come from the operating system's cryptographic source instead (:meth:`ClientDP.generator`).
+
+Metrics computed centrally from clients' raw data without noise (the training loss, test and validation metrics)
+are flagged by :meth:`FedRecTask.is_private_metric`, so the CLI can keep them out of the logs
+(``logger.private_metrics=false``); callbacks such as planners still receive them.
 """
 from __future__ import annotations
 
@@ -28,7 +35,14 @@ from fedrec.data.ratings import RatingData, Ratings
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.federation.aggregators import Aggregator, Uploads
 from fedrec.federation.channel import Channel
-from fedrec.federation.local import RoundData, local_updates, pseudo_item_rows, round_data, sample_pseudo_items
+from fedrec.federation.local import (
+    RoundData,
+    local_updates,
+    pseudo_item_rows,
+    round_data,
+    sample_pseudo_items,
+    upload_order,
+)
 from fedrec.metrics import rating_metrics
 from fedrec.models.recommender import FederatedRecommender
 from fedrec.privacy.client_dp import ClientDP
@@ -37,6 +51,8 @@ from fedrec.tasks.base import FederatedTask
 
 OPTIMIZERS = ("adam", "sgd")
 OPTIMIZER_STATES = ("reset", "persistent")
+#: prefixes of the per-round metrics computed from clients' raw ratings without noise
+PRIVATE_METRIC_PREFIXES = ("train_", "test_", "val_")
 
 
 @dataclass
@@ -96,7 +112,7 @@ class FedRecTask(FederatedTask):
             if privacy.accountant.num_clients != data.num_clients:
                 raise ConfigError(f"privacy is set up for {privacy.accountant.num_clients} clients, the data has "
                                   f"{data.num_clients}")
-            if aggregator.weighting == "ratings":  # the server only sees uploaded item ids, real and pseudo mixed
+            if aggregator.weighting == "ratings":  # the server sees only each client's set of uploaded item ids
                 raise ConfigError("aggregator.weighting=ratings weights by the clients' private rating counts, "
                                   "which DP does not cover: use uploaded_items or uniform with privacy on")
         self.data, self.model, self.aggregator, self.privacy = data, model, aggregator, privacy
@@ -130,24 +146,18 @@ class FedRecTask(FederatedTask):
 
     def upload_items(self, round_idx: int) -> Any:
         """X^t of round ``round_idx`` as a float32 ``scipy.sparse.csr_matrix`` (num_clients × num_items, 0/1):
-        the items each client holding ratings will upload (real and pseudo), known before the budget is set."""
+        the items each client holding ratings will upload (real and pseudo), known before the budget is set.
+        Each row's item ids are stored sorted, so the matrix is the set of uploaded ids and nothing more."""
         import scipy.sparse as sp
 
         prep = self._prepare(round_idx)
         d = prep.data
-        n_real, n_pseudo = d.rows_per_client(), prep.pseudo_valid.sum(1)
-        counts = torch.zeros(self.data.num_clients + 1, dtype=torch.long)
-        counts[d.clients + 1] = n_real + n_pseudo
-        indptr = torch.cumsum(counts, 0)
-        start = indptr[d.clients]  # each client's row: its real items (sorted), then its pseudo items
-        indices = torch.empty(int(indptr[-1]), dtype=torch.long)
-        real_start = torch.cumsum(n_real, 0) - n_real
-        indices[start[d.row_client] + torch.arange(d.row_item.numel()) - real_start[d.row_client]] = d.row_item
-        slot = start.unsqueeze(1) + n_real.unsqueeze(1) + torch.cumsum(prep.pseudo_valid, 1) - 1
-        indices[slot[prep.pseudo_valid]] = prep.pseudo[prep.pseudo_valid]
-        shape = (self.data.num_clients, self.data.num_items)
-        ones = np.ones(indices.numel(), dtype=np.float32)  # 0/1 entries are exact in float32
-        return sp.csr_matrix((ones, indices.numpy(), indptr.numpy()), shape=shape)
+        owner = torch.cat([d.clients[d.row_client], d.clients.unsqueeze(1).expand_as(prep.pseudo)[prep.pseudo_valid]])
+        items = torch.cat([d.row_item, prep.pseudo[prep.pseudo_valid]])
+        ones = np.ones(items.numel(), dtype=np.float32)  # 0/1 entries are exact in float32
+        X = sp.csr_matrix((ones, (owner.numpy(), items.numpy())), shape=(self.data.num_clients, self.data.num_items))
+        X.sort_indices()
+        return X
 
     def clients_holding_data(self, round_idx: int) -> Tensor:
         """``(num_clients,)`` bool: the clients with training ratings in round ``round_idx`` (who take part)."""
@@ -160,14 +170,28 @@ class FedRecTask(FederatedTask):
         any training, for a planner's first reward)."""
         return self.evaluate(self._prepare(round_idx))
 
+    def is_private_metric(self, name: str) -> bool:
+        """Whether metric or summary field ``name`` is computed centrally from clients' raw ratings without DP
+        noise: ``train_loss`` (their training ratings), every ``test_*``/``val_*`` metric (their held-out ratings),
+        and the ``final_*``/``best_*`` summaries of those. Logging them leaks more than the privacy setting covers."""
+        base = name.removeprefix("final_").removeprefix("best_").removesuffix("_round")
+        return base.startswith(PRIVATE_METRIC_PREFIXES)
+
     # ------------------------------------------------------------------------------------------------ round
+    def _generator(self, name: str, round_idx: int) -> torch.Generator:
+        """The generator of draw ``name`` in round ``round_idx``: counter based on the run seed, or the privacy
+        setting's (``privacy.rng=secure`` draws from the operating system's cryptographic source)."""
+        if self.privacy is None:
+            return torch_generator(self.seed, name, round_idx)
+        return self.privacy.generator(self.seed, name, round_idx)
+
     def _prepare(self, round_idx: int) -> _Prepared:
         prep = self._prepared.get(round_idx)
         if prep is None:
             self._prepared = {}  # only the current round is ever needed again
             tr = self.data.training_until(round_idx)
             d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items)
-            gen = torch_generator(self.seed, "pseudo_items", round_idx)
+            gen = self._generator("pseudo_items", round_idx)
             pseudo, valid = sample_pseudo_items(d, self.data.num_items, self.pseudo_items, gen)
             prep = self._prepared[round_idx] = _Prepared(tr, d, pseudo, valid)
         return prep
@@ -221,23 +245,12 @@ class FedRecTask(FederatedTask):
             raise FloatingPointError(f"round {round_idx}: a client's update is not finite (training diverged; "
                                      f"try a smaller task.lr)")
         if self.privacy is not None:
-            gen = torch_generator(self.seed, "privacy", round_idx)
             (shared, rows), _ = self.privacy.mechanism.privatize_parts(
-                [shared, rows], [None, d.row_client], C, levels[d.clients], gen)
+                [shared, rows], [None, d.row_client], C, levels[d.clients], self._generator("privacy", round_idx))
             run = torch.zeros(self.data.num_clients, dtype=torch.bool)
             run[d.clients] = True
             self.privacy.accountant.step(levels, run)
-        pgen = torch_generator(self.seed, "pseudo_rows", round_idx)
-        fake = pseudo_item_rows(rows.detach(), d.row_client, C, valid, pgen)
-        pc = torch.arange(C).unsqueeze(1).expand_as(pseudo)[valid]
-        uploads = Uploads(
-            clients=d.clients,
-            shared=shared,
-            row_client=torch.cat([d.row_client, pc]),
-            row_item=torch.cat([d.row_item, pseudo[valid]]),
-            rows=torch.cat([rows, fake[valid]]),
-            num_ratings=d.ratings_per_client() if self.privacy is None else None,  # private under DP
-        )
+        uploads = self._uploads(round_idx, d, shared, rows, pseudo, valid)
         per_client = shared.shape[1] + torch.bincount(uploads.row_client, minlength=C) * (k + 1)  # rows + item ids
         uploads = self.channel.send("upload", ("client", d.clients), ("server", 0), uploads, per_client)
         self.last_uploads = uploads
@@ -247,6 +260,24 @@ class FedRecTask(FederatedTask):
         broadcast = shared.shape[1] + self.data.num_items * k
         self.channel.send("download", ("server", 0), ("client", d.clients), None, broadcast)
         return float(upd.loss.mean())
+
+    def _uploads(self, round_idx: int, d: RoundData, shared: Tensor, rows: Tensor, pseudo: Tensor,
+                 valid: Tensor) -> Uploads:
+        """What the clients send: ω, and their real item rows with FedGNN's synthesised pseudo rows appended and
+        every client's rows shuffled (so real rows are not told apart by position)."""
+        fake = pseudo_item_rows(rows.detach(), d.row_client, d.num_clients, valid,
+                                self._generator("pseudo_rows", round_idx))
+        pc = torch.arange(d.num_clients).unsqueeze(1).expand_as(pseudo)[valid]
+        row_client = torch.cat([d.row_client, pc])
+        order = upload_order(row_client, self._generator("upload_order", round_idx))
+        return Uploads(
+            clients=d.clients,
+            shared=shared,
+            row_client=row_client[order],
+            row_item=torch.cat([d.row_item, pseudo[valid]])[order],
+            rows=torch.cat([rows, fake[valid]])[order],
+            num_ratings=d.ratings_per_client() if self.privacy is None else None,  # private under DP
+        )
 
     def _optimizer(self, params: list[Tensor], existing: torch.optim.Optimizer | None) -> torch.optim.Optimizer:
         if existing is not None and self.optimizer_state == "persistent":
