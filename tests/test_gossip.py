@@ -376,6 +376,7 @@ def test_central_ucb_finds_global_best(backend: str) -> None:
     torch.testing.assert_close(p.theta, pooled.unsqueeze(1).expand_as(p.theta), atol=1e-12, rtol=0)
     assert (p.regret / 6_000 < 0.02).all()
     assert all(int(v.sum()) == 0 for v in p.ledger.totals().values())
+    assert torch.isinf(p.epsilon_spent()).all()  # it pools raw rewards: no privacy is claimed
 
 
 def test_baseline_bad_input() -> None:

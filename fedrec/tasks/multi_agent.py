@@ -36,8 +36,13 @@ class MultiAgentTask(FederatedTask):
         return int(self.protocol.t)
 
     def run_round(self, round_idx: int) -> dict[str, float]:
+        """Play the round's steps; log the means over trials and the regret's min and max (the paper's band)."""
         self.protocol.play(self.env, min(self.steps_per_round, self.steps - self.t))
-        return {k: float(v.double().mean()) for k, v in self.per_replicate().items()}
+        per = self.per_replicate()
+        out = {k: float(v.double().mean()) for k, v in per.items()}
+        out["cumulative_regret_min"] = float(per["cumulative_regret"].min())
+        out["cumulative_regret_max"] = float(per["cumulative_regret"].max())
+        return out
 
     def per_replicate(self) -> dict[str, torch.Tensor]:
         """Per-trial metrics: regret averaged over agents, ε spent (max over agents) and communication."""
