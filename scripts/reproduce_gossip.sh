@@ -12,6 +12,6 @@ for exp in gossip_synthetic_k3 gossip_synthetic_n10 gossip_diabetes; do
     $PY train.py +experiment=$exp privacy.epsilon=$eps replicates="$R" hydra.run.dir="$OUT/$exp/eps_$eps" \
       trainer.enable_progress_bar=false logger.tensorboard=false > "$OUT/$exp/eps_$eps.log" 2>&1
   done
-  $PY scripts/gossip_figure.py "$OUT/$exp.png" "$OUT/$exp"/eps_* --title "$exp" > "$OUT/$exp.md"
+  $PY scripts/gossip_figure.py "$OUT/$exp.png" "$OUT/$exp"/eps_*/ --title "$exp" > "$OUT/$exp.md"
 done
 echo "done: $OUT"
