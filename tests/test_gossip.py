@@ -384,3 +384,31 @@ def test_baseline_bad_input() -> None:
         GossipBandit(complete(3), 3, 10, mode="federated")
     with pytest.raises(ConfigError, match="epsilon"):
         GossipBandit(complete(3), 3, 10, epsilon=1.0, mode="local")
+
+
+def test_gossip_ucb_regret_is_sublinear_and_shared_by_the_agents() -> None:
+    """Spec §6 test 16 at ε = ∞: R(T)/T falls, R(t)/ln t flattens, the agents' regrets stay close (the
+    consistency rule couples them), and every agent's R(T) stays below Theorem 1's bound (spec §3), computed from
+    the instance's gaps with L and α₂ of §2.2."""
+    N, M, T = 3, 5, 64_000
+    env = MultiAgentMAB(N, M, replicates=4, seed=3, noise_std=0.5)
+    p = GossipUCB(complete(N), M, T, replicates=4, seed=5)
+    checkpoints, regret = [4_000, 16_000, 64_000], []
+    for t in checkpoints:
+        p.play(env, t - int(p.t))
+        regret.append(p.regret.mean(1).clone())
+    per_t = [r / t for r, t in zip(regret, checkpoints)]
+    assert (per_t[2] < per_t[1]).all() and (per_t[1] < per_t[0]).all()
+    per_log = [float((r / math.log(t)).mean()) for r, t in zip(regret, checkpoints)]
+    assert per_log[2] - per_log[1] < per_log[1] - per_log[0]  # growth per ln t slows down
+    spread = (p.regret.max(1).values - p.regret.min(1).values) / p.regret.mean(1)
+    assert (spread < 0.5).all()
+    lam2, alpha1 = 0.5, 64 / N ** 17
+    L = 1 + max(t for t in range(1, 10_000) if lam2 ** (t / 6) / (1 - lam2 ** (1 / 3)) >= 1 / (N * t))
+    assert L == 59  # spec §2.2
+    alpha2 = (3 * M - 1) * N + 2 * math.pi ** 2 / 3 + 2 * lam2 ** (1 / 12) / ((1 - lam2 ** (1 / 3)) * (1 - lam2 ** (1 / 12)))
+    for r in range(4):
+        gaps = env.global_means[r].max() - env.global_means[r]
+        bound = sum(g * (max(2 * N * math.log(T) / (g / 2 - alpha1) ** 2, L, (3 * M + 1) * N) + alpha2)
+                    for g in gaps if g > 0)
+        assert (p.regret[r] < bound).all(), (p.regret[r], bound)
