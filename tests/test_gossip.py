@@ -406,7 +406,8 @@ def test_gossip_ucb_regret_is_sublinear_and_shared_by_the_agents() -> None:
     lam2, alpha1 = 0.5, 64 / N ** 17
     L = 1 + max(t for t in range(1, 10_000) if lam2 ** (t / 6) / (1 - lam2 ** (1 / 3)) >= 1 / (N * t))
     assert L == 59  # spec §2.2
-    alpha2 = (3 * M - 1) * N + 2 * math.pi ** 2 / 3 + 2 * lam2 ** (1 / 12) / ((1 - lam2 ** (1 / 3)) * (1 - lam2 ** (1 / 12)))
+    alpha2 = (3 * M - 1) * N + 2 * math.pi ** 2 / 3 \
+        + 2 * lam2 ** (1 / 12) / ((1 - lam2 ** (1 / 3)) * (1 - lam2 ** (1 / 12)))
     for r in range(4):
         gaps = env.global_means[r].max() - env.global_means[r]
         bound = sum(g * (max(2 * N * math.log(T) / (g / 2 - alpha1) ** 2, L, (3 * M + 1) * N) + alpha2)
