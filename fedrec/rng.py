@@ -13,12 +13,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedrec.jit import jit
+from fedrec.seeding import numpy_generator
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_S11, _S27, _S30, _S31 = np.uint64(11), np.uint64(27), np.uint64(30), np.uint64(31)
-_TWO_M53 = 2.0 ** -53
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+S11, _S27, _S30, _S31 = np.uint64(11), np.uint64(27), np.uint64(30), np.uint64(31)
+TWO_M53 = 2.0 ** -53
 
 
 def mix64(z: np.uint64 | np.ndarray) -> np.uint64 | np.ndarray:
@@ -28,7 +29,14 @@ def mix64(z: np.uint64 | np.ndarray) -> np.uint64 | np.ndarray:
     return z ^ (z >> _S31)
 
 
-_mix = jit(mix64)
+#: :func:`mix64` compiled, for the kernels
+mix64_jit = jit(mix64)
+_mix = mix64_jit
+
+
+def stream_key(seed: int, name: str, *indices: int) -> np.uint64:
+    """The 64-bit key of the counter-based stream ``name`` (at ``indices``) of a run seeded ``seed``."""
+    return np.uint64(numpy_generator(seed, name, *indices).bit_generator.random_raw())
 
 
 def keyed_uniforms(key: int, fields: Sequence[np.ndarray], n: int) -> np.ndarray:
@@ -37,20 +45,20 @@ def keyed_uniforms(key: int, fields: Sequence[np.ndarray], n: int) -> np.ndarray
     h = np.full(len(fields[0]), key, dtype=np.uint64)
     for field in fields:
         h = mix64(h ^ mix64(np.asarray(field, dtype=np.int64).astype(np.uint64)))
-    bits = mix64(h[:, None] + np.arange(1, n + 1, dtype=np.uint64)[None, :] * _GOLDEN)
-    return ((bits >> _S11).astype(np.float64) + 0.5) * _TWO_M53  # 53 bits, never 0 or 1
+    bits = mix64(h[:, None] + np.arange(1, n + 1, dtype=np.uint64)[None, :] * GOLDEN)
+    return ((bits >> S11).astype(np.float64) + 0.5) * TWO_M53  # 53 bits, never 0 or 1
 
 
 @jit
 def fill_normals(seed: int, row: int, draw: int, out: np.ndarray) -> None:
     """Write the standard normals of draw ``draw`` of state row ``row`` into ``out`` (1-D)."""
-    key = _mix(_mix(_mix(np.uint64(seed) + _GOLDEN) ^ np.uint64(row)) ^ np.uint64(draw))
+    key = _mix(_mix(_mix(np.uint64(seed) + GOLDEN) ^ np.uint64(row)) ^ np.uint64(draw))
     n = out.shape[0]
     for i in range((n + 1) // 2):
         a = _mix(key ^ np.uint64(2 * i + 1))
         b = _mix(key ^ np.uint64(2 * i + 2))
-        u1 = (np.float64(a >> _S11) + 1.0) * _TWO_M53  # (0, 1]: log stays finite
-        u2 = np.float64(b >> _S11) * _TWO_M53
+        u1 = (np.float64(a >> S11) + 1.0) * TWO_M53  # (0, 1]: log stays finite
+        u2 = np.float64(b >> S11) * TWO_M53
         radius = np.sqrt(-2.0 * np.log(u1))
         out[2 * i] = radius * np.cos(2.0 * np.pi * u2)
         if 2 * i + 1 < n:

@@ -17,6 +17,7 @@ import numpy as np
 
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.protocols.kernels.gossip import GAUSSIAN, RECORDS, draw_reward, rewards_many
+from fedrec.rng import stream_key
 from fedrec.seeding import numpy_generator
 
 NOISES = ("gaussian",)
@@ -67,7 +68,7 @@ class MultiAgentMAB:
             if not np.isfinite(mu).all():
                 raise ConfigError("env.means must be finite")
         self.means = np.ascontiguousarray(mu)
-        self.key = np.uint64(numpy_generator(self.seed, "envs.mab.rewards").bit_generator.random_raw())
+        self.key = stream_key(self.seed, "envs.mab.rewards")
         self.pool_ptr = np.zeros(N * M + 1, dtype=np.int64)
         self.pool_values = np.zeros(0)
 

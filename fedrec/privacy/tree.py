@@ -45,8 +45,7 @@ from fedrec.privacy.accountant import (
     gaussian_rdp_rho,
     uniform_epsilon_per_round,
 )
-from fedrec.rng import keyed_uniforms
-from fedrec.seeding import numpy_generator
+from fedrec.rng import keyed_uniforms, stream_key
 
 __all__ = [
     "Node",
@@ -202,7 +201,7 @@ class TreeAggregator(nn.Module):
             :func:`laplace_node_scale`); Gaussian needs ``delta`` in (0, 1), which is also the default δ of
             :meth:`epsilon`.
         num_rows: number of independent streams.
-        seed, name, indices: key of the noise, derived as ``fedrec.seeding.numpy_generator(seed, name, *indices)``
+        seed, name, indices: key of the noise, derived as ``fedrec.rng.stream_key(seed, name, *indices)``
             (e.g. ``indices=(replicate, phase)`` for a fresh privatiser per phase).
         symmetric: Gaussian only: symmetric matrix noise (Ñ + Ñᵀ)/√2 over the last two (equal) dimensions; the
             records must then be symmetric.
@@ -261,8 +260,8 @@ class TreeAggregator(nn.Module):
         else:
             self.scale = laplace_node_scale(epsilon, self.horizon, self.sensitivity, laplace_split)
         self.noise_empty_nodes = bool(noise_empty_nodes)
-        self.key = int(numpy_generator(check_int("seed", seed, minimum=0), name,
-                                       *(check_int("indices", i, minimum=0) for i in indices)).bit_generator.random_raw())
+        self.key = int(stream_key(check_int("seed", seed, minimum=0), name,
+                                  *(check_int("indices", i, minimum=0) for i in indices)))
         levels = self.levels
         # per row: records so far, their clean sum, and per level the noise of that level's node in the current
         # cover (levels whose bit of the count is 0 hold stale entries that prefix masks out); with

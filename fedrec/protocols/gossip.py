@@ -33,7 +33,7 @@ from fedrec.privacy.accountant import LaplaceBasicAccountant
 from fedrec.privacy.tree import LAPLACE_SPLITS, laplace_node_scale
 from fedrec.protocols.base import ProtocolModule, kernel_call
 from fedrec.protocols.kernels.gossip import CENTRAL, GOSSIP, GOSSIP_RUN, LOCAL, laplace_many, uniforms_many
-from fedrec.seeding import numpy_generator
+from fedrec.rng import stream_key
 
 if TYPE_CHECKING:  # the environment imports this package's kernels for its reward draws
     from fedrec.envs.mab import MultiAgentMAB
@@ -41,10 +41,6 @@ if TYPE_CHECKING:  # the environment imports this package's kernels for its rewa
 
 #: ``mode`` of :class:`GossipBandit` → the kernel's code
 MODES = {"gossip": GOSSIP, "local": LOCAL, "central": CENTRAL}
-
-
-def _stream_key(seed: int, name: str) -> np.uint64:
-    return np.uint64(numpy_generator(seed, name).bit_generator.random_raw())
 
 
 class MultiAgentProtocol(ProtocolModule):
@@ -131,9 +127,9 @@ class GossipBandit(MultiAgentProtocol):
         #: P = 128 N log²T / ε² of eq. 12 (0 for ε = ∞)
         self.privacy = 0.0 if math.isinf(self.epsilon) else 128.0 * N * log_T ** 2 / self.epsilon ** 2
         self.levels = T.bit_length()
-        self.key_choice = _stream_key(self.seed, "gossip.choice")
-        self.key_edge = _stream_key(self.seed, "gossip.edge")
-        self.key_noise = _stream_key(self.seed, "gossip.noise")
+        self.key_choice = stream_key(self.seed, "gossip.choice")
+        self.key_edge = stream_key(self.seed, "gossip.edge")
+        self.key_noise = stream_key(self.seed, "gossip.noise")
         R, M, L = self.replicates, self.num_arms, self.levels
         for name in ("n", "ntil"):
             self.register_buffer(name, torch.zeros(R, N, M, dtype=torch.long))

@@ -43,7 +43,8 @@ import numpy as np
 from fedrec.federation.ledger import KINDS
 from fedrec.jit import jit, parallel_variant, prange
 from fedrec.protocols.kernels.client_server import record
-from fedrec.rng import mix64
+from fedrec.rng import GOLDEN, S11, TWO_M53  # the same bit-to-float conversion as every keyed draw
+from fedrec.rng import mix64_jit as _mix
 
 #: reward kinds of :func:`draw_reward`: μ_{i,k} + σ·N(0, 1), or a record drawn with replacement from the (i, k) pool
 GAUSSIAN, RECORDS = 0, 1
@@ -52,10 +53,6 @@ GOSSIP, LOCAL, CENTRAL = 0, 1, 2
 #: the ledger's message kind of a gossip exchange
 PEER = KINDS.index("peer")
 
-_mix = jit(mix64)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_S11 = np.uint64(11)
-_TWO_M53 = 2.0 ** -53
 
 
 @jit
@@ -68,8 +65,8 @@ def keyed(key: np.uint64, row: int, counter: int) -> np.uint64:
 @jit
 def uniform(h: np.uint64, j: int) -> float:
     """Output ``j`` (>= 1) of state ``h`` as a uniform in (0, 1) with 53 random bits (never 0 or 1)."""
-    bits = _mix(h + np.uint64(j) * _GOLDEN)
-    return (np.float64(bits >> _S11) + 0.5) * _TWO_M53
+    bits = _mix(h + np.uint64(j) * GOLDEN)
+    return (np.float64(bits >> S11) + 0.5) * TWO_M53
 
 
 @jit
