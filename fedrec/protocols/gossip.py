@@ -160,7 +160,7 @@ class GossipBandit(MultiAgentProtocol):
 
     def width(self, n: Tensor, t: int) -> Tensor:
         """C̃_{i,k}(t) of eq. 12 for pre-pull counts ``n`` (C of eq. 11 when ε = ∞): α₁ + sqrt(2N (P log t log n /
-        n² + 1/n) log t), the same arithmetic as the kernel's ``ucb_width``; the baselines' sqrt(2 ln t / n) (``n``
+        n² + 1/n) log t), the formula of the kernel's ``ucb_width``; the baselines' sqrt(2 ln t / n) (``n``
         in observations for ``central``)."""
         log_t = math.log(t)
         log_t_privacy = log_t / math.log(2.0) if self.privacy_log2 else log_t

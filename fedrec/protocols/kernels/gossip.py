@@ -98,38 +98,57 @@ def draw_reward(kind: int, key: np.uint64, means: np.ndarray, noise_std: float, 
 
 
 @jit
-def ucb_width(n: int, log_n: float, log_t: float, log_t_privacy: float, two_n: float, privacy: float,
-              alpha1: float) -> float:
-    """C̃ of eq. 12, α₁ + sqrt(2N (P log t log n / n² + 1/n) log t) with P = 128 N log²T / ε² (``privacy``);
-    P = 0 (Gossip_UCB, or ε = ∞) gives C of eq. 11, α₁ + sqrt(2N log t / n). n is the pre-pull count."""
+def count_terms(terms: np.ndarray, n: int, private: bool) -> None:
+    """Cache what :func:`ucb_width` needs of count ``n`` in ``terms`` (3,): 1/n, log n / n² (only when
+    ``private``: P > 0) and sqrt(1/n), so a round evaluates every arm's width without a division or a logarithm
+    (and without a root at P = 0)."""
     inv = 1.0 / n
-    return alpha1 + np.sqrt(two_n * (privacy * log_t_privacy * log_n * inv * inv + inv) * log_t)
+    terms[0] = inv
+    terms[1] = np.log(n) * inv * inv if private else 0.0
+    terms[2] = np.sqrt(inv)
 
 
 @jit
-def pull_noise(key: np.uint64, shape: tuple, r: int, i: int, k: int, t: int, scale: float, noise_empty: bool,
-               last: np.ndarray,
-               prev: np.ndarray, node: np.ndarray, value: np.ndarray) -> float:
-    """Mark the pull of arm k by agent i at round t and return Σ of the noises of t's dyadic cover (Alg. 2–3).
+def ucb_width(terms: np.ndarray, alpha1: float, privacy_t: float, factor_t: float, root_t: float) -> float:
+    """C̃ of eq. 12, α₁ + sqrt(2N (P log t log n / n² + 1/n) log t) with P = 128 N log²T / ε², for the
+    :func:`count_terms` of the pre-pull count n. Per round: ``privacy_t`` = P log t (log₂ t with ``privacy_log2``),
+    ``factor_t`` = 2N log t and ``root_t`` = its root; P = 0 (Gossip_UCB, or ε = ∞) gives C of eq. 11,
+    α₁ + sqrt(2N log t / n). The baselines pass 2 for 2N, α₁ = 0 and P = 0."""
+    if privacy_t == 0.0:
+        return alpha1 + root_t * terms[2]
+    return alpha1 + np.sqrt((privacy_t * terms[1] + terms[0]) * factor_t)
 
-    ``last``/``prev``/``node``/``value`` are the stream's (levels,) slices. A cover node (l, t >> l) is noised iff it
-    holds a pull (or ``noise_empty``); its noise is drawn once per node and cached with its index.
+
+@jit
+def pull_noise(key: np.uint64, r: int, i: int, k: int, t: int, scale: float, noise_empty: bool, last: np.ndarray,
+               prev: np.ndarray, node: np.ndarray, value: np.ndarray) -> float:
+    """Mark the pull of arm k by agent i at round t in replicate r and return Σ of the noises of t's dyadic cover
+    (Alg. 2–3).
+
+    ``last``/``prev``/``node``/``value`` are the (R, N, M, levels) noise buffers, read and written at stream
+    (r, i, k) only. A cover node (l, t >> l) is noised iff it holds a pull (or ``noise_empty``); its noise is drawn
+    once per node and cached with its index.
     """
-    levels = last.shape[0]
-    for lv in range(levels):
+    shape = (last.shape[1], last.shape[2])
+    for lv in range(last.shape[3]):
         c = ((t - 1) >> lv) + 1  # the level-lv node holding round t
-        if last[lv] != c:
-            prev[lv] = last[lv]
-            last[lv] = c
+        if last[r, i, k, lv] == c:
+            break  # an earlier pull lies in this node, hence in every node above it, all already marked
+        prev[r, i, k, lv] = last[r, i, k, lv]
+        last[r, i, k, lv] = c
     total = 0.0
-    for lv in range(levels):
-        if (t >> lv) & 1:
+    lv = 0
+    bits = t
+    while bits:  # the cover of 1..t: the level-lv node t >> lv for every set bit lv of t
+        if bits & 1:
             m = t >> lv
-            if noise_empty or last[lv] == m or prev[lv] == m:
-                if node[lv] != m:
-                    value[lv] = laplace(key, shape, r, i, k, lv, m, scale)
-                    node[lv] = m
-                total += value[lv]
+            if noise_empty or last[r, i, k, lv] == m or prev[r, i, k, lv] == m:
+                if node[r, i, k, lv] != m:
+                    value[r, i, k, lv] = laplace(key, shape, r, i, k, lv, m, scale)
+                    node[r, i, k, lv] = m
+                total += value[r, i, k, lv]
+        bits >>= 1
+        lv += 1
     return total
 
 
@@ -182,7 +201,7 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
         q = np.empty(M)
         chosen = np.empty(N, dtype=np.int64)
         delta = np.empty(N)
-        log_n = np.empty((N, M))  # log n, updated with n (the privacy term of eq. 12 reads it every round)
+        terms = np.empty((N, M, 3))  # count_terms of n (CENTRAL: of the pooled count, in row 0)
         best = global_means[r].max()
         if initialise:
             for i in range(N):
@@ -202,18 +221,26 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
                         theta[r, i, k] = pooled / N
         for i in range(N):
             for k in range(M):
-                log_n[i, k] = np.log(n[r, i, k])
+                count = n[r, i, k]
+                if mode == CENTRAL:
+                    count = 0
+                    for j in range(N):
+                        count += n[r, j, k]
+                count_terms(terms[i, k], count, privacy > 0.0)
         for s in range(steps):
             t = t0 + s + 1
             log_t = np.log(t)
-            log_t_privacy = log_t / np.log(2.0) if privacy_log2 else log_t
+            privacy_t = privacy * (log_t / np.log(2.0) if privacy_log2 else log_t)
+            factor_t = two_n * log_t
+            root_t = np.sqrt(factor_t)
             if mode == GOSSIP:
-                for i in range(N):  # ñ(t+1), eq. 1 (lines 3–5)
+                for i in range(N):  # ñ(t+1), eq. 1 (lines 3–5), arms innermost (contiguous)
                     for k in range(M):
-                        v = n[r, i, k]
-                        for p in range(indptr[i], indptr[i + 1]):
-                            v = max(v, ntil[r, indices[p], k])
-                        nxt[i, k] = v
+                        nxt[i, k] = n[r, i, k]
+                    for p in range(indptr[i], indptr[i + 1]):
+                        j = indices[p]
+                        for k in range(M):
+                            nxt[i, k] = max(nxt[i, k], ntil[r, j, k])
             for i in range(N):  # lines 6–13
                 if mode == CENTRAL and i > 0:
                     chosen[i] = chosen[0]
@@ -239,13 +266,7 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
                     top = -np.inf
                     ties = 0
                     for k in range(M):
-                        count = n[r, i, k]
-                        if mode == CENTRAL:
-                            count = 0
-                            for j in range(N):
-                                count += n[r, j, k]
-                        q[k] = theta[r, i, k] + ucb_width(count, log_n[i, k], log_t, log_t_privacy, two_n,
-                                                          privacy, alpha1)
+                        q[k] = theta[r, i, k] + ucb_width(terms[i, k], alpha1, privacy_t, factor_t, root_t)
                         if q[k] > top:
                             top = q[k]
                             ties = 1
@@ -263,12 +284,12 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
                 a = chosen[i]
                 x = draw_reward(kind, key_reward, means, noise_std, pool_ptr, pool_values, r, i, a, t)
                 n[r, i, a] += 1
-                log_n[i, a] = np.log(n[r, i, a])
+                if mode != CENTRAL:
+                    count_terms(terms[i, a], n[r, i, a], privacy > 0.0)
                 sums[r, i, a] += x
                 total = x0[r, i, a] + sums[r, i, a]
                 if scale > 0.0:
-                    total += pull_noise(key_noise, (N, M), r, i, a, t, scale, noise_empty, last[r, i, a],
-                                        prev[r, i, a], node[r, i, a], value[r, i, a])
+                    total += pull_noise(key_noise, r, i, a, t, scale, noise_empty, last, prev, node, value)
                 mean = total / n[r, i, a]
                 delta[i] = mean - xbar[r, i, a]
                 xbar[r, i, a] = mean
@@ -284,6 +305,7 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
                     count += n[r, i, a]
                 for i in range(N):
                     theta[r, i, a] = pooled / count
+                count_terms(terms[0, a], count, privacy > 0.0)
                 continue
             if mode == GOSSIP:
                 e = min(int(uniform(keyed(key_edge, r, t), 1) * E), E - 1)  # lines 16–22
