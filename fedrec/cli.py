@@ -84,16 +84,28 @@ def _build(node: DictConfig, key: str, **kwargs: Any) -> Any:
         raise ConfigError(f"{key}: {e}") from e
 
 
-def _policy_factory(node: DictConfig, dim: int, seed: int) -> Any:
-    """The ``policy`` group as a factory for a protocol, checked by building one row (errors name ``policy``)."""
+def _policy_factory(node: DictConfig, dim: int, seed: int, key: str = "policy") -> Any:
+    """A policy node as a factory for a protocol, checked by building one row (errors name ``key``)."""
     from fedrec.protocols.base import build_policy
 
     try:
         factory = instantiate(node, _partial_=True)
+        build_policy(factory, dim, (), seed)
     except InstantiationException as e:
-        raise ConfigError(f"policy: {_one_line(e)}") from e
-    build_policy(factory, dim, (), seed)
+        raise ConfigError(f"{key}: {_one_line(e)}") from e
+    except ConfigError as e:
+        raise ConfigError(f"{key}: {str(e).removeprefix('policy: ')}") from e
     return factory
+
+
+def _protocol_and_policy(cfg: DictConfig, dim: int) -> tuple[DictConfig, Any]:
+    """The protocol node and its policy factory: the protocol's own ``policy`` node when it has one (the vertical
+    protocols: VFUCB is LinUCB's, VFTS LinTS's), else the ``policy`` group."""
+    node, policy, key = cfg.protocol, cfg.get("policy"), "policy"
+    if "policy" in cfg.protocol:
+        policy, key = cfg.protocol.policy, "protocol.policy"
+        node = OmegaConf.masked_copy(cfg.protocol, [k for k in cfg.protocol if k != "policy"])
+    return node, None if policy is None else _policy_factory(policy, dim, cfg.seed, key)
 
 
 def _build_multi_agent(cfg: DictConfig) -> Any:
@@ -126,9 +138,9 @@ def build_task(cfg: DictConfig) -> Any:
         return _build_multi_agent(cfg)
     if cfg.get("data") is None:
         env = _build(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
-        policy = _policy_factory(cfg.policy, env.dim, cfg.seed) if cfg.get("policy") is not None else None
-        protocol = _build(cfg.protocol, "protocol", num_clients=env.num_clients, dim=env.dim,
-                          replicates=cfg.replicates, policy=policy, seed=cfg.seed)
+        node, policy = _protocol_and_policy(cfg, env.dim)
+        protocol = _build(node, "protocol", num_clients=env.num_clients, dim=env.dim, replicates=cfg.replicates,
+                          policy=policy, seed=cfg.seed)
         return _build(cfg.task, "task", env=env, protocol=protocol)
     if cfg.replicates != 1:
         raise ConfigError(f"replicates: federated recommendation runs one replicate (got {cfg.replicates}); "

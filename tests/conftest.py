@@ -1,14 +1,22 @@
-"""Shared fixtures: the data directory and deterministic single-threaded torch."""
+"""Shared fixtures: the data directory, deterministic single-threaded torch and ``train.py`` run in-process."""
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 
 torch.set_num_threads(1)
 
+ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("FEDREC_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
@@ -17,3 +25,33 @@ def data_dir() -> Path:
     if not DATA_DIR.is_dir():
         pytest.fail(f"datasets not found at {DATA_DIR}: set FEDREC_DATA_DIR")
     return DATA_DIR
+
+
+@pytest.fixture(scope="module")
+def train_script() -> Any:
+    spec = importlib.util.spec_from_file_location("fedrec_train_script", ROOT / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def train_py(train_script: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
+    """``train_py(*args)`` runs ``python train.py *args`` in this process: Hydra parses ``sys.argv``."""
+    # hydra.main finds conf/ next to the script when the task function's module is __main__
+    monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+
+    def call(*args: str) -> Any:
+        monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py"), *args])
+        return train_script.main()
+
+    yield call
+    HydraConfig.instance().cfg = None  # leave no Hydra state behind for the compose-based tests
+    GlobalHydra.instance().clear()
+    for h in root.handlers:  # drop the handlers Hydra's job logging installed
+        if h not in handlers:
+            h.close()
+    root.handlers[:] = handlers
+    root.setLevel(level)

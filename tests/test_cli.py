@@ -8,10 +8,8 @@ multirun sweep; it starts with the module's first test so that it overlaps with 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import inspect
 import json
-import logging
 import math
 import os
 import re
@@ -22,8 +20,6 @@ from typing import Any, Callable
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import MissingConfigException
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
@@ -131,36 +127,6 @@ def multirun_job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         if job["proc"].poll() is None:
             job["proc"].kill()
         job["proc"].communicate()
-
-
-@pytest.fixture(scope="module")
-def train_script() -> Any:
-    spec = importlib.util.spec_from_file_location("fedrec_train_script", ROOT / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def train_py(train_script: Any, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
-    """``train_py(*args)`` runs ``python train.py *args`` in this process: Hydra parses ``sys.argv``."""
-    # hydra.main finds conf/ next to the script when the task function's module is __main__
-    monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-
-    def call(*args: str) -> Any:
-        monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py"), *args])
-        return train_script.main()
-
-    yield call
-    HydraConfig.instance().cfg = None  # leave no Hydra state behind for the compose-based tests
-    GlobalHydra.instance().clear()
-    for h in root.handlers:  # drop the handlers Hydra's job logging installed
-        if h not in handlers:
-            h.close()
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 # ------------------------------------------------------------------------------------------------ experiments

@@ -60,6 +60,8 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
     Rows are addressed by a flat index into ``batch_shape``; methods taking ``index=None`` act on all rows.
     """
 
+    #: whether the compiled kernels implement this policy (else protocols play it on the torch path)
+    compiled = True
     #: a row's state; ``b`` is a copy of the b column of ``G`` and is never scattered back
     state_keys = ("inv", "logdet", "b", "count", "since_refactor")
     #: the part of a row's state that a step changes and :meth:`scatter` writes back
@@ -346,9 +348,14 @@ class LinTS(LinearBandit):
     and the row's draw counter ``draws``), so rows are independent, the compiled and torch paths draw the same
     numbers, and a resumed run redraws exactly what the uninterrupted run would have. A row addressed twice in
     one :meth:`select` call uses one draw for both.
+
+    ``sampler`` is the square root S (S Sᵀ = (V+λI)^{-1}) that shapes the draw: ``cholesky`` (the paper's, and
+    the compiled kernels') or ``symmetric`` (the symmetric root, torch only), with which a rotated problem draws
+    the rotated sample — VFTS and LinTS then agree path by path (vfl spec §3.2).
     """
 
     state_keys = LinearBandit.state_keys + ("draws",)
+    SAMPLERS = ("cholesky", "symmetric")
 
     def __init__(
         self,
@@ -359,10 +366,15 @@ class LinTS(LinearBandit):
         seed: int = 0,
         refactor_every: int = 1000,
         device: str | torch.device | None = None,
+        sampler: str = "cholesky",
     ) -> None:
         super().__init__(dim, lam, batch_shape, refactor_every, device)
         self.v = check_float("v", v, low=0.0)
         self.seed = check_int("seed", seed, minimum=0)
+        if sampler not in self.SAMPLERS:
+            raise ConfigError(f"sampler must be one of {list(self.SAMPLERS)}, got {sampler!r}")
+        self.sampler = sampler
+        self.compiled = sampler == "cholesky"
         self.register_buffer("draws", torch.zeros(self.num_rows, dtype=torch.long, device=device))
 
     def get_extra_state(self) -> dict:
@@ -372,15 +384,26 @@ class LinTS(LinearBandit):
         self.seed = int(state["seed"])
 
     def kernel_spec(self) -> tuple[int, np.ndarray, int]:
+        if not self.compiled:
+            raise ConfigError(f"LinTS sampler={self.sampler!r} runs on protocol.backend=torch only")
         return 1, np.array([self.lam, math.nan, 0.0, 0.5, 0.0, self.v, self.refactor_every]), self.seed
 
-    def scores(self, contexts: Tensor, state: RowState) -> Tensor:
+    def standard_normals(self, rows: Tensor, draws: Tensor) -> Tensor:
+        """z ~ N(0, I_d) of draw ``draws[m]`` of row ``rows[m]``: (m, d) from the rows' counter-based streams."""
         from fedrec.rng import normals
 
+        z = normals(self.seed, rows.cpu().numpy(), draws.cpu().numpy(), self.dim)
+        return torch.from_numpy(z).to(device=self.G.device)
+
+    def scores(self, contexts: Tensor, state: RowState) -> Tensor:
         theta = _theta(state)
-        L = torch.linalg.cholesky(state["inv"])
+        if self.sampler == "cholesky":
+            root = torch.linalg.cholesky(state["inv"])
+        else:
+            evals, evecs = torch.linalg.eigh(state["inv"])
+            root = (evecs * evals.clamp_min(0).sqrt().unsqueeze(-2)) @ evecs.transpose(-1, -2)
         rows, draws = state["row"], state["draws"]
-        z = torch.from_numpy(normals(self.seed, rows.cpu().numpy(), draws.cpu().numpy(), self.dim)).to(theta)
+        z = self.standard_normals(rows, draws).to(theta)
         self.draws.index_copy_(0, rows, draws + 1)
-        sample = theta + self.v * torch.bmm(L, z.unsqueeze(-1)).squeeze(-1)
+        sample = theta + self.v * torch.bmm(root, z.unsqueeze(-1)).squeeze(-1)
         return torch.bmm(contexts, sample.unsqueeze(-1)).squeeze(-1)

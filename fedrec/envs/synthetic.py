@@ -28,7 +28,8 @@ class LinearEnv(BanditEnv):
             coordinates, a client-specific θ^(i) on the other d − d_g).
         contexts: ``pool`` (K of ``pool_size`` fixed articles without replacement, coordinate k ~ N(0, (d−k)/d)
             then unit norm, as the authors' code), ``ball`` (uniform in the unit ball) or ``sphere``.
-        noise_std: σ of the Gaussian reward noise.
+        noise_std: σ of the Gaussian reward noise (with ``noise="variance"``: σ², the vfl spec §4.1 reading in which
+            "N(0, 0.05)" names a variance).
         arrival: ``uniform`` or ``zipf`` (P(client of rank k) ∝ k^−zipf_exponent, ranks randomly permuted).
     """
 
@@ -48,6 +49,7 @@ class LinearEnv(BanditEnv):
         arrival: str = "uniform",
         zipf_exponent: float = 1.0,
         chunk_size: int = 1000,
+        noise: str = "std",
     ) -> None:
         super().__init__(num_clients, dim, num_arms, replicates, seed, chunk_size)
         if contexts not in ("pool", "ball", "sphere"):
@@ -61,7 +63,10 @@ class LinearEnv(BanditEnv):
         self.pool_size = check_int("pool_size", pool_size)
         if contexts == "pool" and self.pool_size < self.num_arms:
             raise ConfigError(f"pool_size ({pool_size}) must be >= num_arms ({num_arms})")
-        self.noise_std = check_float("noise_std", noise_std, low=0.0)
+        if noise not in ("std", "variance"):
+            raise ConfigError(f"noise must be 'std' or 'variance' (how noise_std is read), got {noise!r}")
+        level = check_float("noise_std", noise_std, low=0.0)
+        self.noise_std = level if noise == "std" else float(np.sqrt(level))
         self.arrival = arrival
         self.zipf_exponent = check_float("zipf_exponent", zipf_exponent, low=0.0)
         self._worlds = [self._world(r) for r in range(self.replicates)]

@@ -171,6 +171,10 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
     def _run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
         """:meth:`run` on checked inputs."""
 
+    def metrics(self) -> dict[str, Tensor]:
+        """Protocol-specific per-replicate metrics (R,) that a task reports beside regret and communication."""
+        return {}
+
     def check_inputs(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Validate shapes, client ids and finiteness; errors name the argument. Returns CPU/dtype-normalised
         tensors on the protocol's device."""

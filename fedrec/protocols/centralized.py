@@ -1,6 +1,7 @@
 """The centralised baseline: every client's data goes to one model per replicate, with no communication."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -22,11 +23,14 @@ class CentralizedLinUCB(StepProtocol):
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int = 1, policy: PolicyFactory | None = None, seed: int = 0,
-        backend: str = "auto",
+        backend: str = "auto", endpoints: Mapping[str, int] | None = None,
     ) -> None:
-        super().__init__(num_clients, dim, replicates, seed, backend)
+        super().__init__(num_clients, dim, replicates, seed, backend, endpoints)
         self.policy = build_policy(policy, dim, (self.replicates,), self.seed)
         self.row_of.copy_(torch.arange(self.replicates).repeat_interleave(self.num_clients))
+
+    def use_compiled(self) -> bool:
+        return super().use_compiled() and self.policy.compiled
 
     def _make_kernel_arrays(self) -> tuple[Any, ...]:
         return policy_views(self.policy)

@@ -64,6 +64,7 @@ class BanditTask(FederatedTask):
             out["random_policy_reward"] = self.cum_random.clone()
             out["normalized_reward"] = self.cum_reward / self.cum_random.clamp_min(1e-12)
         out.update(self.protocol.ledger.totals())
+        out.update(self.protocol.metrics())
         return out
 
     def state_dict(self) -> dict[str, Any]:
