@@ -7,8 +7,10 @@ from fedrec.protocols.gossip import (
     CentralUCB, FedUCB, GossipBandit, GossipUCB, LocalUCB, MultiAgentProtocol,
 )
 from fedrec.protocols.sync_linucb import SyncLinUCB
+from fedrec.protocols.vertical import VerticalLinearBandit
 
 __all__ = [
     "AsyncLinUCB", "AsyncLinUCBAM", "CentralUCB", "CentralizedLinUCB", "FedUCB", "GossipBandit", "GossipUCB",
-    "LocalUCB", "MultiAgentProtocol", "ProtocolModule", "StepProtocol", "SyncLinUCB", "paper_linucb",
+    "LocalUCB", "MultiAgentProtocol", "ProtocolModule", "StepProtocol", "SyncLinUCB", "VerticalLinearBandit",
+    "paper_linucb",
 ]
