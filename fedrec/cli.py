@@ -139,8 +139,11 @@ def build_task(cfg: DictConfig) -> Any:
     if cfg.get("data") is None:
         env = _build(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
         node, policy = _protocol_and_policy(cfg, env.dim)
+        extra = {}
+        if node.get("partition", "absent") is None and getattr(env, "partition", None) is not None:
+            extra["partition"] = list(env.partition)  # a logged dataset's parties (fedrec.envs.replay)
         protocol = _build(node, "protocol", num_clients=env.num_clients, dim=env.dim, replicates=cfg.replicates,
-                          policy=policy, seed=cfg.seed)
+                          policy=policy, seed=cfg.seed, **extra)
         return _build(cfg.task, "task", env=env, protocol=protocol)
     if cfg.replicates != 1:
         raise ConfigError(f"replicates: federated recommendation runs one replicate (got {cfg.replicates}); "

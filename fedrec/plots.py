@@ -16,6 +16,7 @@ PLOTS = (
     ("regret.png", "steps", "step t", "cumulative_regret", "cumulative regret R_t"),
     ("regret_vs_comm.png", "comm_messages", "communication C_t (messages)", "cumulative_regret",
      "cumulative regret R_t"),
+    ("relative_ctr.png", "steps", "logged event t", "relative_ctr", "CTR / random policy's CTR (replay)"),
     ("test_rmse.png", "round", "round t", "test_rmse", "test RMSE"),
     ("test_f1.png", "round", "round t", "test_f1", "test F1 (threshold 0.5)"),
     ("rmse_vs_epsilon.png", "epsilon_spent", "epsilon spent (max over clients)", "test_rmse", "test RMSE"),

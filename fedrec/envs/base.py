@@ -23,6 +23,7 @@ class Interactions:
     contexts: Tensor  # (R, S, K, d) float64: the arm set A_t
     expected: Tensor  # (R, S, K) float64: expected reward of each arm for the active client
     noise: Tensor  # (R, S) float64: reward noise of the step
+    logged: Tensor | None = None  # (R, S) long: the arm the log played (replay streams only, see envs.replay)
 
     @property
     def rewards(self) -> Tensor:
@@ -37,6 +38,7 @@ class Chunk:
     contexts: np.ndarray  # (S, K, d)
     expected: np.ndarray  # (S, K)
     noise: np.ndarray  # (S,)
+    logged: np.ndarray | None = None  # (S,) replay streams only
 
 
 class BanditEnv(ABC):
@@ -51,6 +53,9 @@ class BanditEnv(ABC):
     horizon: int | None = None
     #: rewards are 0/1 click logs: report reward normalised by a uniformly random policy
     binary_rewards: bool = False
+    #: a logged stream evaluated by replay (Li et al. 2010): chunks carry the logged arm, and only steps where
+    #: the policy picks it count and update the policy
+    replay: bool = False
 
     def __init__(
         self, num_clients: int, dim: int, num_arms: int, replicates: int = 1, seed: int = 0, chunk_size: int = 1000
@@ -87,7 +92,8 @@ class BanditEnv(ABC):
                 c, off = divmod(t, self.chunk_size)
                 end = min(stop - c * self.chunk_size, self.chunk_size)
                 ch = self._cached_chunk(r, c)
-                pieces.append(Chunk(ch.clients[off:end], ch.contexts[off:end], ch.expected[off:end], ch.noise[off:end]))
+                pieces.append(Chunk(ch.clients[off:end], ch.contexts[off:end], ch.expected[off:end], ch.noise[off:end],
+                                    None if ch.logged is None else ch.logged[off:end]))
                 t = c * self.chunk_size + end
             parts.append(pieces)
 
@@ -100,4 +106,5 @@ class BanditEnv(ABC):
             contexts=stack("contexts", torch.float64),
             expected=stack("expected", torch.float64),
             noise=stack("noise", torch.float64),
+            logged=stack("logged", torch.long) if self.replay else None,
         )

@@ -131,6 +131,8 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
 
     #: agents that may act in one step (None: any number; the clients tensor is then (R, S, A))
     max_agents_per_step: int | None = 1
+    #: implements :meth:`replay` (offline evaluation on logged streams)
+    supports_replay: bool = False
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int = 1, seed: int = 0, backend: str = "auto",
@@ -167,9 +169,30 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
         return self.run(torch.as_tensor(clients).unsqueeze(1), torch.as_tensor(contexts).unsqueeze(1),
                         torch.as_tensor(rewards).unsqueeze(1)).select(1, 0)
 
+    def replay(self, clients: Tensor, contexts: Tensor, rewards: Tensor, logged: Tensor) -> Tensor:
+        """Replay evaluation (Li et al. 2010): play steps (R, S) as :meth:`run` does, but a step changes the
+        protocol's state only when its arm is ``logged`` (R, S), the arm the log played. Returns the arms."""
+        if not self.supports_replay:
+            raise ConfigError(f"protocol: {type(self).__name__} has no replay evaluation (logged streams take "
+                              "protocols with one model per replicate, e.g. protocol=vfucb|central_linucb)")
+        clients, contexts, rewards = self.check_inputs(clients, contexts, rewards)
+        logged = torch.as_tensor(logged, device=clients.device)
+        if clients.dim() != 2 or tuple(logged.shape) != tuple(clients.shape) or logged.dtype != torch.long:
+            raise ValueError(f"replay takes clients (R, S) and logged arms of the same shape (long), got "
+                             f"{tuple(clients.shape)} and {tuple(logged.shape)} ({logged.dtype})")
+        if bool(((logged < 0) | (logged >= contexts.shape[-2])).any()):
+            raise ValueError(f"logged arms must be in [0, {contexts.shape[-2]})")
+        if clients.shape[1] == 0:
+            return clients.clone()
+        return self._replay(clients, contexts, rewards, logged.contiguous())
+
     @abstractmethod
     def _run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
         """:meth:`run` on checked inputs."""
+
+    def _replay(self, clients: Tensor, contexts: Tensor, rewards: Tensor, logged: Tensor) -> Tensor:
+        """:meth:`replay` on checked inputs (protocols with ``supports_replay``)."""
+        raise NotImplementedError
 
     def metrics(self) -> dict[str, Tensor]:
         """Protocol-specific per-replicate metrics (R,) that a task reports beside regret and communication."""

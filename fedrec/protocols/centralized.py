@@ -20,6 +20,7 @@ class CentralizedLinUCB(StepProtocol):
     """
 
     max_agents_per_step = None
+    supports_replay = True
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int = 1, policy: PolicyFactory | None = None, seed: int = 0,
@@ -36,6 +37,13 @@ class CentralizedLinUCB(StepProtocol):
         return policy_views(self.policy)
 
     def _run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
+        return self._play(clients, contexts, rewards, None)
+
+    def _replay(self, clients: Tensor, contexts: Tensor, rewards: Tensor, logged: Tensor) -> Tensor:
+        return self._play(clients, contexts, rewards, logged)
+
+    def _play(self, clients: Tensor, contexts: Tensor, rewards: Tensor, logged: Tensor | None) -> Tensor:
+        """Steps in order; with ``logged`` (replay) a step updates its row only if it picked the logged arm."""
         R = self.replicates
         shape = clients.shape
         clients = clients.reshape(R, -1)  # agents of a step act one after another
@@ -43,17 +51,29 @@ class CentralizedLinUCB(StepProtocol):
         rewards = rewards.reshape(R, clients.shape[1], -1)
         rows = self.row_of[self._offsets.view(-1, 1) + clients]
         if self.use_compiled():
-            arms = self._run_compiled(rows, contexts, rewards)
-        else:
+            arms = self._run_compiled(rows, contexts, rewards, logged)
+        elif logged is None:
             arms = torch.stack([self.policy.play(contexts[:, s], rewards[:, s], rows[:, s])
+                                for s in range(rows.shape[1])], 1)
+        else:
+            arms = torch.stack([self._replay_step(contexts[:, s], rewards[:, s], rows[:, s], logged[:, s])
                                 for s in range(rows.shape[1])], 1)
         return arms.reshape(shape)
 
-    def _run_compiled(self, rows: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
+    def _replay_step(self, contexts: Tensor, rewards: Tensor, rows: Tensor, logged: Tensor) -> Tensor:
+        """One replay step on the torch path: every row decides, the rows that picked the logged arm update."""
+        arms = self.policy.select(contexts, rows)
+        hit = (arms == logged).nonzero().squeeze(1)
+        if len(hit):
+            self.policy.update(contexts[hit, arms[hit]], rewards[hit, arms[hit]], rows[hit])
+        return arms
+
+    def _run_compiled(self, rows: Tensor, contexts: Tensor, rewards: Tensor, logged: Tensor | None) -> Tensor:
         arms = torch.empty(rows.shape, dtype=torch.long)
         event = np.zeros(self.replicates, dtype=np.int64)
+        replay = np.zeros((self.replicates, 0), dtype=np.int64) if logged is None else logged.numpy()
         kernel_call(ROWS_RUN[self.replicates > 1], rows.contiguous().numpy(), contexts.numpy(), rewards.numpy(),
-                    arms.numpy(), event, *self.policy.kernel_spec(), *self.kernel_arrays())
+                    replay, arms.numpy(), event, *self.policy.kernel_spec(), *self.kernel_arrays())
         if (event < 0).any():
             raise FloatingPointError("CentralizedLinUCB: a Gram matrix V + λI is no longer positive definite")
         return arms

@@ -119,24 +119,25 @@ class VerticalLinearBandit(CentralizedLinUCB):
                                               d, reps)
         return total
 
-    def _run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
+    def _play(self, clients: Tensor, contexts: Tensor, rewards: Tensor, logged: Tensor | None) -> Tensor:
+        """The AP's policy on its view of the contexts (masked, partial or clear); replay when ``logged``."""
         if self.central is not None:
-            self.central._run(clients, contexts, rewards)
+            self.central._play(clients, contexts, rewards, logged)
         S = contexts.shape[1]
         if self.mode == "central":
-            arms = super()._run(clients, contexts, rewards)
+            arms = super()._play(clients, contexts, rewards, logged)
         elif self.mode == "partial":
             cols = self.columns.to(contexts.device).view(self.replicates, 1, 1, -1)
             x = contexts.gather(-1, cols.expand(*contexts.shape[:-1], -1))
-            arms = super()._run(clients, x.contiguous(), rewards)
+            arms = super()._play(clients, x.contiguous(), rewards, logged)
         elif not self.refresh_mask:
-            arms = super()._run(clients, self.masked(contexts), rewards)
+            arms = super()._play(clients, self.masked(contexts), rewards, logged)
         else:  # negative control: a fresh mask for every round
             parts = []
             for s in range(S):
                 self._distribute_masks(int(self.rounds) + s + 1)
-                parts.append(super()._run(clients[:, s:s + 1], self.masked(contexts[:, s:s + 1]),
-                                          rewards[:, s:s + 1]))
+                parts.append(super()._play(clients[:, s:s + 1], self.masked(contexts[:, s:s + 1]),
+                                           rewards[:, s:s + 1], None if logged is None else logged[:, s:s + 1]))
             arms = torch.cat(parts, 1)
         self.rounds += S
         return arms

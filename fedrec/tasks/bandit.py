@@ -19,6 +19,10 @@ class BanditTask(FederatedTask):
 
     Tracks per replicate the cumulative pseudo-regret, reward, and the expected reward of a uniformly random
     policy on the same stream (the paper's normaliser on real data).
+
+    On a replay stream (``env.replay``: Li et al. 2010's evaluator, :mod:`fedrec.envs.replay`) it tracks instead
+    the steps that counted (the policy picked the logged arm), their clicks, the CTR and the CTR relative to a
+    uniformly random policy, whose replay CTR converges to the mean click of the replayed events.
     """
 
     def __init__(
@@ -34,17 +38,31 @@ class BanditTask(FederatedTask):
             raise ConfigError(f"steps ({self.steps}) exceeds the {env.name} stream length ({env.horizon})")
         if protocol.num_clients != env.num_clients or protocol.replicates != env.replicates:
             raise ConfigError("protocol and environment disagree on num_clients or replicates")
+        if env.replay and not protocol.supports_replay:
+            raise ConfigError(f"protocol: {type(protocol).__name__} cannot be evaluated on the replay stream "
+                              f"{env.name} (replay takes protocols with one model per replicate, e.g. "
+                              "protocol=vfucb|central_linucb|partial_linucb)")
         self.num_rounds = math.ceil(self.steps / self.steps_per_round)
         R = env.replicates
         self.t = 0
         self.cum_regret = torch.zeros(R, dtype=torch.float64)
         self.cum_reward = torch.zeros(R, dtype=torch.float64)
         self.cum_random = torch.zeros(R, dtype=torch.float64)
+        self.matched = torch.zeros(R, dtype=torch.float64)  # replay: steps that counted
 
     def run_round(self, round_idx: int) -> dict[str, float]:
         start, stop = self.t, min(self.t + self.steps_per_round, self.steps)
         batch = self.env.interactions(start, stop)
         rewards, expected = batch.rewards, batch.expected
+        if batch.logged is not None:
+            arms = self.protocol.replay(batch.clients, batch.contexts, rewards, batch.logged)
+            clicks = rewards.gather(2, batch.logged.unsqueeze(-1)).squeeze(-1)
+            hit = arms == batch.logged
+            self.matched += hit.sum(1)
+            self.cum_reward += (clicks * hit).sum(1)
+            self.cum_random += clicks.sum(1)
+            self.t = stop
+            return {k: float(v.double().mean()) for k, v in self.per_replicate().items()}
         arms = self.protocol.run(batch.clients, batch.contexts, rewards)
         chosen = expected.gather(2, arms.unsqueeze(-1)).squeeze(-1)
         self.cum_regret += (expected.max(-1).values - chosen).sum(1)
@@ -55,12 +73,15 @@ class BanditTask(FederatedTask):
 
     def per_replicate(self) -> dict[str, torch.Tensor]:
         """Current per-replicate metrics."""
-        out = {
-            "steps": torch.full((self.env.replicates,), self.t, dtype=torch.long),
-            "cumulative_regret": self.cum_regret.clone(),
-            "cumulative_reward": self.cum_reward.clone(),
-        }
-        if self.env.binary_rewards:  # the paper's real-data metric: reward relative to a random policy
+        out = {"steps": torch.full((self.env.replicates,), self.t, dtype=torch.long)}
+        if self.env.replay:
+            ctr = self.cum_reward / self.matched.clamp_min(1)
+            random_ctr = self.cum_random / max(self.t, 1)
+            out.update(matched_steps=self.matched.clone(), clicks=self.cum_reward.clone(), ctr=ctr,
+                       random_ctr=random_ctr, relative_ctr=ctr / random_ctr.clamp_min(1e-12))
+        else:
+            out.update(cumulative_regret=self.cum_regret.clone(), cumulative_reward=self.cum_reward.clone())
+        if self.env.binary_rewards and not self.env.replay:  # real-data metric: reward relative to a random policy
             out["random_policy_reward"] = self.cum_random.clone()
             out["normalized_reward"] = self.cum_reward / self.cum_random.clamp_min(1e-12)
         out.update(self.protocol.ledger.totals())
@@ -73,6 +94,7 @@ class BanditTask(FederatedTask):
             "cum_regret": self.cum_regret.clone(),
             "cum_reward": self.cum_reward.clone(),
             "cum_random": self.cum_random.clone(),
+            "matched": self.matched.clone(),
             "protocol": self.protocol.state_dict(),
         }
 
@@ -81,6 +103,7 @@ class BanditTask(FederatedTask):
         self.cum_regret = state["cum_regret"].clone()
         self.cum_reward = state["cum_reward"].clone()
         self.cum_random = state["cum_random"].clone()
+        self.matched = state.get("matched", torch.zeros_like(self.matched)).clone()  # absent before replay
         self.protocol.load_state_dict(state["protocol"])
 
     def summary(self) -> dict[str, Any]:

@@ -8,8 +8,11 @@ from fedrec.protocols.kernels.linalg import refactor_row
 from fedrec.protocols.kernels.linear import P_LAM, choose, update
 
 
-def _rows_run(rows, ctx, rew, arms, event, kind, params, seed, G, inv, logdet, count, since, stale, draws):
-    """Play ``rows`` (R, S): step s of replicate r is a decision and an update of row ``rows[r, s]``."""
+def _rows_run(rows, ctx, rew, logged, arms, event, kind, params, seed, G, inv, logdet, count, since, stale, draws):
+    """Play ``rows`` (R, S): step s of replicate r is a decision and an update of row ``rows[r, s]``.
+
+    Replay (``logged`` (R, S) ≥ 0): the update happens only when the decision is the logged arm; ``logged`` of
+    shape (R, 0) updates every step."""
     R, S = rows.shape
     d = inv.shape[1]
     for r in prange(R):
@@ -22,6 +25,8 @@ def _rows_run(rows, ctx, rew, arms, event, kind, params, seed, G, inv, logdet, c
                 break
             a = choose(kind, params, seed, row, G, inv, logdet, count, draws, ctx[r, s], Ax)
             arms[r, s] = a
+            if logged.shape[1] and a != logged[r, s]:
+                continue
             if not update(params, row, ctx[r, s, a], rew[r, s, a], Ax, G, inv, logdet, count, since, stale):
                 event[r] = -1
                 break
