@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedrec.bandits.linear import TIE_TOLERANCE, LinUCB
-from fedrec.envs.replay import MovieLensReplayEnv
+from fedrec.envs.replay import MovieLensReplayEnv, ReplayEnv, ReplayLog
 from fedrec.errors import ConfigError
 from fedrec.protocols.centralized import CentralizedLinUCB
 from fedrec.protocols.sync_linucb import SyncLinUCB
@@ -204,3 +204,43 @@ def test_bad_data_is_named(tmp_path: Path, data_dir: Path) -> None:
         MovieLensReplayEnv(data_dir, combine="outer")
     with pytest.raises(ConfigError, match="num_arms must be <= 1682"):
         MovieLensReplayEnv(data_dir, num_arms=5000)
+
+
+class HandMadeLog(ReplayEnv):
+    """Twelve events of four users on three items, written out by hand."""
+
+    name = "hand_made"
+
+    def _load(self, data_dir: Path) -> ReplayLog:
+        return ReplayLog(
+            user_features=np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [0.2, 0.9]]),
+            item_features=np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.6]]),
+            groups=[1, 1],
+            users=np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 0, 1, 2]),
+            items=np.array([0, 1, 2, 0, 0, 1, 1, 2, 0, 2, 1, 0]),
+            clicks=np.array([1.0, 1, 0, 0, 1, 1, 0, 1, 1, 0, 0, 0]),
+        )
+
+
+def test_replay_evaluator_on_a_hand_made_log() -> None:
+    """A log small enough to check by hand: the random policy's CTR is 6/12, the parties' blocks are [2, 2, 2], and
+    the task counts exactly the events where the reference loop's arm is the logged one."""
+    env = HandMadeLog("unused", replicates=3, seed=5, num_arms=3, chunk_size=5)
+    assert env.dim == 6 and env.partition == [2, 2, 2] and env.click_rate == 0.5
+    batch = env.interactions(0, 12)
+    assert torch.equal(batch.contexts[0, 0, batch.logged[0, 0]], torch.tensor([1.0, 0, 2, 1, 1, 0],
+                                                                              dtype=torch.float64))
+    for r in range(3):  # K = I = 3: every event offers all three items, the logged one at its position
+        items, _ = env.candidates(r, 0)
+        assert (np.sort(items, axis=1) == np.arange(3)).all()
+    p = VerticalLinearBandit(env.num_clients, env.dim, 3, UCB, 0, partition=env.partition)
+    task = BanditTask(env, p, steps=None, steps_per_round=5)
+    for i in range(task.num_rounds):
+        task.run_round(i)
+    per = task.per_replicate()
+    for r in range(3):
+        arms, counted, clicks = reference_replay(batch.contexts[r].numpy(), batch.rewards[r].numpy(),
+                                                 batch.logged[r].numpy())
+        assert float(per["matched_steps"][r]) == counted == int((arms == batch.logged[r].numpy()).sum())
+        assert float(per["clicks"][r]) == clicks
+        assert float(per["random_ctr"][r]) == 0.5
