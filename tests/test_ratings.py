@@ -1,7 +1,11 @@
 """Rating datasets: statistics, exact partition into test/val/initial/stream, determinism, normalisation,
-the streaming rule, ML-1M client grouping and errors that name the file, line or field."""
+the streaming rule, ML-1M client grouping, errors that name the file, line or field (malformed lines, ids
+and ratings off the scale) and the warning for duplicated (user, item) lines."""
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -12,14 +16,35 @@ from fedrec.data import RatingData, Ratings, arrival_rounds, group_users, load_r
 from fedrec.errors import ConfigError, DatasetNotFoundError
 
 
+#: The warning loading the shipped FilmTrust file gives: lines 7411, 7412 and 7414 repeat later pairs.
+FILMTRUST_WARNING = (
+    r"ratings\.txt: dropped 3 duplicated \(user, item\) line\(s\), keeping the last line of each of 3 "
+    r"repeated pair\(s\) \(2 with differing ratings\); first dropped: line 7411"
+)
+
+
+@contextmanager
+def duplicate_warning_iff_filmtrust(name: str) -> Iterator[None]:
+    """Expect FilmTrust's duplicate warning when the shipped ``name`` is loaded, and no UserWarning otherwise."""
+    if name == "filmtrust":
+        with pytest.warns(UserWarning, match=FILMTRUST_WARNING):
+            yield
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            yield
+
+
 @pytest.fixture(scope="module")
 def ml100k(data_dir: Path) -> RatingData:
-    return load_ratings("ml-100k", data_dir, seed=3, val_fraction=0.1)
+    with duplicate_warning_iff_filmtrust("ml-100k"):
+        return load_ratings("ml-100k", data_dir, seed=3, val_fraction=0.1)
 
 
 @pytest.fixture(scope="module")
 def filmtrust(data_dir: Path) -> RatingData:
-    return load_ratings("filmtrust", data_dir, seed=3)
+    with duplicate_warning_iff_filmtrust("filmtrust"):
+        return load_ratings("filmtrust", data_dir, seed=3)
 
 
 def keys(r: Ratings) -> np.ndarray:
@@ -45,6 +70,30 @@ def tiny_ml1m(root: Path, users: int = 30, per_user: int = 7) -> Path:
     return write_ml1m(root, [lines[i] for i in rng.permutation(len(lines))])
 
 
+#: Each dataset's file under the data folder and its separator.
+LAYOUT = {
+    "ml-100k": ("ml-100k/u.data", "\t"),
+    "filmtrust": ("filmtrust/ratings.txt", " "),
+    "ml-1m": ("ml-1m/ratings.dat", "::"),
+}
+#: Three valid lines (user, item, rating) per dataset, on its scale.
+VALID = {
+    "ml-100k": [(1, 1, 5), (1, 2, 3), (2, 1, 1)],
+    "filmtrust": [(1, 1, 4), (1, 2, 0.5), (2, 1, 2.5)],
+    "ml-1m": [(1, 1, 5), (1, 2, 3), (2, 1, 1)],
+}
+
+
+def write_rows(root: Path, name: str, rows: list[tuple[object, object, object]]) -> Path:
+    """Write (user, item, rating) ``rows`` as ``name``'s file under ``root`` (MovieLens lines get a timestamp)."""
+    file, sep = LAYOUT[name]
+    path = root / file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stamp = (978300760,) if name != "filmtrust" else ()
+    path.write_text("".join(sep.join(str(v) for v in (*row, *stamp)) + "\n" for row in rows))
+    return path
+
+
 # ------------------------------------------------------------------------------------ real data statistics
 
 
@@ -56,7 +105,8 @@ def test_ml100k_statistics(ml100k: RatingData) -> None:
 
 
 def test_filmtrust_statistics(data_dir: Path, filmtrust: RatingData) -> None:
-    raw = read_ratings("filmtrust", data_dir)
+    with duplicate_warning_iff_filmtrust("filmtrust"):
+        raw = read_ratings("filmtrust", data_dir)
     # 35,497 lines; 3 (user, item) pairs repeat, the later line wins (the paper's version: 18,662 / 874)
     assert raw.attrs["duplicates_dropped"] == 3 and len(raw) == 35_494
     assert (filmtrust.num_users, filmtrust.num_items, filmtrust.num_ratings) == (1508, 2071, 35_494)
@@ -80,7 +130,8 @@ def test_loader_frame_reindexes(data_dir: Path) -> None:
 @pytest.mark.parametrize("which", ["ml100k", "filmtrust"])
 def test_splits_partition_all_ratings(which: str, data_dir: Path, request: pytest.FixtureRequest) -> None:
     data: RatingData = request.getfixturevalue(which)
-    frame = read_ratings(data.name, data_dir)
+    with duplicate_warning_iff_filmtrust(data.name):
+        frame = read_ratings(data.name, data_dir)
     parts = [data.test, data.val, data.initial, data.stream]
     joined = np.concatenate([keys(p) for p in parts])
     assert len(joined) == len(frame) and len(np.unique(joined)) == len(joined)
@@ -132,7 +183,8 @@ def test_test_split_does_not_depend_on_val_or_rounds(data_dir: Path, ml100k: Rat
 @pytest.mark.parametrize("normalize", ["max", "minmax"])
 def test_normalisation(data_dir: Path, normalize: str) -> None:
     for name, raw_values in [("ml-100k", [1, 2, 3, 4, 5]), ("filmtrust", np.arange(1, 9) / 2)]:
-        frame = read_ratings(name, data_dir, normalize=normalize)
+        with duplicate_warning_iff_filmtrust(name):
+            frame = read_ratings(name, data_dir, normalize=normalize)
         raw_values = np.asarray(raw_values, dtype=float)
         assert np.array_equal(np.unique(frame.raw_rating), raw_values)
         lo, hi = raw_values.min(), raw_values.max()
@@ -142,7 +194,8 @@ def test_normalisation(data_dir: Path, normalize: str) -> None:
         if normalize == "max" and name == "ml-100k":
             # the F1 threshold: ML ratings >= 3 are positive, and none sits on 0.5
             assert ((frame.rating >= 0.5) == (frame.raw_rating >= 3)).all() and not (frame.rating == 0.5).any()
-    data = load_ratings("filmtrust", data_dir, normalize=normalize)
+    with duplicate_warning_iff_filmtrust("filmtrust"):
+        data = load_ratings("filmtrust", data_dir, normalize=normalize)
     assert data.test.rating.min() >= 0 and data.test.rating.max() <= 1
     assert set(np.unique(data.denormalize(data.test.rating)).round(6)) == set(np.arange(1, 9) / 2)
 
@@ -255,7 +308,7 @@ def test_missing_file_names_path_and_source(tmp_path: Path, name: str, path: str
         (["1::2::3::4", "1::x::3::4"], 2, "'item' must be an integer"),
         (["1::2::3::4", "", "1::4::3::4"], 2, "expected 4 fields"),
         (["1::2::3::4", "1::3::nan::4"], 2, "'rating' must be a finite number"),
-        (["1::2::-1::4", "1::3::2::4"], 1, "'rating' must be a finite number >= 0"),
+        (["1::2::-1::4", "1::3::2::4"], 1, "'rating' must be an integer from 1 to 5"),
     ],
 )
 def test_malformed_ml1m_names_file_and_line(tmp_path: Path, lines: list[str], line: int, what: str) -> None:
@@ -328,9 +381,90 @@ def test_bad_arguments_are_named(tmp_path: Path, kwargs: dict, field: str) -> No
         assert all(valid in str(info.value) for valid in ("ml-100k", "filmtrust", "ml-1m"))
 
 
-def test_ml100k_loads_fast(data_dir: Path) -> None:
-    import time
+# ------------------------------------------------------------------------------------ value validation
 
-    start = time.perf_counter()
-    load_ratings("ml-100k", data_dir, val_fraction=0.1)
-    assert time.perf_counter() - start < 1.0
+
+def assert_names_line(
+    tmp_path: Path, name: str, rows: list[tuple[object, object, object]], line: int, what: str
+) -> None:
+    """Loading ``rows`` as ``name`` raises one ConfigError line naming the file, ``line`` and ``what``."""
+    path = write_rows(tmp_path, name, rows)
+    with pytest.raises(ConfigError) as info:
+        load_ratings(name, tmp_path, num_clients=1)
+    message = str(info.value)
+    assert message.startswith(f"{path}, line {line}: ") and what in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "rating", "scale"),
+    [
+        ("ml-100k", 500, "'rating' must be an integer from 1 to 5 (MovieLens' scale), got 500 (1 such line(s)"),
+        ("ml-100k", 0, "'rating' must be an integer from 1 to 5 (MovieLens' scale), got 0"),
+        ("ml-100k", 3.5, "'rating' must be an integer from 1 to 5 (MovieLens' scale), got 3.5"),
+        ("ml-1m", 6, "'rating' must be an integer from 1 to 5 (MovieLens' scale), got 6"),
+        ("filmtrust", 5, "'rating' must be one of 0.5, 1, 1.5, ..., 4 (FilmTrust's scale, steps of 0.5), got 5"),
+        ("filmtrust", 0, "'rating' must be one of 0.5, 1, 1.5, ..., 4 (FilmTrust's scale, steps of 0.5), got 0"),
+    ],
+)
+def test_rating_off_the_scale_names_file_line_field_and_scale(
+    tmp_path: Path, name: str, rating: float, scale: str
+) -> None:
+    rows = VALID[name]
+    assert_names_line(tmp_path, name, [*rows[:2], (3, 3, rating), rows[2]], 3, scale)
+
+
+@pytest.mark.parametrize("rating", [2.3, 0.25, 3.75])
+def test_filmtrust_rating_between_half_steps_is_rejected(tmp_path: Path, rating: float) -> None:
+    scale = f"'rating' must be one of 0.5, 1, 1.5, ..., 4 (FilmTrust's scale, steps of 0.5), got {rating}"
+    assert_names_line(tmp_path, "filmtrust", [*VALID["filmtrust"], (3, 3, rating)], 4, scale)
+
+
+@pytest.mark.parametrize("name", ["ml-100k", "filmtrust", "ml-1m"])
+@pytest.mark.parametrize("field", ["user", "item"])
+def test_negative_id_names_file_line_and_field(tmp_path: Path, name: str, field: str) -> None:
+    bad = (-7, 3, VALID[name][0][2]) if field == "user" else (3, -7, VALID[name][0][2])
+    off_scale = (4, 4, 100)  # a later bad rating: the first offending line is the one reported
+    rows = [VALID[name][0], bad, (-1, -1, 100), off_scale, *VALID[name][1:]]
+    assert_names_line(tmp_path, name, rows, 2, f"field '{field}' must be an integer id >= 0, got -7 (2 such line(s)")
+
+
+@pytest.mark.parametrize("name", ["ml-100k", "filmtrust", "ml-1m"])
+@pytest.mark.parametrize(("field", "value"), [("user", "1.5"), ("item", "2.5"), ("item", "-0.5")])
+def test_non_integer_id_names_file_line_and_field(tmp_path: Path, name: str, field: str, value: str) -> None:
+    rating = VALID[name][0][2]
+    bad = (value, 3, rating) if field == "user" else (3, value, rating)
+    assert_names_line(tmp_path, name, [*VALID[name], bad], 4, f"field '{field}' must be an integer, got '{value}'")
+
+
+@pytest.mark.parametrize("name", ["ml-100k", "filmtrust", "ml-1m"])
+def test_duplicated_pairs_keep_the_last_line_and_warn_with_counts(tmp_path: Path, name: str) -> None:
+    low, mid, high = sorted({r for _, _, r in VALID[name]})
+    rows = [(1, 1, low), (2, 1, mid), (1, 1, high), (3, 2, low), (1, 1, mid), (2, 1, mid)]
+    write_rows(tmp_path, name, rows)
+    expected = (
+        r"dropped 3 duplicated \(user, item\) line\(s\), keeping the last line of each of 2 repeated pair\(s\) "
+        r"\(1 with differing ratings\); first dropped: line 1$"
+    )
+    with pytest.warns(UserWarning, match=expected) as record:
+        frame = read_ratings(name, tmp_path)
+    assert len(record) == 1 and record[0].filename == __file__  # points at the caller, not at fedrec
+    assert frame.attrs["duplicates_dropped"] == 3
+    kept = {(u, i): r for u, i, r in zip(frame.user_id, frame.item_id, frame.raw_rating)}
+    assert kept == {(1, 1): mid, (3, 2): low, (2, 1): mid}  # (1, 1) has low, high, mid in file order
+    assert frame.user_id.tolist() == [3, 1, 2]  # the kept lines (4, 5, 6) in file order
+
+
+@pytest.mark.parametrize("name", ["ml-100k", "filmtrust", "ml-1m"])
+def test_valid_file_without_duplicates_loads_silently(tmp_path: Path, name: str) -> None:
+    write_rows(tmp_path, name, VALID[name])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        frame = read_ratings(name, tmp_path)
+    assert frame.raw_rating.tolist() == [r for _, _, r in VALID[name]] and frame.attrs["duplicates_dropped"] == 0
+
+
+@pytest.mark.parametrize("name", ["ml-100k", "filmtrust"])
+def test_shipped_data_passes_validation_and_warns_iff_duplicated(data_dir: Path, name: str) -> None:
+    with duplicate_warning_iff_filmtrust(name):
+        frame = read_ratings(name, data_dir)
+    assert frame.attrs["duplicates_dropped"] == (3 if name == "filmtrust" else 0)

@@ -7,12 +7,22 @@ Datasets (files under ``data_dir``):
 * ``filmtrust``: FilmTrust (Guo et al. 2013), ``filmtrust/ratings.txt``, space-separated ``user item rating``,
   ratings 0.5..4 in steps of 0.5. The file holds 35,497 lines: 1,508 users, 2,071 items. Three (user, item)
   pairs occur twice (lines 7411/7437, 7412/7468, 7414/7489; two of them with different ratings); the later
-  line is kept, as a sparse rating matrix built from the file would, which leaves 35,494 ratings. The paper
-  reports 18,662 ratings from 874 users (and the authors' pickle 1,957 items): that is another version of the
-  dataset, and no filter is applied here to imitate it.
-* ``ml-1m``: MovieLens 1M, ``ml-1m/ratings.dat``, ``user::item::rating::timestamp``, ratings 1..5.
-  6,040 users, 3,706 rated items, 1,000,209 ratings (per its README). Users are grouped at random into 605
-  clients (paper §VII-A); the other datasets have one client per user.
+  line is kept (see "Validation"), which leaves 35,494 ratings. The paper reports 18,662 ratings from 874
+  users (and the authors' pickle 1,957 items): that is another version of the dataset, and no filter is
+  applied here to imitate it.
+* ``ml-1m``: MovieLens 1M, ``ml-1m/ratings.dat``, ``user::item::rating::timestamp``, ratings 1..5 (whole
+  stars). 6,040 users, 3,706 rated items, 1,000,209 ratings (per its README). Users are grouped at random into
+  605 clients (paper §VII-A); the other datasets have one client per user.
+
+Validation, on the raw file before anything is dropped or normalised:
+
+* Every line must hold integer ids >= 0 and a rating on the dataset's scale: the integers 1..5 on MovieLens
+  (their READMEs), 0.5, 1, ..., 4 on FilmTrust (its readme states no scale; these are the eight values its
+  file holds). Anything else raises a :class:`~fedrec.errors.ConfigError` naming the file, the first
+  offending line, the field and the scale: a stray 500 among 1..5 ratings would otherwise become the
+  ``"max"`` divisor and push every rating under the 0.5 threshold of the metrics.
+* A (user, item) pair on several lines keeps its last line, as a dict or matrix filled line by line would,
+  and the earlier lines are dropped with a ``UserWarning`` that counts them (FilmTrust's 3 lines above).
 
 Users and items are re-indexed to ``0..n-1`` in increasing order of their dataset ids.
 
@@ -45,6 +55,7 @@ available at a round are ``initial`` plus a prefix of ``stream``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,11 +185,31 @@ class RatingData:
 
 
 @dataclass(frozen=True)
+class _Scale:
+    """A documented rating scale: ``low`` to ``high`` in steps of ``step``; ``text`` says so in error messages."""
+
+    low: float
+    high: float
+    step: float
+    text: str
+
+    def off_scale(self, rating: np.ndarray) -> np.ndarray:
+        """Mask of the ratings outside ``[low, high]`` or between two steps of the scale."""
+        steps = (rating - self.low) / self.step
+        return (rating < self.low) | (rating > self.high) | (np.abs(steps - np.round(steps)) > 1e-9)
+
+
+_MOVIELENS_SCALE = _Scale(1.0, 5.0, 1.0, "an integer from 1 to 5 (MovieLens' scale)")
+_FILMTRUST_SCALE = _Scale(0.5, 4.0, 0.5, "one of 0.5, 1, 1.5, ..., 4 (FilmTrust's scale, steps of 0.5)")
+
+
+@dataclass(frozen=True)
 class _Format:
     folder: str
     file: str
     sep: str
     columns: tuple[str, ...]
+    scale: _Scale
     how_to_get: Callable[[Path], str]
 
 
@@ -202,12 +233,14 @@ def _filmtrust_help(data_dir: Path) -> str:
 
 _FORMATS = {
     "ml-100k": _Format(
-        "ml-100k", "u.data", "\t", ("user", "item", "rating", "timestamp"),
+        "ml-100k", "u.data", "\t", ("user", "item", "rating", "timestamp"), _MOVIELENS_SCALE,
         _movielens_help("ml-100k", "MovieLens 100K"),
     ),
-    "filmtrust": _Format("filmtrust", "ratings.txt", " ", ("user", "item", "rating"), _filmtrust_help),
+    "filmtrust": _Format(
+        "filmtrust", "ratings.txt", " ", ("user", "item", "rating"), _FILMTRUST_SCALE, _filmtrust_help,
+    ),
     "ml-1m": _Format(
-        "ml-1m", "ratings.dat", "::", ("user", "item", "rating", "timestamp"),
+        "ml-1m", "ratings.dat", "::", ("user", "item", "rating", "timestamp"), _MOVIELENS_SCALE,
         _movielens_help("ml-1m", "MovieLens 1M"),
     ),
 }  # fmt: skip
@@ -222,7 +255,8 @@ def read_ratings(name: str, data_dir: str | Path, normalize: str = "max") -> pd.
     ``rating_range`` (raw min, max) and ``duplicates_dropped``.
 
     Raises DatasetNotFoundError (file path and where to download it) if the file is missing, and
-    ConfigError naming the file and 1-based line of the first malformed line.
+    ConfigError naming the file, 1-based line and field of the first malformed line, negative id or rating
+    off the dataset's scale. Warns (UserWarning) with the count of duplicated (user, item) lines dropped.
     """
     name = _check_name(name)
     normalize = _check_normalize(normalize)
@@ -230,15 +264,9 @@ def read_ratings(name: str, data_dir: str | Path, normalize: str = "max") -> pd.
     data_dir = Path(data_dir)
     path = check_file(data_dir / fmt.folder / fmt.file, fmt.how_to_get(data_dir))
     raw = read_table(path, fmt.columns, sep=fmt.sep, numbers=("rating",))
-
-    bad = np.flatnonzero(~np.isfinite(raw["rating"].to_numpy()) | (raw["rating"].to_numpy() < 0))
-    if len(bad):
-        line = int(bad[0]) + 1
-        raise ConfigError(
-            f"{path}, line {line}: field 'rating' must be a finite number >= 0, got {raw['rating'].iloc[bad[0]]!r}"
-        )
+    _check_values(raw, fmt.scale, path)
     before = len(raw)
-    raw = raw.drop_duplicates(subset=["user", "item"], keep="last")
+    raw = _drop_duplicates(raw, path)
     user_ids, user = np.unique(raw["user"].to_numpy(), return_inverse=True)
     item_ids, item = np.unique(raw["item"].to_numpy(), return_inverse=True)
     raw_rating = raw["rating"].to_numpy(np.float64)
@@ -271,6 +299,40 @@ def load_filmtrust(data_dir: str | Path, normalize: str = "max") -> pd.DataFrame
 def load_ml1m(data_dir: str | Path, normalize: str = "max") -> pd.DataFrame:
     """MovieLens 1M ratings (``<data_dir>/ml-1m/ratings.dat``); see :func:`read_ratings`."""
     return read_ratings("ml-1m", data_dir, normalize)
+
+
+def _check_values(raw: pd.DataFrame, scale: _Scale, path: Path) -> None:
+    """Raise ConfigError at the first line with a negative id or a rating off ``scale`` (rows are file lines)."""
+    checks = [
+        ("user", raw["user"].to_numpy() < 0, "an integer id >= 0"),
+        ("item", raw["item"].to_numpy() < 0, "an integer id >= 0"),
+        ("rating", scale.off_scale(raw["rating"].to_numpy()), scale.text),
+    ]
+    failing = [(int(np.argmax(bad)), column, bad, expected) for column, bad, expected in checks if bad.any()]
+    if failing:
+        row, column, bad, expected = min(failing, key=lambda f: f[0])
+        value = raw[column].iloc[row]
+        raise ConfigError(
+            f"{path}, line {row + 1}: field {column!r} must be {expected}, got {value:g} "
+            f"({int(bad.sum())} such line(s) in the file)"
+        )
+
+
+def _drop_duplicates(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Keep the last line of each (user, item) pair, warning with counts if any earlier line is dropped."""
+    earlier = raw.duplicated(subset=["user", "item"], keep="last").to_numpy()
+    if not earlier.any():
+        return raw
+    repeated = raw[raw.duplicated(subset=["user", "item"], keep=False)]
+    ratings_per_pair = repeated.groupby(["user", "item"])["rating"].nunique()
+    warnings.warn(
+        f"{path}: dropped {int(earlier.sum())} duplicated (user, item) line(s), keeping the last line of each of "
+        f"{len(ratings_per_pair)} repeated pair(s) ({int((ratings_per_pair > 1).sum())} with differing ratings); "
+        f"first dropped: line {int(np.argmax(earlier)) + 1}",
+        UserWarning,
+        stacklevel=3,
+    )
+    return raw[~earlier]
 
 
 def _normalize(rating: np.ndarray, normalize: str, lo: float, hi: float, path: Path) -> np.ndarray:
