@@ -15,19 +15,21 @@ from fedrec.errors import check_int
 class Interactions:
     """Steps [start, stop) of every replicate's stream.
 
-    ``rewards = expected + noise[..., None]``: the noise of a step is shared by all its arms, so the regret
+    ``rewards = expected + noise``: the noise of a step is either shared by all its arms (shape (R, S)) or drawn
+    per arm (shape (R, S, K), e.g. a Bernoulli reward for every arm); either way the regret
     ``max(expected) - expected[arm]`` is the pseudo-regret of the papers.
     """
 
     clients: Tensor  # (R, S) long: active client of each step
     contexts: Tensor  # (R, S, K, d) float64: the arm set A_t
     expected: Tensor  # (R, S, K) float64: expected reward of each arm for the active client
-    noise: Tensor  # (R, S) float64: reward noise of the step
+    noise: Tensor  # (R, S) float64: reward noise shared by the step's arms, or (R, S, K): per arm
     logged: Tensor | None = None  # (R, S) long: the arm the log played (replay streams only, see envs.replay)
 
     @property
     def rewards(self) -> Tensor:
-        return self.expected + self.noise.unsqueeze(-1)
+        shared = self.noise.dim() < self.expected.dim()
+        return self.expected + (self.noise.unsqueeze(-1) if shared else self.noise)
 
 
 @dataclass
@@ -37,7 +39,7 @@ class Chunk:
     clients: np.ndarray  # (S,)
     contexts: np.ndarray  # (S, K, d)
     expected: np.ndarray  # (S, K)
-    noise: np.ndarray  # (S,)
+    noise: np.ndarray  # (S,) shared by the step's arms, or (S, K) per arm
     logged: np.ndarray | None = None  # (S,) replay streams only
 
 
