@@ -1,0 +1,221 @@
+"""Fetch the real datasets from their official addresses into the data directory, verified and atomically.
+
+A download streams the archive into a hidden temporary folder inside the data directory while hashing it,
+refuses it if the server sent fewer bytes than it announced or if its SHA-256 differs from the one recorded in
+:data:`REGISTRY`, extracts it in that same temporary folder, and only then renames the dataset folder into
+place. Whatever goes wrong (HTTP error, cut connection, checksum mismatch, corrupt zip, Ctrl-C), the temporary
+folder is removed and the data directory is left as it was.
+
+The archive's layout does not matter: the dataset folder is the folder of the archive that holds the
+registry entry's first file (``ml-100k.zip`` has ``ml-100k/u.data``, ``hetrec2011-lastfm-2k.zip`` has its files
+at the top, UCI's zip may or may not have a ``dataset_diabetes/`` folder), renamed to the entry's ``folder``.
+
+Plain ``urllib`` does the HTTP, not ``torch_geometric.data.download_url``: that helper shows no progress,
+silently keeps a body shorter than its Content-Length, turns TLS certificate checks off and reuses any file
+already at its target path. Extraction uses :mod:`zipfile` (what ``torch_geometric.data.extract_zip`` wraps).
+"""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from fedrec.errors import ConfigError, DatasetNotFoundError
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one dataset's archive is published and what it installs under the data directory."""
+
+    url: str
+    sha256: str | None  # of the archive as published; None = not recorded yet (installs only with --no-verify)
+    folder: str  # folder under the data directory that the loaders read
+    files: tuple[str, ...]  # files the loaders read inside ``folder``; the first one locates it in the archive
+
+
+#: One entry per downloadable dataset. ml-100k, ml-1m and lastfm checksums: archive SHA-256s published in
+#: several unrelated public projects that verify these archives (ml-100k's together with the SHA-256 of its
+#: u.data, which matches shared/data/SHA256SUMS). FilmTrust's and UCI Diabetes' are not recorded yet.
+REGISTRY: dict[str, Source] = {
+    "ml-100k": Source(
+        url="https://files.grouplens.org/datasets/movielens/ml-100k.zip",
+        sha256="50d2a982c66986937beb9ffb3aa76efe955bf3d5c6b761f4e3a7cd717c6a3229",
+        folder="ml-100k",
+        files=("u.data", "u.item", "u.user"),
+    ),
+    "ml-1m": Source(
+        url="https://files.grouplens.org/datasets/movielens/ml-1m.zip",
+        sha256="a6898adb50b9ca05aa231689da44c217cb524e7ebd39d264c56e2832f2c54e20",
+        folder="ml-1m",
+        files=("ratings.dat",),
+    ),
+    "lastfm": Source(
+        url="https://files.grouplens.org/datasets/hetrec2011/hetrec2011-lastfm-2k.zip",
+        sha256="6738f48195667ff03caaab4d32ca9a3133d8cc026b7c3cdaf6ce1010e913c59c",
+        folder="hetrec2011-lastfm-2k",
+        files=("user_artists.dat", "user_taggedartists.dat"),
+    ),
+    "filmtrust": Source(
+        url="https://guoguibing.github.io/librec/datasets/filmtrust.zip",
+        sha256=None,
+        folder="filmtrust",
+        files=("ratings.txt",),
+    ),
+    "diabetes": Source(
+        url="https://archive.ics.uci.edu/static/public/296/diabetes+130-us+hospitals+for+years+1999-2008.zip",
+        sha256=None,
+        folder="uci-diabetes-130",
+        files=("diabetic_data.csv",),
+    ),
+}
+
+_CHUNK = 1 << 20
+_TIMEOUT = 60.0  # seconds without data before a download is abandoned
+
+
+class DownloadError(RuntimeError):
+    """A download failed or was refused; the one-line message says why, and nothing was installed."""
+
+
+def default_data_dir() -> Path:
+    """The data directory the runs use: ``$FEDREC_DATA_DIR``, else ``data`` (as conf/config.yaml)."""
+    return Path(os.environ.get("FEDREC_DATA_DIR") or "data")
+
+
+def source(name: str) -> Source:
+    """The registry entry of dataset ``name``, or a ConfigError listing the known names."""
+    if name not in REGISTRY:
+        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def missing_files(name: str, data_dir: str | Path) -> list[Path]:
+    """The files of dataset ``name`` that the loaders need and ``data_dir`` lacks (empty when installed)."""
+    entry = source(name)
+    folder = Path(data_dir) / entry.folder
+    return [folder / file for file in entry.files if not (folder / file).is_file()]
+
+
+def download_command(name: str, data_dir: str | Path) -> str:
+    """The shell command that installs dataset ``name`` into ``data_dir``."""
+    return f"python -m fedrec.data download {name} --data-dir {data_dir}"
+
+
+def ensure_dataset(name: str, data_dir: str | Path, download: bool) -> Path:
+    """The folder of dataset ``name`` under ``data_dir``, downloaded first if missing and ``download`` is true.
+
+    Raises DatasetNotFoundError naming the download command when the dataset is missing and ``download`` is
+    false, and DownloadError when the download fails or the archive's checksum is not recorded.
+    """
+    missing = missing_files(name, data_dir)
+    if not missing:
+        return Path(data_dir) / source(name).folder
+    if not download:
+        raise DatasetNotFoundError(
+            f"dataset {name} is not installed: {missing[0]} is missing. Install it with "
+            f"`{download_command(name, data_dir)}`, or set data.download=true to fetch it when a run needs it."
+        )
+    return download_dataset(name, data_dir)
+
+
+def download_dataset(
+    name: str, data_dir: str | Path, verify: bool = True, url: str | None = None, progress: bool = True
+) -> Path:
+    """Install dataset ``name`` into ``data_dir`` from ``url`` (default: the registry's) and return its folder.
+
+    Does nothing if it is already installed. With ``verify`` the archive's SHA-256 must equal the recorded one
+    (an entry without one is refused before any download); without it the archive is installed unchecked.
+    """
+    entry = source(name)
+    data_dir = Path(data_dir)
+    target = data_dir / entry.folder
+    missing = missing_files(name, data_dir)
+    if not missing:
+        return target
+    if target.exists():
+        raise DownloadError(f"{target} exists but lacks {missing[0].name}; move it away and download again")
+    if verify and entry.sha256 is None:
+        raise DownloadError(
+            f"no SHA-256 is recorded for the {name} archive, so it cannot be verified; install it unverified "
+            f"with `{download_command(name, data_dir)} --no-verify`"
+        )
+    url = url or entry.url
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if progress:
+        print(f"Downloading {name} from {url} into {target}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix=f".{entry.folder}.download-", dir=data_dir) as tmp:
+        archive = Path(tmp) / "archive.zip"
+        digest = _fetch(url, archive, name, progress)
+        if verify and digest != entry.sha256:
+            raise DownloadError(
+                f"checksum mismatch for {url}: expected SHA-256 {entry.sha256}, got {digest}; nothing was installed"
+            )
+        extracted = Path(tmp) / "extracted"
+        _extract(archive, extracted)
+        os.rename(_dataset_root(extracted, entry, url), target)
+    return target
+
+
+def _fetch(url: str, dest: Path, name: str, progress: bool) -> str:
+    """Stream ``url`` into ``dest`` with a progress bar; return the SHA-256 of the bytes received."""
+    digest = hashlib.sha256()
+    received = 0
+    total: int | None = None  # the announced Content-Length
+    try:
+        with urllib.request.urlopen(url, timeout=_TIMEOUT) as response, dest.open("wb") as out:
+            length = response.headers.get("Content-Length")
+            total = int(length) if length else None
+            bar = tqdm(total=total, desc=name, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress)
+            with bar:
+                while chunk := response.read(_CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+    except urllib.error.HTTPError as e:
+        e.close()  # the error carries the open response
+        raise DownloadError(f"{url}: HTTP {e.code} {e.reason}; nothing was installed") from None
+    except (OSError, http.client.HTTPException) as e:  # URLError, timeouts, resets, cut chunked bodies
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
+        raise DownloadError(
+            f"download of {url} failed after {received} bytes: {reason}; nothing was installed"
+        ) from None
+    if total is not None and received != total:
+        raise DownloadError(
+            f"download of {url} was interrupted: got {received} of {total} bytes; nothing was installed"
+        )
+    return digest.hexdigest()
+
+
+def _extract(archive: Path, folder: Path) -> None:
+    """Unzip ``archive`` into ``folder``, raising DownloadError if it is not a sound zip (CRCs are checked)."""
+    try:
+        with zipfile.ZipFile(archive) as zipped:
+            zipped.extractall(folder)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        raise DownloadError(f"the downloaded archive is not a valid zip file ({e}); nothing was installed") from None
+
+
+def _dataset_root(extracted: Path, entry: Source, url: str) -> Path:
+    """The one folder of the extracted archive that holds all of ``entry.files``."""
+    roots = {p.parent for p in extracted.rglob(entry.files[0])}
+    if len(roots) != 1:
+        found = "no" if not roots else f"{len(roots)} copies of"
+        raise DownloadError(f"the archive from {url} has {found} {entry.files[0]}; nothing was installed")
+    root = roots.pop()
+    absent = [file for file in entry.files if not (root / file).is_file()]
+    if absent:
+        raise DownloadError(
+            f"the archive from {url} lacks {absent[0]} beside {entry.files[0]}; nothing was installed"
+        )
+    return root
