@@ -1,18 +1,40 @@
 """Build a run from a composed Hydra config, train it, and write the run directory's results."""
 from __future__ import annotations
 
+import logging
 import math
 import re
-from collections.abc import Callable, Mapping
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hydra.errors import InstantiationException
+from hydra.experimental.callback import Callback as HydraCallback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from fedrec.errors import ConfigError, DatasetNotFoundError, check_int
-from fedrec.io import atomic_write, atomic_write_json
+from fedrec.io import WriteError, atomic_write, atomic_write_json, writing
+from fedrec.trainer import Callback
+
+log = logging.getLogger(__name__)
+
+#: top-level config keys that say how a run is executed, logged and written, not what it computes: a checkpoint's
+#: identity leaves them out, so a resume may change them (e.g. trainer.max_rounds to run on)
+RUN_SETTINGS = ("trainer", "logger", "plots", "hydra", "ckpt_path", "resume_allow_changes", "num_threads")
+#: keys, at any depth, that say where the inputs are rather than what they are (the dataset's sizes are checked)
+LOCATION_KEYS = ("data_dir",)
+#: files of a run folder (relative paths) that show a run already wrote there
+RUN_OUTPUTS = ("summary.json", "metrics.csv", "checkpoints/last.ckpt")
+TB_EVENTS = "tb/**/events.out.tfevents.*"
+
+
+class OutputError(ConfigError):
+    """The run folder cannot take this run's files (not writable, full, a file, or holding another run). A
+    :class:`ConfigError`, so that ``train.py`` reports it as ``error: output: ...`` with exit code 2."""
 
 
 class PublicMetricsLogger:
@@ -160,50 +182,158 @@ def build_task(cfg: DictConfig) -> Any:
     return _build(cfg.task, "task", data=data, model=model, aggregator=aggregator, privacy=privacy, seed=cfg.seed)
 
 
+def identity_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config without run settings and input locations: what a run must share with the run whose
+    checkpoint it resumes."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    return _without_locations({k: v for k, v in resolved.items() if k not in RUN_SETTINGS})
+
+
+def _without_locations(node: Any) -> Any:
+    """``node`` without the :data:`LOCATION_KEYS` of its dicts, at every depth."""
+    if isinstance(node, dict):
+        return {k: _without_locations(v) for k, v in node.items() if k not in LOCATION_KEYS}
+    return node
+
+
+def allowed_changes(cfg: DictConfig) -> list[str]:
+    """``resume_allow_changes``: the fields a resume may change (a single name is taken as a list of one)."""
+    value = cfg.get("resume_allow_changes") or []
+    return [str(value)] if isinstance(value, str) else [str(v) for v in value]
+
+
+def resumes_in_place(out: Path, ckpt_path: Any) -> bool:
+    """Whether ``ckpt_path`` lies inside run folder ``out``: the resume continues that folder's run."""
+    return ckpt_path is not None and out.resolve() in Path(str(ckpt_path)).resolve().parents
+
+
+def prepare_output_dir(out: Path, ckpt_path: Any = None) -> None:
+    """Create run folder ``out`` and check that this run may write there: a writable folder that holds no other
+    run's results (a resume from a checkpoint inside it continues that run). Raises :class:`OutputError`."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"output: the run folder {out} is a file")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise OutputError(f"output: cannot write the run folder {out}: {e.strerror or e}") from e
+    found = [name for name in RUN_OUTPUTS if (out / name).exists()] + (["tb/"] if any(out.glob(TB_EVENTS)) else [])
+    if found and not resumes_in_place(out, ckpt_path):
+        hint = f" or continue that run (ckpt_path={out / RUN_OUTPUTS[2]})" if RUN_OUTPUTS[2] in found else ""
+        raise OutputError(f"output: {out} already holds a run ({', '.join(found)}); refusing to mix two runs in "
+                          f"one folder: write this run to a new folder (hydra.run.dir=...){hint}")
+
+
+@contextmanager
+def output_errors() -> Iterator[None]:
+    """Report a failed write of the run's files as an :class:`OutputError` (``error: output: ...``)."""
+    try:
+        yield
+    except WriteError as e:
+        raise OutputError(f"output: {e}") from e
+
+
+class OutputDirCheck(HydraCallback):
+    """Hydra callback (``hydra.callbacks`` in conf/config.yaml): checks the run or sweep folder before Hydra writes
+    its own files there, so a bad ``hydra.run.dir`` is ``error: output: ...`` with exit code 2, not a traceback."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Check ``hydra.run.dir`` (it may hold this run's checkpoint, for a resume in place)."""
+        _exit_on_output_error(lambda: prepare_output_dir(Path(config.hydra.run.dir), config.get("ckpt_path")))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Check that ``hydra.sweep.dir`` can be created and written (each job's folder is checked by its run)."""
+        _exit_on_output_error(lambda: prepare_output_dir(Path(config.hydra.sweep.dir)))
+
+
+def _exit_on_output_error(check: Callable[[], None]) -> None:
+    """Run ``check``; on an :class:`OutputError` print it as ``error: ...`` and exit with code 2."""
+    try:
+        check()
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from e
+
+
+class RunResults(Callback):
+    """Writes ``summary.json`` and the plots once the rounds are done and before the final checkpoint, so that a
+    failing checkpoint write (full disk) does not lose a finished run's results."""
+
+    def __init__(self, cfg: DictConfig, out: Path, planner: Any, is_private: Callable[[str], bool] | None) -> None:
+        self.cfg, self.out, self.planner, self.is_private = cfg, out, planner, is_private
+        self.summary: dict[str, Any] = {}
+
+    def on_fit_end(self, trainer: Any, task: Any) -> None:
+        """Summarise the run, then write ``summary.json`` and its plots."""
+        cfg, history = self.cfg, trainer.history
+        summary = {
+            "experiment": cfg.name,
+            "seed": cfg.seed,
+            **task.summary(),
+            **(self.planner.summary() if self.planner else {}),
+            "rounds_run": trainer.round,
+            "wall_seconds": trainer.wall_seconds,
+        }
+        if self.is_private is not None:
+            log_private = logs_private_metrics(cfg.logger)
+            summary = mark_private_metrics(summary, history, self.is_private, log_private)
+            if not log_private:
+                history = [{k: v for k, v in metrics.items() if not self.is_private(k)} for metrics in history]
+        atomic_write_json(self.out / "summary.json", summary)
+        if cfg.get("plots", True) and history:
+            from fedrec.plots import plot_run
+
+            plot_run(history, self.out, title=str(cfg.name))
+        self.summary = summary
+
+
+def _clear_tensorboard(out: Path) -> None:
+    """Remove the TensorBoard events of the run a resume continues in ``out``: the resume logs the checkpoint's
+    history again, so keeping them would show every round up to the crash twice."""
+    events = sorted(out.glob(TB_EVENTS))
+    with writing(f"{out / 'tb'} (removing the events logged before the resume)"):
+        for f in events:
+            f.unlink()
+    if events:
+        log.info("resuming in %s: TensorBoard events rewritten from the checkpoint's history", out)
+
+
 def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
     """Run the experiment described by ``cfg`` and return its summary.
 
     ``output_dir`` defaults to Hydra's run directory. The directory receives ``config_resolved.yaml``,
-    ``metrics.csv``, TensorBoard events, ``summary.json``, checkpoints and PNG plots.
+    ``metrics.csv``, TensorBoard events, ``summary.json``, PNG plots and checkpoints (written last). A folder that
+    holds another run is refused; a resume from a checkpoint inside ``output_dir`` continues that run there.
     """
     if output_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
         output_dir = HydraConfig.get().runtime.output_dir
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = cfg.get("ckpt_path")
+    prepare_output_dir(out, ckpt_path)
     if cfg.get("num_threads"):
         import torch
 
         torch.set_num_threads(int(cfg.num_threads))
-    atomic_write(out / "config_resolved.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)), mode="w")
 
     from fedrec.trainer import FederatedTrainer
 
     task = build_task(cfg)
     is_private = getattr(task, "is_private_metric", None)  # tasks whose metrics may come from clients' raw data
-    log_private = logs_private_metrics(cfg.logger)
     planner = _build(cfg.planner, "planner") if cfg.get("planner") is not None else None
+    results = RunResults(cfg, out, planner, is_private)
     trainer = FederatedTrainer(
         default_root_dir=out, loggers=build_loggers(cfg.logger, out, is_private),
-        callbacks=[planner] if planner else [], **OmegaConf.to_container(cfg.trainer),
+        callbacks=[planner, results] if planner else [results], run_config=identity_config(cfg),
+        allow_changes=allowed_changes(cfg), **OmegaConf.to_container(cfg.trainer),
     )
-    history = trainer.fit(task, ckpt_path=cfg.get("ckpt_path"))
-    summary = {
-        "experiment": cfg.name,
-        "seed": cfg.seed,
-        **task.summary(),
-        **(planner.summary() if planner else {}),
-        "rounds_run": trainer.round,
-        "wall_seconds": trainer.wall_seconds,
-    }
-    if is_private is not None:
-        summary = mark_private_metrics(summary, history, is_private, log_private)
-        if not log_private:
-            history = [{k: v for k, v in metrics.items() if not is_private(k)} for metrics in history]
-    atomic_write_json(out / "summary.json", summary)
-    if cfg.get("plots", True) and history:
-        from fedrec.plots import plot_run
-
-        plot_run(history, out, title=str(cfg.name))
-    return summary
+    if ckpt_path is not None:  # before writing anything: a checkpoint of another run is refused
+        trainer.restore(task, ckpt_path)
+    with output_errors():
+        if resumes_in_place(out, ckpt_path) and cfg.logger.get("tensorboard", True):
+            _clear_tensorboard(out)
+        atomic_write(out / "config_resolved.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)), mode="w")
+        trainer.fit(task)
+    return results.summary

@@ -1,16 +1,18 @@
 """FederatedTrainer: owns the round loop, hooks, logging, checkpointing, resume and stopping."""
 from __future__ import annotations
 
+import re
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedrec.errors import ConfigError, check_int
+from fedrec.io import writing
 from fedrec.tasks.base import FederatedTask
 from fedrec.trainer.callbacks import Callback, ProgressBar, progress_enabled
-from fedrec.trainer.checkpoint import load_checkpoint, save_checkpoint
+from fedrec.trainer.checkpoint import check_same_run, load_checkpoint, run_identity, save_checkpoint
 
 
 class FederatedTrainer:
@@ -24,6 +26,10 @@ class FederatedTrainer:
         log_every: log metrics every this many rounds (the last round is always logged).
         checkpoint_every: write ``last.ckpt`` every this many rounds (0: only at the end).
         enable_progress_bar: None shows a bar only on an interactive terminal outside CI.
+        run_config: the settings that change the run's results (e.g. the resolved config without logging and
+            output options); checkpoints record it, and a resume under different settings is refused.
+        allow_changes: dotted names of ``run_config`` fields (or identity fields such as ``fedrec_version``) a
+            resume may change; a name allows the fields under it too.
     """
 
     def __init__(
@@ -35,6 +41,8 @@ class FederatedTrainer:
         log_every: int = 1,
         checkpoint_every: int = 0,
         enable_progress_bar: bool | None = None,
+        run_config: Mapping[str, Any] | None = None,
+        allow_changes: Sequence[str] = (),
     ) -> None:
         self.root = Path(default_root_dir)
         self.max_rounds = None if max_rounds is None else check_int("trainer.max_rounds", max_rounds)
@@ -45,6 +53,10 @@ class FederatedTrainer:
         keys = [cb.state_key for cb in self.callbacks]
         if len(set(keys)) != len(keys):
             raise ConfigError(f"callbacks: state keys must be unique, got {keys}")
+        if isinstance(allow_changes, str):
+            raise ConfigError(f"allow_changes must be a list of field names, got {allow_changes!r}")
+        self.run_config = run_config
+        self.allow_changes = tuple(allow_changes)
         self.loggers = list(loggers)
         self.round = 0
         self.history: list[dict[str, float]] = []
@@ -62,13 +74,12 @@ class FederatedTrainer:
         Returns the per-round metric history (the resumed part included).
         """
         if ckpt_path is not None:
-            self._restore(task, load_checkpoint(ckpt_path))
+            self.restore(task, ckpt_path)
         total = task.num_rounds if self.max_rounds is None else min(self.max_rounds, task.num_rounds)
-        if ckpt_path is not None:  # the history is authoritative: loggers get the rounds logged before again
-            for metrics in self.history:
-                r = int(metrics["round"]) + 1
-                if r % self.log_every == 0 or r == total or (r == self.round and self.should_stop):
-                    self._log(metrics)
+        for metrics in self.history:  # a restored history is authoritative: loggers get its logged rounds again
+            r = int(metrics["round"]) + 1
+            if r % self.log_every == 0 or r == total or (r == self.round and self.should_stop):
+                self._log(metrics)
         task.setup(self)
         self._hook("on_fit_start", task)
         started = time.perf_counter()
@@ -92,7 +103,8 @@ class FederatedTrainer:
         self._hook("on_fit_end", task)
         self.save(task)
         for lg in self.loggers:
-            lg.finalize("success")
+            with writing(f"the logs of {type(lg).__name__}"):
+                lg.finalize("success")
         return self.history
 
     # ---------------------------------------------------------------------------------------- internals
@@ -102,14 +114,15 @@ class FederatedTrainer:
 
     def _log(self, metrics: dict[str, float]) -> None:
         for lg in self.loggers:
-            with warnings.catch_warnings():
+            with writing(f"the logs of {type(lg).__name__}"), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Experiment logs directory")
                 lg.log_metrics({k: v for k, v in metrics.items() if k != "round"}, step=int(metrics["round"]))
-            lg.save()
+                lg.save()
 
     def save(self, task: FederatedTask) -> Path:
         """Write the full run state to ``checkpoints/last.ckpt`` atomically."""
         ckpt: dict[str, Any] = {
+            "identity": run_identity(self.run_config, task),
             "round": self.round,
             "task": task.state_dict(),
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
@@ -121,12 +134,20 @@ class FederatedTrainer:
             cb.on_save_checkpoint(self, task, ckpt)
         return save_checkpoint(self.checkpoint_path, ckpt)
 
-    def _restore(self, task: FederatedTask, ckpt: dict[str, Any]) -> None:
-        task.load_state_dict(ckpt["task"])
-        states = ckpt["callbacks"]
-        for cb in self.callbacks:
-            if cb.state_key in states:
-                cb.load_state_dict(states[cb.state_key])
+    def restore(self, task: FederatedTask, ckpt_path: str | Path) -> None:
+        """Load the run state of checkpoint ``ckpt_path`` into ``task``, the callbacks and this trainer; a checkpoint
+        of another run (see :func:`~fedrec.trainer.checkpoint.check_same_run`) is refused before anything loads."""
+        ckpt = load_checkpoint(ckpt_path)
+        check_same_run(ckpt_path, ckpt.get("identity", {}), run_identity(self.run_config, task), self.allow_changes)
+        try:
+            task.load_state_dict(ckpt["task"])
+            states = ckpt["callbacks"]
+            for cb in self.callbacks:
+                if cb.state_key in states:
+                    cb.load_state_dict(states[cb.state_key])
+        except (KeyError, RuntimeError) as e:  # e.g. an allowed change that the saved state does not fit
+            reason = re.sub(r"\s+", " ", f"{type(e).__name__}: {e}")[:300]
+            raise ConfigError(f"ckpt_path: the state in {ckpt_path} does not fit this run ({reason})") from e
         self.round = int(ckpt["round"])
         self.history = list(ckpt["history"])
         self.wall_seconds = float(ckpt["wall_seconds"])
