@@ -7,10 +7,11 @@ cd "$(dirname "$0")/.."
 OUT=${1:-reproductions/async_linucb}
 R=${2:-3}
 PY=.venv/bin/python
-mkdir -p "$OUT"
+source scripts/lib.sh
+fresh_out "$OUT"
 sweep() {  # name, then train.py arguments
   local name=$1; shift
-  $PY train.py -m "$@" replicates="$R" hydra.sweep.dir="$OUT/$name" > "$OUT/$name.log" 2>&1
+  logged "$OUT/$name.log" $PY train.py -m "$@" replicates="$R" hydra.sweep.dir="$OUT/$name"
 }
 # Fig. 2: homogeneous clients, uniform (a) and Zipf (b) arrivals; Async thresholds gamma, Sync thresholds D
 for arrival in uniform zipf; do

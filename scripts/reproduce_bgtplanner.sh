@@ -12,8 +12,8 @@ JOBS=${3:-2}
 FIG3_SEEDS=${FIG3_SEEDS:-0}  # Figure 3 grid: 5 budgets x 4 planners x 2 mechanisms per seed
 PY=.venv/bin/python
 DATA=${FEDREC_DATA_DIR:-data}
-mkdir -p "$OUT"
-rm -f "$OUT/FAILED"
+source scripts/lib.sh
+fresh_out "$OUT"
 QUIET=(plots=false logger.tensorboard=false)
 sweep() {  # name, then train.py arguments
   local name=$1; shift

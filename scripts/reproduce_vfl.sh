@@ -9,13 +9,14 @@ cd "$(dirname "$0")/.."
 OUT=${1:-reproductions/vfl}
 R=${2:-5}
 PY=.venv/bin/python
-mkdir -p "$OUT"
+source scripts/lib.sh
+fresh_out "$OUT"
 common=(+experiment=vfl_synthetic replicates="$R" hydra.sweep.dir="$OUT" "hydra.sweep.subdir=\${hydra.job.override_dirname}"
         trainer.enable_progress_bar=false logger.tensorboard=false plots=false
         "hydra.job.config.override_dirname.exclude_keys=[+experiment,replicates,trainer.enable_progress_bar,logger.tensorboard,plots]")
-$PY train.py -m "${common[@]}" protocol=vfucb,central_linucb,vfts,central_lints > "$OUT/full.log" 2>&1
-$PY train.py -m "${common[@]}" protocol=partial_linucb,partial_lints protocol.partial_ratio=0.2,0.8 \
-  > "$OUT/partial.log" 2>&1
+logged "$OUT/full.log" $PY train.py -m "${common[@]}" protocol=vfucb,central_linucb,vfts,central_lints
+logged "$OUT/partial.log" $PY train.py -m "${common[@]}" protocol=partial_linucb,partial_lints \
+  protocol.partial_ratio=0.2,0.8
 $PY scripts/vfl_figure.py "$OUT" > "$OUT/table.md"
 cat "$OUT/table.md"
 
@@ -25,8 +26,8 @@ ML="$OUT/movielens"
 mlcommon=(+experiment=vfl_movielens replicates="$R" hydra.sweep.dir="$ML" "hydra.sweep.subdir=\${hydra.job.override_dirname}"
           trainer.enable_progress_bar=false logger.tensorboard=false plots=false
           "hydra.job.config.override_dirname.exclude_keys=[+experiment,replicates,trainer.enable_progress_bar,logger.tensorboard,plots]")
-$PY train.py -m "${mlcommon[@]}" protocol=vfucb,central_linucb env.combine=outer_sum,outer_product > "$ML.full.log" 2>&1
-$PY train.py -m "${mlcommon[@]}" protocol=partial_linucb protocol.partial_ratio=0.2,0.8 \
-  env.combine=outer_sum,outer_product > "$ML.partial.log" 2>&1
+logged "$ML.full.log" $PY train.py -m "${mlcommon[@]}" protocol=vfucb,central_linucb env.combine=outer_sum,outer_product
+logged "$ML.partial.log" $PY train.py -m "${mlcommon[@]}" protocol=partial_linucb protocol.partial_ratio=0.2,0.8 \
+  env.combine=outer_sum,outer_product
 $PY scripts/vfl_figure.py --replay "$ML" > "$OUT/table_movielens.md"
 cat "$OUT/table_movielens.md"
