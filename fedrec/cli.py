@@ -126,6 +126,9 @@ def _protocol_and_policy(cfg: DictConfig, dim: int) -> tuple[DictConfig, Any]:
     node, policy, key = cfg.protocol, cfg.get("policy"), "policy"
     if "policy" in cfg.protocol:
         policy, key = cfg.protocol.policy, "protocol.policy"
+        if not isinstance(policy, DictConfig) or "_target_" not in policy:
+            raise ConfigError(f"protocol.policy: {cfg.protocol.get('_target_')} takes no policy node of its own "
+                              f"(got {OmegaConf.to_container(policy) if isinstance(policy, DictConfig) else policy!r})")
         node = OmegaConf.masked_copy(cfg.protocol, [k for k in cfg.protocol if k != "policy"])
     return node, None if policy is None else _policy_factory(policy, dim, cfg.seed, key)
 

@@ -70,15 +70,16 @@ class ReplayEnv(BanditEnv):
             raise ConfigError(f"num_arms must be <= {len(log.item_features)} (items in the log), got {num_arms}")
         events = len(log.users) if max_events is None else min(check_int("max_events", max_events), len(log.users))
         self.combine = combine
-        lead = np.full((len(log.user_features), 1), 0.0 if combine == "outer_sum" else 1.0)
-        self.user_features = np.hstack([lead, log.user_features])
+        used, users = np.unique(log.users[:events], return_inverse=True)  # clients: the replayed events' users
+        lead = np.full((len(used), 1), 0.0 if combine == "outer_sum" else 1.0)
+        self.user_features = np.hstack([lead, log.user_features[used]])
         self.item_features = log.item_features
         d_u, d_i = self.user_features.shape[1], self.item_features.shape[1]
         #: the parties' column blocks: the AP's item block, then one block per user-feature group
         self.partition = [d_i] + [g * d_i for g in log.groups]
         super().__init__(len(log.user_features), d_u * d_i, num_arms, replicates, seed, chunk_size)
         self.horizon = events
-        self._users, self._items, self._clicks = log.users[:events], log.items[:events], log.clicks[:events]
+        self._users, self._items, self._clicks = users, log.items[:events], log.clicks[:events]
         self.num_items = len(self.item_features)
 
     @abstractmethod

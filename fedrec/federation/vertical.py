@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from fedrec.errors import ConfigError
 from fedrec.seeding import numpy_generator
 
-#: the mask kinds: O3M's orthogonal Q, or two negative controls that break lossless recovery (spec §6 test 5)
+#: the mask kinds: O3M's orthogonal Q, or a non-orthogonal negative control that breaks lossless recovery (spec §6
+#: test 5; the other control, a fresh mask every round, is the protocol's ``refresh_mask``)
 MASKS = ("o3m", "gaussian")
 
 
@@ -69,7 +70,7 @@ def draw_mask(dim: int, seed: int, replicate: int, kind: str = "o3m", draw: int 
 class Parties(nn.Module):
     """The M parties' mask blocks for ``replicates`` runs, and their masking of context columns.
 
-    ``blocks[j]`` (R, d, d_j) is what party j holds; no party holds Q. :meth:`shares` computes, for each party, its
+    :meth:`block` ``(j)`` (R, d, d_j) is what party j holds; no party holds Q. :meth:`share` computes party j's
     masked shares Q^j x^j from its own columns only.
     """
 

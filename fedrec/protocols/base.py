@@ -101,7 +101,9 @@ class ProtocolModule(nn.Module):
     def use_compiled(self) -> bool:
         """Whether this call runs the compiled kernels (CPU buffers and a compiled backend)."""
         first = next(iter(self.ledger.roles))
-        return self.backend == "compiled" and self.ledger.traffic(first).device.type == "cpu"
+        policy = getattr(self, "policy", None)  # a policy the kernels do not implement plays on the torch path
+        return self.backend == "compiled" and self.ledger.traffic(first).device.type == "cpu" \
+            and getattr(policy, "compiled", True)
 
     def kernel_arrays(self) -> tuple[Any, ...]:
         """Zero-copy numpy views of the module's state for the kernels, made once and kept until the buffers move

@@ -30,9 +30,6 @@ class CentralizedLinUCB(StepProtocol):
         self.policy = build_policy(policy, dim, (self.replicates,), self.seed)
         self.row_of.copy_(torch.arange(self.replicates).repeat_interleave(self.num_clients))
 
-    def use_compiled(self) -> bool:
-        return super().use_compiled() and self.policy.compiled
-
     def _make_kernel_arrays(self) -> tuple[Any, ...]:
         return policy_views(self.policy)
 

@@ -75,7 +75,8 @@ class BanditTask(FederatedTask):
         """Current per-replicate metrics."""
         out = {"steps": torch.full((self.env.replicates,), self.t, dtype=torch.long)}
         if self.env.replay:
-            ctr = self.cum_reward / self.matched.clamp_min(1)
+            # no counted step yet: the CTR is undefined (NaN), not 0
+            ctr = torch.where(self.matched > 0, self.cum_reward / self.matched.clamp_min(1), torch.nan)
             random_ctr = self.cum_random / max(self.t, 1)
             out.update(matched_steps=self.matched.clone(), clicks=self.cum_reward.clone(), ctr=ctr,
                        random_ctr=random_ctr, relative_ctr=ctr / random_ctr.clamp_min(1e-12))
