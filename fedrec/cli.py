@@ -1,6 +1,7 @@
 """Build a run from a composed Hydra config, train it, and write the run directory's results."""
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import re
@@ -13,7 +14,7 @@ from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.experimental.callback import Callback as HydraCallback
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from fedrec.errors import ConfigError, DatasetNotFoundError, check_int
@@ -88,6 +89,14 @@ def mark_private_metrics(summary: dict[str, Any], history: list[dict[str, float]
 
 def _one_line(e: Exception) -> str:
     return re.sub(r"\s+", " ", str(e)).strip()
+
+
+def _accepts(node: DictConfig, key: str, argument: str) -> bool:
+    """Whether the class that config ``node`` builds takes ``argument`` (errors name the config group ``key``)."""
+    try:
+        return argument in inspect.signature(get_class(str(node.get("_target_")))).parameters
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"{key}: cannot find the class {node.get('_target_')!r} ({e})") from e
 
 
 def _build(node: DictConfig, key: str, **kwargs: Any) -> Any:
@@ -167,8 +176,10 @@ def build_task(cfg: DictConfig) -> Any:
         extra = {}
         if node.get("partition", "absent") is None and getattr(env, "partition", None) is not None:
             extra["partition"] = list(env.partition)  # a logged dataset's parties (fedrec.envs.replay)
+        if _accepts(node, "protocol", "policy"):
+            extra["policy"] = policy  # protocols with a pluggable local model (FCLUB's are their own)
         protocol = _build(node, "protocol", num_clients=env.num_clients, dim=env.dim, replicates=cfg.replicates,
-                          policy=policy, seed=cfg.seed, **extra)
+                          seed=cfg.seed, **extra)
         return _build(cfg.task, "task", env=env, protocol=protocol)
     if cfg.replicates != 1:
         raise ConfigError(f"replicates: federated recommendation runs one replicate (got {cfg.replicates}); "

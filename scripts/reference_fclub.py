@@ -29,7 +29,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedrec.rng import fill_normals
+
 TIE_TOLERANCE = 1e-9
+#: draw index of dyadic node (level, index): level << NODE_LEVEL_SHIFT | index (as fedrec's kernel numbers them)
+NODE_LEVEL_SHIFT = 40
 
 
 def F(x: float) -> float:
@@ -63,10 +67,13 @@ class Privatiser:
         self.calls = 0
 
     def node(self, key: tuple[int, int]) -> np.ndarray:
+        """The symmetric noise (Z + Zᵀ)/√2 of dyadic node ``key``, Z i.i.d. N(0, σ²) drawn from fedrec's
+        counter-based normals at (seed, privatiser, node), so that fedrec's kernel draws the same numbers."""
         if key not in self.cache:
-            rng = np.random.default_rng([self.seed, self.uid, *key])
-            z = rng.normal(0.0, self.sigma, (self.d + 1, self.d + 1))
-            self.cache[key] = (z + z.T) / math.sqrt(2.0)
+            z = np.empty((self.d + 1) ** 2)
+            fill_normals(self.seed, self.uid, (key[0] << NODE_LEVEL_SHIFT) | key[1], z)
+            z = z.reshape(self.d + 1, self.d + 1)
+            self.cache[key] = self.sigma * (z + z.T) / math.sqrt(2.0)
         return self.cache[key]
 
     def next(self) -> tuple[np.ndarray, np.ndarray]:
@@ -127,13 +134,14 @@ class RefFCLUB:
         bonus: ``sqrt`` (the paper) or ``squared`` (the authors' code).
         beta: a fixed β, or None for Lemma 1's (σ₀, α, m as the algorithm's bound on the clusters, T).
         epsilon, delta, horizon: CDP-FCLUB-DC when epsilon is not None (ν from ``horizon`` uploads).
+        seed, replicate: the keys of the privatisers' counter-based noise.
     """
 
     def __init__(
         self, servers: np.ndarray, dim: int, U: float = 1.01, D: float = 1.01, lam: float = 1.0,
         delete: float = 1.5, merge: float = 2.0, pooled: bool = False, bonus: str = "sqrt",
         beta: float | None = None, sigma0: float = 0.5, alpha: float = 0.1, clusters_bound: int = 4,
-        epsilon: float | None = None, delta: float = 0.1, horizon: int = 100_000, seed: int = 0,
+        epsilon: float | None = None, delta: float = 0.1, horizon: int = 100_000, seed: int = 0, replicate: int = 0,
     ) -> None:
         self.servers = np.asarray(servers)
         self.n, self.d = len(self.servers), dim
@@ -164,7 +172,7 @@ class RefFCLUB:
         self.downloads = np.zeros(self.L, dtype=np.int64)
         self.t = 0  # rounds played
         self.phase = 0
-        self._uid = 0
+        self._uid = replicate << 32  # privatiser keys: the replicate in the high bits, as fedrec numbers them
 
     # ---------------------------------------------------------------------------------------------- helpers
     def cluster_of(self, user: int) -> tuple[LocalCluster, GlobalCluster]:

@@ -58,7 +58,7 @@ def quick_overrides(compose_cfg: Compose, experiment: str | None, data_dir: Path
     ov += [f"data_dir={data_dir}", *extra]
     env_cls = get_class(compose_cfg(*ov).env._target_)
     params = inspect.signature(env_cls).parameters
-    if "num_clients" in params:  # synthetic worlds
+    if "num_clients" in params and "num_clusters" not in params:  # synthetic worlds (clustered ones are small)
         ov.append("++env.num_clients=20")
     if "max_users" in params:  # logged-data streams
         ov.append("++env.max_users=30")

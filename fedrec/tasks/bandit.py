@@ -87,7 +87,16 @@ class BanditTask(FederatedTask):
             out["normalized_reward"] = self.cum_reward / self.cum_random.clamp_min(1e-12)
         out.update(self.protocol.ledger.totals())
         out.update(self.protocol.metrics())
+        if hasattr(self.protocol, "partition") and hasattr(self.env, "clusters"):
+            out["ari"] = self.adjusted_rand_index()
         return out
+
+    def adjusted_rand_index(self) -> torch.Tensor:
+        """Per replicate: the adjusted Rand index of the protocol's global partition against the true clusters."""
+        from sklearn.metrics import adjusted_rand_score
+
+        return torch.tensor([adjusted_rand_score(self.env.clusters, self.protocol.partition(r))
+                             for r in range(self.env.replicates)], dtype=torch.float64)
 
     def state_dict(self) -> dict[str, Any]:
         return {
