@@ -154,10 +154,6 @@ def test_experiment_runs_end_to_end(compose_cfg: Compose, data_dir: Path, tmp_pa
     assert (out / "checkpoints" / "last.ckpt").is_file()
 
 
-def test_experiment_folder_is_not_empty() -> None:
-    assert {"async_linucb_synthetic", "async_linucb_lastfm"} <= set(EXPERIMENTS)
-
-
 # ------------------------------------------------------------------------------------------------ resume
 RESUME_OVERRIDES = (
     "task.steps=600", "task.steps_per_round=50", "env.num_clients=20", "env.dim=5", "env.num_arms=5",

@@ -34,11 +34,6 @@ def ml1m_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_ml1m(tmp_path_factory.mktemp("ml1m_data"), users=700, items=120)
 
 
-def test_the_paper_experiments_exist() -> None:
-    assert FEDREC_EXPERIMENTS == ["bgtplanner_filmtrust", "bgtplanner_ml100k", "bgtplanner_ml1m", "fedgnn_filmtrust",
-                                  "fedgnn_ml100k", "fedgnn_ml100k_dp", "fedgnn_ml1m"]
-
-
 @pytest.mark.parametrize("experiment", FEDREC_EXPERIMENTS)
 def test_fedrec_experiment_runs_end_to_end(compose_cfg, data_dir: Path, ml1m_dir: Path, tmp_path: Path,
                                            experiment: str) -> None:
