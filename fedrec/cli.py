@@ -313,6 +313,34 @@ def _clear_tensorboard(out: Path) -> None:
         log.info("resuming in %s: TensorBoard events rewritten from the checkpoint's history", out)
 
 
+def _whole(value: Any) -> bool:
+    """Whether a config value is an integer (not a bool, a float or a string)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_run_fields(cfg: DictConfig) -> None:
+    """The top-level fields and the groups that fit the task kind, before anything runs (errors name the field):
+    bandit runs (``env``) take no ``data``, and a ``privacy`` group only with a ``topology`` (Fed_UCB; FCLUB's
+    privacy is ``protocol.epsilon``); recommendation runs (``data``) take no ``env`` or ``protocol``."""
+    seed = cfg.get("seed")
+    if not _whole(seed) or seed < 0:
+        raise ConfigError(f"seed: must be an integer >= 0, got {seed!r}")
+    threads = cfg.get("num_threads")
+    if threads is not None and (not _whole(threads) or threads < 1):
+        raise ConfigError(f"num_threads: must be an integer >= 1 or null, got {threads!r}")
+    if cfg.get("data") is not None:
+        for group in ("env", "protocol"):
+            if cfg.get(group) is not None:
+                raise ConfigError(f"data: a run takes either a dataset (data=, recommendation) or env and protocol "
+                                  f"(bandits), got data={cfg.data.get('name', '…')} and a {group} group")
+    elif cfg.get("privacy") is not None and cfg.get("topology") is None:
+        mechanism = cfg.privacy.get("mechanism") if isinstance(cfg.privacy, DictConfig) else cfg.privacy
+        if mechanism != "none":
+            raise ConfigError(f"privacy: {mechanism} applies to recommendation runs (data=...) and to decentralised "
+                              "protocols (privacy=tree_laplace with a topology); bandit protocols here take none "
+                              "(CDP-FCLUB-DC: protocol.epsilon)")
+
+
 def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
     """Run the experiment described by ``cfg`` and return its summary.
 
@@ -320,6 +348,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     ``metrics.csv``, TensorBoard events, ``summary.json``, PNG plots and checkpoints (written last). A folder that
     holds another run is refused; a resume from a checkpoint inside ``output_dir`` continues that run there.
     """
+    check_run_fields(cfg)
     if output_dir is None:
         from hydra.core.hydra_config import HydraConfig
 

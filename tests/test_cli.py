@@ -213,6 +213,32 @@ def test_bad_value_raises_config_error_naming_the_field(
     assert not (tmp_path / "summary.json").exists()
 
 
+MISFITS = [  # (overrides, the field the one-line error names): top-level fields and groups of the other task kind
+    (("seed=-1",), "seed"),
+    (("seed=abc",), "seed"),
+    (("seed=1.5",), "seed"),
+    (("num_threads=-2",), "num_threads"),
+    (("data=ml100k",), "data"),
+    (("privacy=gaussian",), "privacy"),
+    (("+experiment=fedgnn_ml100k", "protocol=async", "task.rounds=1"), "data"),
+    (("+experiment=fedgnn_ml100k", "env=synthetic", "task.rounds=1"), "data"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "field"), MISFITS, ids=[" ".join(o) for o, _ in MISFITS])
+def test_train_py_refuses_misfit_fields_with_one_error_line(
+    train_py: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture, overrides: tuple[str, ...],
+    field: str,
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        steps = () if "task.rounds=1" in overrides else ("task.steps=100",)
+        train_py(*overrides, f"hydra.run.dir={tmp_path / 'run'}", "logger.tensorboard=false", *steps)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {field}: "), err
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 def test_unknown_experiment_is_a_hydra_error_naming_it(compose_cfg: Compose) -> None:
     with pytest.raises(MissingConfigException, match="no_such_experiment_xyz"):
         compose_cfg("+experiment=no_such_experiment_xyz")
