@@ -123,3 +123,26 @@ def test_delayed_communication_is_far_below_every_round(data_dir: Path) -> None:
 def test_bad_inputs_name_the_field(kw: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         FederatedClustering(40, 10, 1, **kw)
+
+
+@pytest.mark.parametrize("calls", [1, 2, 3, 7, 8])
+def test_privatiser_noise_is_symmetric_at_the_calibrated_scale(calls: int) -> None:
+    """Algorithm 5: release ``calls`` sums popcount(calls) node noises (Z + Zᵀ)/√2 with Z i.i.d. N(0, σ²), so its
+    off-diagonal entries have variance popcount·σ² and its diagonal 2·popcount·σ² (chi-square bounds, 4000 draws)."""
+    from scipy import stats
+
+    from fedrec.protocols.kernels.fclub import release
+
+    d, sigma, n = 3, 2.5, 4000
+    N, Z = np.zeros((d + 1, d + 1)), np.zeros((d + 1, d + 1))
+    draws = []
+    for uid in range(1, n + 1):
+        release(11, uid, calls, sigma, d, N, Z)
+        assert np.array_equal(N, N.T)
+        draws.append(N.copy())
+    draws = np.stack(draws)
+    nodes = bin(calls).count("1")
+    lo, hi = stats.chi2.ppf([1e-4, 1 - 1e-4], n) / n
+    for (i, j), factor in (((0, 1), 1.0), ((2, 3), 1.0), ((0, 0), 2.0), ((3, 3), 2.0)):
+        ratio = (draws[:, i, j] ** 2).mean() / (factor * nodes * sigma ** 2)
+        assert lo < ratio < hi, (i, j, ratio)
