@@ -1,7 +1,7 @@
 """Regret (or normalised reward) against communication, one dot per threshold: the paper's Fig. 2 / Fig. 4.
 
 Reads one or more Hydra multirun folders (each job folder holds summary.json and .hydra/config.yaml), writes a
-PNG and prints a Markdown table. Example:
+PNG (by default ``tradeoff.png`` in the first multirun folder) and prints a Markdown table. Example:
 
     python train.py -m +experiment=async_linucb_synthetic protocol.gamma_u=1.01,1.5,3,10,100,inf
     python train.py -m +experiment=sync_linucb_synthetic protocol.threshold=0.1,1,10,100,1000
@@ -39,13 +39,15 @@ def load_jobs(folders: list[Path]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, help="Hydra multirun folders")
-    parser.add_argument("--out", type=Path, default=Path("tradeoff.png"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the PNG (default: tradeoff.png in the first multirun folder, beside its jobs)")
     parser.add_argument("--metric", default=None, help="y axis (default: normalized_reward on real data, else regret)")
     args = parser.parse_args()
 
     jobs = load_jobs(args.folders)
     if not jobs:
         raise SystemExit(f"no summary.json found under {', '.join(map(str, args.folders))}")
+    out = args.out or args.folders[0] / "tradeoff.png"
     metric = args.metric or ("normalized_reward" if "normalized_reward" in jobs[0] else "cumulative_regret")
 
     fig, ax = plt.subplots(figsize=(6, 4.5), dpi=120)
@@ -67,8 +69,8 @@ def main() -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    save_figure(fig, args.out)
-    print(f"\nwrote {args.out}")
+    save_figure(fig, out)
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":

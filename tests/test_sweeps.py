@@ -37,6 +37,10 @@ def test_a_failing_job_does_not_stop_the_sweep_which_writes_its_tables(tmp_path:
     table = (sweep / "summary.md").read_text().splitlines()
     assert len(table) == 3 and "seed=" not in table[2] and "| 2 |" in table[2] and " ± " in table[2]
     assert proc.stdout.count("run folder: ") == 2
+    plot = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_tradeoff.py"), str(sweep)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert plot.returncode == 0, plot.stderr
+    assert (sweep / "tradeoff.png").is_file() and not (tmp_path / "tradeoff.png").exists()  # beside the sweep
 
 
 @pytest.mark.parametrize(("summary", "first"), [
