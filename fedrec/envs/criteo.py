@@ -31,7 +31,6 @@ not given, so none are applied.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import re
 from collections.abc import Iterator
@@ -40,8 +39,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedrec.envs.replay import ReplayEnv, ReplayLog
+from fedrec.envs.replay import ReplayEnv, ReplayLog, md5_bucket
 from fedrec.errors import ConfigError, check_file, check_int
+from fedrec.federation.vertical import near_equal_sizes
 
 LABEL = "Label"
 INTEGER_COLUMNS = tuple(f"I{i}" for i in range(1, 14))
@@ -234,13 +234,10 @@ def scale_users(integers: pd.DataFrame) -> np.ndarray:
 def hash_components(categorical: pd.DataFrame) -> np.ndarray:
     """Step 3a (feature hashing): per row, count the categorical values whose MD5 falls in each of 3 buckets."""
     counts = np.zeros((len(categorical), HASH_COMPONENTS), dtype=np.int64)
-    md5, from_bytes = hashlib.md5, int.from_bytes
     for name in categorical.columns:
         codes, uniques = pd.factorize(categorical[name], sort=False)  # hash each distinct value once
         values = np.asarray(uniques, dtype=object).tolist()  # plain str: iterating a pandas array is slow
-        # MD5 of the value's UTF-8 text read as a big-endian integer, modulo 3 (HashingEncoder's bucket)
-        buckets = np.array([from_bytes(md5((v or MISSING_TOKEN).encode()).digest(), "big") % HASH_COMPONENTS
-                            for v in values], dtype=np.int64)
+        buckets = np.array([md5_bucket(v or MISSING_TOKEN, HASH_COMPONENTS) for v in values], dtype=np.int64)
         bucket = buckets[codes]
         for k in range(HASH_COMPONENTS):
             counts[:, k] += bucket == k
@@ -285,8 +282,7 @@ def split_groups(d_u: int, num_groups: int) -> list[int]:
     """Step 5 (parties): sizes of ``num_groups`` contiguous near-equal groups of d_u columns, larger first."""
     if not 1 <= num_groups <= d_u:
         raise ConfigError(f"num_user_groups must lie in [1, {d_u}] (the user features kept), got {num_groups}")
-    q, r = divmod(d_u, num_groups)
-    return [q + 1] * r + [q] * (num_groups - r)
+    return list(near_equal_sizes(d_u, num_groups))
 
 
 def _min_max(x: np.ndarray) -> np.ndarray:

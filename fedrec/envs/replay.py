@@ -29,6 +29,12 @@ from fedrec.tables import read_table
 COMBINE = ("outer_sum", "outer_product")
 
 
+def md5_bucket(text: str, buckets: int) -> int:
+    """Feature hashing of a categorical value: the MD5 of its UTF-8 text, a big-endian integer, modulo ``buckets``
+    (the bucket category_encoders' HashingEncoder gives it)."""
+    return int.from_bytes(hashlib.md5(text.encode()).digest(), "big") % buckets
+
+
 @dataclass
 class ReplayLog:
     """A log reduced to what replay needs; rows of ``user_features`` and ``item_features`` are indexed by the
@@ -172,8 +178,7 @@ class MovieLensReplayEnv(ReplayEnv):
         age = users["age"].to_numpy(np.float64)
         age = (age - age.min()) / max(age.max() - age.min(), 1.0)
         gender = (users["gender"].to_numpy() == "F").astype(np.float64)
-        buckets = np.array([int(hashlib.md5(o.encode()).hexdigest(), 16) % self.OCCUPATION_BUCKETS
-                            for o in users["occupation"]])
+        buckets = np.array([md5_bucket(o, self.OCCUPATION_BUCKETS) for o in users["occupation"]])
         occupation = np.eye(self.OCCUPATION_BUCKETS)[buckets]
         order = np.argsort(ratings["timestamp"].to_numpy(), kind="stable")
         return ReplayLog(

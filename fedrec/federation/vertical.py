@@ -41,12 +41,17 @@ def check_partition(partition: Sequence[int], dim: int) -> tuple[int, ...]:
     return dims
 
 
+def near_equal_sizes(total: int, parts: int) -> tuple[int, ...]:
+    """``parts`` contiguous block sizes summing to ``total``, as equal as possible, the larger ones first."""
+    base, extra = divmod(total, parts)
+    return tuple(base + (j < extra) for j in range(parts))
+
+
 def equal_partition(dim: int, parties: int) -> tuple[int, ...]:
     """``parties`` blocks as equal as possible (the first ones one column wider), e.g. [20, 20, 20, 20, 20]."""
     if parties < 2 or parties > dim:
         raise ConfigError(f"parties must be in [2, d = {dim}], got {parties}")
-    base, extra = divmod(dim, parties)
-    return tuple(base + (j < extra) for j in range(parties))
+    return near_equal_sizes(dim, parties)
 
 
 def orthogonal_mask(dim: int, rng: np.random.Generator) -> np.ndarray:

@@ -196,7 +196,8 @@ class FederatedClustering(StepProtocol):
                 width[:, None] + width[None])
             adj &= ~far
         _, labels = connected_components(adj, directed=False)
-        slot = np.array([np.flatnonzero(labels == labels[i])[0] for i in range(n)])
+        _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+        slot = first[inverse]  # a local cluster's slot is its smallest user
         locals_ = np.unique(slot)
         uploads = []
         for c in locals_:

@@ -61,13 +61,12 @@ class BanditTask(FederatedTask):
             self.matched += hit.sum(1)
             self.cum_reward += (clicks * hit).sum(1)
             self.cum_random += clicks.sum(1)
-            self.t = stop
-            return {k: float(v.double().mean()) for k, v in self.per_replicate().items()}
-        arms = self.protocol.run(batch.clients, batch.contexts, rewards)
-        chosen = expected.gather(2, arms.unsqueeze(-1)).squeeze(-1)
-        self.cum_regret += (expected.max(-1).values - chosen).sum(1)
-        self.cum_reward += rewards.gather(2, arms.unsqueeze(-1)).squeeze(-1).sum(1)
-        self.cum_random += expected.mean(-1).sum(1)
+        else:
+            arms = self.protocol.run(batch.clients, batch.contexts, rewards)
+            chosen = expected.gather(2, arms.unsqueeze(-1)).squeeze(-1)
+            self.cum_regret += (expected.max(-1).values - chosen).sum(1)
+            self.cum_reward += rewards.gather(2, arms.unsqueeze(-1)).squeeze(-1).sum(1)
+            self.cum_random += expected.mean(-1).sum(1)
         self.t = stop
         return {k: float(v.double().mean()) for k, v in self.per_replicate().items()}
 
