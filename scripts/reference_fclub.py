@@ -142,6 +142,7 @@ class RefFCLUB:
         delete: float = 1.5, merge: float = 2.0, pooled: bool = False, bonus: str = "sqrt",
         beta: float | None = None, sigma0: float = 0.5, alpha: float = 0.1, clusters_bound: int = 4,
         epsilon: float | None = None, delta: float = 0.1, horizon: int = 100_000, seed: int = 0, replicate: int = 0,
+        authors: bool = False,
     ) -> None:
         self.servers = np.asarray(servers)
         self.n, self.d = len(self.servers), dim
@@ -150,6 +151,7 @@ class RefFCLUB:
         self.pooled, self.bonus, self.beta_fixed = pooled, bonus, beta
         self.sigma0, self.alpha, self.m = sigma0, alpha, clusters_bound
         self.private, self.seed = epsilon is not None, seed
+        self.authors, self.epsilon, self.delta, self.horizon = authors, epsilon, delta, horizon
         d = dim
         if self.private:
             nu = math.ceil(math.log2(horizon + 1)) + 1
@@ -183,10 +185,20 @@ class RefFCLUB:
         raise AssertionError(f"user {user} in no cluster")
 
     def beta(self, c: LocalCluster, Lp: int) -> float:
-        """Lemma 1's radius (non-private: the λ form of §2.7), or the fixed ``beta``."""
+        """Lemma 1's radius (non-private: the λ form of §2.7), the authors' (§4.2, §8.4), or the fixed ``beta``."""
         if self.beta_fixed is not None:
             return self.beta_fixed
         d = self.d
+        if self.authors and not self.private:  # 0.5 sqrt(2 ln(2/α) + d ln(3 + t L_arg²/d)), α = 1.5, L_arg = L if U=D=1
+            l_arg = self.L if self.U == self.D == 1.0 else 1
+            return 0.5 * math.sqrt(2 * math.log(2 / 1.5) + d * math.log(3 + self.t * l_arg ** 2 / d))
+        if self.authors:  # the code's CDP recipe × 0.005: ν = ln T_c + 1, ln(2T/α₁), α₁ = 1, σ₀ = 1, L, λ = 1
+            nu = math.log(max(c.T, 1.0)) + 1
+            log_term = math.log(2 * self.horizon / 1.0)
+            rho = 8 * math.sqrt(2) * nu * math.log(4 / self.delta) * (4 * math.sqrt(d) + 2 * log_term) / self.epsilon
+            kappa = math.sqrt(2 * nu * (math.sqrt(d) + 2 * log_term) / math.sqrt(2 * self.epsilon))
+            return 0.005 * (math.sqrt(2 * log_term + d * math.log(1 + c.T / (d * self.L * 1.0)))
+                            + math.sqrt(self.L * rho) + math.sqrt(self.L) * kappa)
         if not self.private:
             return self.sigma0 * math.sqrt(2 * math.log(self.m * self.L / self.alpha)
                                            + d * math.log(1 + c.T / (d * Lp * self.lam))) + math.sqrt(Lp * self.lam)

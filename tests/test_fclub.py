@@ -29,6 +29,12 @@ VARIANTS = {  # name: (protocol kwargs, reference kwargs)
     "cdp_fclub_dc": (dict(epsilon=1.0, horizon=1000), dict(epsilon=1.0, horizon=1000)),
     "squared_bonus": (dict(bonus="squared", lam=2.0), dict(bonus="squared", lam=2.0)),
     "fixed_beta": (dict(beta=0.3, upload_threshold=1.2, download_threshold=1.5), dict(beta=0.3, U=1.2, D=1.5)),
+    # the authors' conventions (§8.3-8.4): squared bonus, λ = 2 (1 with CDP), their β recipes
+    "authors_fclub_dc": (dict(conventions="authors"), dict(authors=True, bonus="squared", lam=2.0)),
+    "authors_fclub": (dict(conventions="authors", upload_threshold=1.0, download_threshold=1.0),
+                      dict(authors=True, bonus="squared", lam=2.0, U=1.0, D=1.0)),
+    "authors_cdp_fclub_dc": (dict(conventions="authors", epsilon=1.0, horizon=1000),
+                             dict(authors=True, bonus="squared", lam=1.0, epsilon=1.0, horizon=1000)),
 }
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "TreeAggregator",
     "augmented_gram",
     "dyadic_cover",
+    "fclub_epsilon",
     "fclub_node_sigma",
     "gaussian_node_sigma",
     "laplace_node_scale",
@@ -168,6 +169,22 @@ def fclub_node_sigma(epsilon: float, delta: float, uploads: int) -> float:
     d = check_float("delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
     nu = check_int("uploads", uploads, minimum=0).bit_length() + 1
     return 8.0 * math.sqrt(nu) * math.log(2.0 / d) / eps
+
+
+def fclub_epsilon(epsilon: float, delta: float, uploads: int, phases: int) -> float:
+    """The ε (at δ) one record has spent after ``phases`` phases of CDP-FCLUB-DC, from the RDP accountant.
+
+    Each phase's privatiser serves at most ``uploads`` + 1 releases, so a record lies in at most
+    ⌊log₂(uploads + 1)⌋ + 1 of its nodes; a phase start also releases once through a candidate privatiser that a
+    kept partition discards (one more node). Nodes are symmetric Gaussian with :func:`fclub_node_sigma` on stream
+    elements of Frobenius norm ≤ ‖[x; y]‖² ≤ 2. Phases compose (a record re-enters every later phase's first
+    release), which the paper's per-privatiser (ε, δ) leaves out (spec fclub.md §3)."""
+    if check_int("phases", phases, minimum=0) == 0:
+        return 0.0
+    sigma = fclub_node_sigma(epsilon, delta, uploads)
+    acc = GaussianRDPAccountant(delta)
+    acc.step(_noise_multiplier(sigma, 2.0, True), phases * (_levels(uploads + 1) + 1))
+    return acc.epsilon()
 
 
 def augmented_gram(x: Tensor, y: Tensor) -> Tensor:

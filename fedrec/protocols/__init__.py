@@ -3,6 +3,7 @@ from fedrec.protocols.async_linucb import AsyncLinUCB
 from fedrec.protocols.async_linucb_am import AsyncLinUCBAM
 from fedrec.protocols.base import ProtocolModule, StepProtocol, paper_linucb
 from fedrec.protocols.centralized import CentralizedLinUCB
+from fedrec.protocols.club import LocalClustering
 from fedrec.protocols.fclub import FederatedClustering
 from fedrec.protocols.gossip import (
     CentralUCB, FedUCB, GossipBandit, GossipUCB, LocalUCB, MultiAgentProtocol,
@@ -12,6 +13,6 @@ from fedrec.protocols.vertical import VerticalLinearBandit
 
 __all__ = [
     "AsyncLinUCB", "AsyncLinUCBAM", "CentralUCB", "CentralizedLinUCB", "FedUCB", "FederatedClustering", "GossipBandit", "GossipUCB",
-    "LocalUCB", "MultiAgentProtocol", "ProtocolModule", "StepProtocol", "SyncLinUCB", "VerticalLinearBandit",
+    "LocalClustering", "LocalUCB", "MultiAgentProtocol", "ProtocolModule", "StepProtocol", "SyncLinUCB", "VerticalLinearBandit",
     "paper_linucb",
 ]

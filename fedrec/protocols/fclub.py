@@ -20,34 +20,13 @@ import numpy as np
 import torch
 
 from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.privacy.tree import fclub_epsilon, fclub_node_sigma
 from fedrec.protocols.base import StepProtocol, kernel_call
-from fedrec.protocols.kernels.fclub import (
-    NODE_LEVEL_SHIFT,
-    P_BASE,
-    P_BETA_FIXED,
-    P_BETA_SCALE,
-    P_KAPPA,
-    P_LOG_D,
-    P_LOG_MLA,
-    P_LOG_U,
-    P_PRIVATE,
-    P_RATIO,
-    P_RHO,
-    P_RHO_MAX,
-    P_SCALARS,
-    P_SIGMA0,
-    P_SIGMA_NODE,
-    P_SQUARED,
-    PHASE_RUN,
-    release,
+from fedrec.protocols.clustering import Radius, confidence_shape
+from fedrec.protocols.kernels.clustering import (
+    P_BASE, P_KAPPA, P_LOG_D, P_LOG_U, P_PRIVATE, P_RATIO, P_RHO, P_RHO_MAX, P_SCALARS, P_SIGMA_NODE,
 )
-
-BONUS = ("sqrt", "squared")
-
-
-def confidence_shape(x: np.ndarray) -> np.ndarray:
-    """F(x) = sqrt((1 + ln(1 + x)) / (1 + x)), the width of the deletion and merge tests (§2.0)."""
-    return np.sqrt((1.0 + np.log1p(x)) / (1.0 + x))
+from fedrec.protocols.kernels.fclub import NODE_LEVEL_SHIFT, PHASE_RUN, release
 
 
 class FederatedClustering(StepProtocol):
@@ -57,25 +36,27 @@ class FederatedClustering(StepProtocol):
         num_clients, dim, replicates, seed: n users, d, batched runs, run seed.
         num_servers: L (users on contiguous blocks of n/L).
         upload_threshold, download_threshold: U and D (≥ 1; 1 communicates every round: FCLUB, Homo).
-        lam: ridge λ of the user estimates and of the non-private aggregates.
+        conventions: ``paper`` or ``authors`` (:mod:`fedrec.protocols.clustering`): the bonus, λ and β recipe.
+        lam: ridge λ of the user estimates and of the non-private aggregates (None: the convention's).
         delete_alpha, merge_alpha: α₁ and α₂ of eqs. 3–4.
         pooled: Homo(-DC): one local cluster per server, all in one global cluster, never split or merged.
-        bonus: ``sqrt`` (the paper's UCB) or ``squared`` (β·xᵀS⁻¹x, the authors' code, §8.3).
-        beta: a fixed β, or None for Lemma 1's; ``beta_scale`` multiplies Lemma 1's.
+        bonus: ``sqrt`` (the paper's UCB) or ``squared`` (β·xᵀS⁻¹x, the authors' code, §8.3); None: the convention's.
+        beta: a fixed β, or None for the convention's recipe; ``beta_scale`` multiplies the recipe's.
         sigma0, alpha, clusters_bound: σ₀, the failure probability α and the m inside Lemma 1's log.
         epsilon, delta, horizon: CDP-FCLUB-DC when ``epsilon`` is set: the privatiser's (ε, δ) and the upload
-            bound t_c = ``horizon`` that fixes the tree depth ν (§2.0).
+            bound t_c = ``horizon`` that fixes the tree depth ν (§2.0). ``epsilon=inf`` runs the private code path
+            with zero noise, ρ = κ = 0 and the λ ridge: FCLUB-DC decision for decision (spec §6 test 5).
     """
 
     max_agents_per_step = 1
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int = 1, seed: int = 0, num_servers: int = 5,
-        upload_threshold: float = 1.01, download_threshold: float = 1.01, lam: float = 1.0,
-        delete_alpha: float = 1.5, merge_alpha: float = 2.0, pooled: bool = False, bonus: str = "sqrt",
-        beta: float | None = None, beta_scale: float = 1.0, sigma0: float = 0.5, alpha: float = 0.1,
-        clusters_bound: int = 4, epsilon: float | None = None, delta: float = 0.1, horizon: int = 100_000,
-        backend: str = "auto",
+        upload_threshold: float = 1.01, download_threshold: float = 1.01, conventions: str = "paper",
+        lam: float | None = None, delete_alpha: float = 1.5, merge_alpha: float = 2.0, pooled: bool = False,
+        bonus: str | None = None, beta: float | None = None, beta_scale: float | None = None,
+        sigma0: float | None = None, alpha: float = 0.1, clusters_bound: int = 4, epsilon: float | None = None,
+        delta: float = 0.1, horizon: int = 100_000, backend: str = "auto",
     ) -> None:
         L = check_int("num_servers", num_servers)
         n = check_int("num_clients", num_clients)
@@ -85,44 +66,42 @@ class FederatedClustering(StepProtocol):
         self.num_servers = L
         self.U = check_float("upload_threshold", upload_threshold, low=1.0)
         self.D = check_float("download_threshold", download_threshold, low=1.0)
-        self.lam = check_float("lam", lam, low=0.0, low_open=True)
         self.delete_alpha = check_float("delete_alpha", delete_alpha, low=0.0, low_open=True)
         self.merge_alpha = check_float("merge_alpha", merge_alpha, low=0.0)
         self.pooled = bool(pooled)
-        if bonus not in BONUS:
-            raise ConfigError(f"bonus must be one of {list(BONUS)}, got {bonus!r}")
         self.private = epsilon is not None
+        self.radius = Radius.resolve(conventions, self.private, bonus, lam, sigma0, beta_scale, beta)
+        self.lam = self.radius.lam
         d, R = self.dim, self.replicates
-        params = np.full(15, np.nan)
+        if self.private:
+            eps = check_float("epsilon", epsilon, low=0.0, low_open=True, allow_inf=True)
+            dlt = check_float("delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
+            t_c = check_int("horizon", horizon)
+        else:
+            eps = dlt = t_c = None
+        m = check_int("clusters_bound", clusters_bound)
+        alpha = check_float("alpha", alpha, low=0.0, high=1.0, low_open=True)
+        params = self.radius.params("fclub", d, L, m, alpha, synchronous=self.U == self.D == 1.0, horizon=t_c,
+                                    epsilon=eps, delta=dlt)
         params[P_LOG_U] = math.log(self.U)
         params[P_LOG_D] = math.log(self.D)
-        params[P_SIGMA0] = check_float("sigma0", sigma0, low=0.0)
-        params[P_LOG_MLA] = math.log(check_int("clusters_bound", clusters_bound) * L
-                                     / check_float("alpha", alpha, low=0.0, high=1.0, low_open=True))
-        params[P_BETA_SCALE] = check_float("beta_scale", beta_scale, low=0.0)
-        params[P_BETA_FIXED] = math.nan if beta is None else check_float("beta", beta, low=0.0)
-        params[P_SQUARED] = float(bonus == "squared")
         params[P_PRIVATE] = float(self.private)
         params[P_SCALARS] = d * d + d + 1  # (ΔS, Δu, ΔT) or (S, u, T)
         if self.private:
-            eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
-            dlt = check_float("delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
-            t_c = check_int("horizon", horizon)
             nu = math.ceil(math.log2(t_c + 1)) + 1
-            rho = 8 * math.sqrt(2) * nu * math.log(4 / dlt) * (4 * math.sqrt(d) + 2 * math.log(
-                2 * clusters_bound * L / alpha)) / eps
-            if min(self.U, self.D) <= 1.0:
+            rho = 8 * math.sqrt(2) * nu * math.log(4 / dlt) * (4 * math.sqrt(d) + 2 * math.log(2 * m * L / alpha)) / eps
+            if math.isfinite(eps) and min(self.U, self.D) <= 1.0:
                 raise ConfigError("upload_threshold and download_threshold must be > 1 with epsilon set "
                                   "(rho_max of Lemma 1 divides by ln min(U, D))")
-            rho_max = 3 * rho + 3 * rho * d * math.log(t_c) / math.log(min(self.U, self.D))
-            params[P_BASE], params[P_RATIO], params[P_RHO_MAX] = rho, rho_max / rho, rho_max
-            params[P_KAPPA] = math.sqrt(2 * nu) * (math.sqrt(d) + 2 * math.log(2 * clusters_bound * L / alpha)) \
-                / math.sqrt(2 * eps)
+            if self.radius.conventions == "paper" and rho > 0:  # Lemma 1's radius with the privatiser's bounds
+                rho_max = 3 * rho + 3 * rho * d * math.log(t_c) / math.log(min(self.U, self.D))
+                params[P_BASE], params[P_RATIO], params[P_RHO_MAX] = rho, rho_max / rho, rho_max
+                params[P_KAPPA] = math.sqrt(2 * nu) * (math.sqrt(d) + 2 * math.log(2 * m * L / alpha)) \
+                    / math.sqrt(2 * eps)
             params[P_RHO] = rho
-            params[P_SIGMA_NODE] = math.sqrt(64 * nu * math.log(2 / dlt) ** 2 / eps ** 2)
-            self.rho, self.epsilon, self.delta, self.nu = rho, eps, dlt, nu
+            params[P_SIGMA_NODE] = fclub_node_sigma(eps, dlt, t_c) if rho > 0 else 0.0
+            self.rho, self.epsilon, self.delta, self.nu, self.horizon = rho, eps, dlt, nu, t_c
         else:
-            params[P_BASE], params[P_RATIO], params[P_RHO_MAX], params[P_KAPPA] = self.lam, 1.0, self.lam, 0.0
             params[P_RHO] = params[P_SIGMA_NODE] = 0.0
         self.params = params
         self.server = np.arange(n) // (n // L)
@@ -169,7 +148,7 @@ class FederatedClustering(StepProtocol):
             kernel_call(PHASE_RUN[self.replicates > 1], clients[:, block].contiguous().numpy(),
                         contexts[:, block].contiguous().numpy(), rewards[:, block].contiguous().numpy(),
                         arms[:, block].numpy() if stop - done == S else _view(arms, block),
-                        self.params, self.seed, self.server, *self._views())
+                        self.params, int(self.t), self.seed, self.server, *self._views())
             self.t += stop - done
             done = stop
         return arms
@@ -206,7 +185,8 @@ class FederatedClustering(StepProtocol):
             if self.private:
                 uid = self._new_privatiser(r)
                 H0, h0 = self._release(uid, 1)
-                uploads.append((2 * self.rho * np.eye(d) + H0 + Vt, h0 + bt, Tt, uid, H0, h0))
+                shift = 2 * self.rho if self.rho > 0 else self.lam  # ε = ∞: no noise, the non-private ridge
+                uploads.append((shift * np.eye(d) + H0 + Vt, h0 + bt, Tt, uid, H0, h0))
             else:
                 uploads.append((self.lam * np.eye(d) + Vt, bt, Tt, 0, None, None))
             self._count(r, int(self.server[c]), "upload")
@@ -291,11 +271,15 @@ class FederatedClustering(StepProtocol):
         self.channel.ledger.record(kind, sender, receiver, torch.tensor([r]), scalars, 8)
 
     def metrics(self) -> dict[str, torch.Tensor]:
-        """Per replicate: the number of global clusters and of local clusters at the last phase start."""
+        """Per replicate: the number of global clusters and of local clusters at the last phase start, and with
+        CDP the ε one record has spent so far (:func:`fedrec.privacy.tree.fclub_epsilon`, at ``delta``)."""
         out = {"global_clusters": [], "local_clusters": []}
         for r in range(self.replicates):
             out["global_clusters"].append(int((self.nmem[r] > 0).sum()))
             out["local_clusters"].append(int(len(np.unique(self.lc[r].numpy()))))
+        if self.private and math.isfinite(self.epsilon):
+            spent = fclub_epsilon(self.epsilon, self.delta, self.horizon, int(self.phase))
+            out["epsilon_spent"] = [spent] * self.replicates
         return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
 
     def partition(self, r: int = 0) -> np.ndarray:

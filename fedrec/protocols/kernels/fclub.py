@@ -10,27 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from fedrec.jit import jit, parallel_variant, prange
+from fedrec.protocols.kernels.clustering import (
+    P_LOG_D, P_LOG_U, P_PRIVATE, P_RHO, P_SCALARS, P_SIGMA_NODE, P_SQUARED, beta, ucb_pick,
+)
 from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
-from fedrec.protocols.kernels.linear import first_near_max
 from fedrec.rng import fill_normals
 
-# params layout
-P_LOG_U, P_LOG_D, P_SIGMA0, P_LOG_MLA, P_BASE, P_RATIO, P_RHO_MAX, P_KAPPA = 0, 1, 2, 3, 4, 5, 6, 7
-P_BETA_SCALE, P_BETA_FIXED, P_SQUARED, P_PRIVATE, P_RHO, P_SIGMA_NODE, P_SCALARS = 8, 9, 10, 11, 12, 13, 14
 #: draw index of dyadic node (level, index) in a privatiser's counter-based stream
 NODE_LEVEL_SHIFT = 40
-
-
-@jit
-def beta(params: np.ndarray, count: float, members: int, d: int) -> float:
-    """Lemma 1's radius for a local cluster with ``count`` synchronised observations in a global cluster of
-    ``members`` local clusters (the λ form without privacy, §2.7), or the fixed β."""
-    if not np.isnan(params[P_BETA_FIXED]):
-        return params[P_BETA_FIXED]
-    base = params[P_BASE]
-    inner = 2.0 * params[P_LOG_MLA] + d * np.log(params[P_RATIO] + count / (d * members * base))
-    extra = np.sqrt(members * params[P_RHO_MAX]) + np.sqrt(members) * params[P_KAPPA]
-    return params[P_BETA_SCALE] * (params[P_SIGMA0] * np.sqrt(inner) + extra)
 
 
 @jit
@@ -96,10 +83,10 @@ def next_buffer(params: np.ndarray, seed: int, r: int, c: int, puid: np.ndarray,
             dS[r, c, i, j] = H[r, c, i, j] - Hbar[r, c, i, j] + (3.0 * params[P_RHO] if i == j else 0.0)
 
 
-def _phase_run(users, ctx, rew, arms, params, seed, server, lc, gk, mem, nmem, V, bu, Tu,
+def _phase_run(users, ctx, rew, arms, params, t0, seed, server, lc, gk, mem, nmem, V, bu, Tu,
                S, u, Tc, Sinv, Slogdet, dS, du, dT, dSm, dum, dTm, Sg, ug, Tg, Sglogdet,
                H, h, Hbar, hbar, puid, pcalls, traffic_server, traffic_global):
-    """Play ``users`` (R, S) within one phase (Alg. 1 l.9–15 with Algorithms 3 and 4)."""
+    """Play ``users`` (R, S) within one phase, from round ``t0`` + 1 (Alg. 1 l.9–15 with Algorithms 3 and 4)."""
     R, St = users.shape
     K, d = ctx.shape[2], ctx.shape[3]
     for r in prange(R):
@@ -108,31 +95,14 @@ def _phase_run(users, ctx, rew, arms, params, seed, server, lc, gk, mem, nmem, V
         N = np.zeros((d + 1, d + 1))
         Z = np.zeros((d + 1, d + 1))
         theta = np.zeros(d)
-        Ax = np.zeros(d)
         scores = np.zeros(K)
         for s in range(St):
             i = users[r, s]
             c = lc[r, i]
             k = gk[r, c]
             members = nmem[r, k]
-            b = beta(params, Tc[r, c], members, d)
-            for p in range(d):
-                acc = 0.0
-                for q in range(d):
-                    acc += Sinv[r, c, p, q] * u[r, c, q]
-                theta[p] = acc
-            for a in range(K):
-                mean = 0.0
-                width = 0.0
-                for p in range(d):
-                    mean += ctx[r, s, a, p] * theta[p]
-                    acc = 0.0
-                    for q in range(d):
-                        acc += Sinv[r, c, p, q] * ctx[r, s, a, q]
-                    width += ctx[r, s, a, p] * acc
-                width = max(width, 0.0)
-                scores[a] = mean + b * (width if params[P_SQUARED] != 0.0 else np.sqrt(width))
-            a = first_near_max(scores)
+            b = beta(params, Tc[r, c], members, d, t0 + s + 1)
+            a = ucb_pick(ctx[r, s], Sinv[r, c], u[r, c], b, params[P_SQUARED] != 0.0, theta, scores)
             arms[r, s] = a
             y = rew[r, s, a]
             x = ctx[r, s, a]

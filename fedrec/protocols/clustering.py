@@ -1,0 +1,98 @@
+"""What the clustering-of-bandits protocols share on the Python side (spec fclub.md §2.0, §4.2, §8.3–8.4): the
+``conventions`` switch and the radius parameters it resolves to, and the width F of the clustering tests.
+
+``conventions=paper`` scores x θ̂ + β·sqrt(xᵀM⁻¹x) with Lemma 1's β and λ = 1; ``conventions=authors`` takes the
+released code's conventions: the squared bonus β·xᵀM⁻¹x, λ = 2 (1 with CDP), β = 0.5·sqrt(2 ln(2/α) + d ln(3 +
+t L_arg²/d)) with each method's α of the code, and for CDP-FCLUB-DC the code's β recipe × 0.005. Nothing else
+changes with the switch (the clustering constants, the privatiser and its shifts stay the paper's); a value given
+explicitly (``bonus``, ``lam``, ``sigma0``, ``beta_scale``) overrides the convention's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.protocols.kernels.clustering import (
+    BETA_AUTHORS, BETA_AUTHORS_CDP, BETA_LEMMA1, NUM_PARAMS, P_BASE, P_BETA_FIXED, P_BETA_MODE, P_BETA_SCALE,
+    P_KAPPA, P_KAPPA_PER_ROOT_NU, P_LARG2, P_LOG_MLA, P_RATIO, P_RHO_MAX, P_RHO_PER_NU, P_SERVERS, P_SIGMA0,
+    P_SQUARED,
+)
+
+CONVENTIONS = ("paper", "authors")
+BONUS = ("sqrt", "squared")
+#: the α inside ln(2/α) of the authors' non-private β: each method's ``alpha`` in their code (§4.2)
+AUTHORS_ALPHA = {"fclub": 1.5, "club": 0.25, "sclub": 1.5, "linucb": 15.0}
+#: α₁ of the authors' CDP β, in ln(2T/α₁) (§8.4)
+AUTHORS_CDP_ALPHA = 1.0
+#: the authors' CDP β is their recipe times this (README: "beta_scaling = 0.005")
+AUTHORS_CDP_SCALE = 0.005
+
+
+def confidence_shape(x: np.ndarray) -> np.ndarray:
+    """F(x) = sqrt((1 + ln(1 + x)) / (1 + x)), the width of the deletion, split and merge tests (§2.0)."""
+    return np.sqrt((1.0 + np.log1p(x)) / (1.0 + x))
+
+
+@dataclass(frozen=True)
+class Radius:
+    """The recommendation conventions a protocol runs with, resolved from ``conventions`` and explicit values."""
+
+    conventions: str
+    bonus: str
+    lam: float
+    sigma0: float
+    beta_scale: float
+    beta: float | None  # a fixed β instead of the recipe
+
+    @classmethod
+    def resolve(cls, conventions: str, private: bool, bonus: str | None = None, lam: float | None = None,
+                sigma0: float | None = None, beta_scale: float | None = None, beta: float | None = None) -> Radius:
+        """The convention's values, each overridden by the one given (None: the convention's)."""
+        if conventions not in CONVENTIONS:
+            raise ConfigError(f"conventions must be one of {list(CONVENTIONS)}, got {conventions!r}")
+        if conventions == "paper":
+            default = ("sqrt", 1.0, 0.5, 1.0)
+        else:
+            default = ("squared", 1.0, 1.0, AUTHORS_CDP_SCALE) if private else ("squared", 2.0, 0.5, 1.0)
+        bonus = default[0] if bonus is None else bonus
+        if bonus not in BONUS:
+            raise ConfigError(f"bonus must be one of {list(BONUS)}, got {bonus!r}")
+        return cls(
+            conventions, bonus,
+            check_float("lam", default[1] if lam is None else lam, low=0.0, low_open=True),
+            check_float("sigma0", default[2] if sigma0 is None else sigma0, low=0.0),
+            check_float("beta_scale", default[3] if beta_scale is None else beta_scale, low=0.0),
+            None if beta is None else check_float("beta", beta, low=0.0),
+        )
+
+    def params(self, method: str, dim: int, num_servers: int, clusters_bound: int, alpha: float,
+               synchronous: bool = False, horizon: int | None = None, epsilon: float | None = None,
+               delta: float | None = None) -> np.ndarray:
+        """The kernels' parameter array with the radius fields and λ (``P_BASE``) set, the others NaN.
+
+        ``alpha`` is the failure probability of Lemma 1 (checked by the caller, in (0, 1]); ``synchronous`` methods (FCLUB, Homo) take the
+        authors' L_arg = L; ``horizon``, ``epsilon`` and ``delta`` are the CDP run's (authors CDP β)."""
+        d, L = dim, num_servers
+        p = np.full(NUM_PARAMS, np.nan)
+        p[P_SQUARED] = float(self.bonus == "squared")
+        p[P_BETA_FIXED] = math.nan if self.beta is None else self.beta
+        p[P_SIGMA0], p[P_BETA_SCALE], p[P_SERVERS], p[P_BASE] = self.sigma0, self.beta_scale, L, self.lam
+        m = check_int("clusters_bound", clusters_bound)
+        if self.conventions == "paper":
+            p[P_BETA_MODE] = BETA_LEMMA1
+            p[P_LOG_MLA] = math.log(m * L / alpha)
+            p[P_RATIO], p[P_RHO_MAX], p[P_KAPPA] = 1.0, self.lam, 0.0  # with CDP: the caller's
+        elif epsilon is None:
+            p[P_BETA_MODE] = BETA_AUTHORS
+            p[P_LOG_MLA] = math.log(2 / AUTHORS_ALPHA[method])
+            p[P_LARG2] = float(L * L if synchronous else 1)
+        else:
+            p[P_BETA_MODE] = BETA_AUTHORS_CDP
+            log_term = math.log(2 * check_int("horizon", horizon) / AUTHORS_CDP_ALPHA)
+            p[P_LOG_MLA] = log_term
+            p[P_RHO_PER_NU] = 8 * math.sqrt(2) * math.log(4 / delta) * (4 * math.sqrt(d) + 2 * log_term) / epsilon
+            p[P_KAPPA_PER_ROOT_NU] = math.sqrt(2 * (math.sqrt(d) + 2 * log_term) / math.sqrt(2 * epsilon))
+        return p
