@@ -26,7 +26,7 @@ from fedrec.protocols.clustering import Radius, confidence_shape
 from fedrec.protocols.kernels.clustering import (
     P_BASE, P_KAPPA, P_LOG_D, P_LOG_U, P_PRIVATE, P_RATIO, P_RHO, P_RHO_MAX, P_SCALARS, P_SIGMA_NODE,
 )
-from fedrec.protocols.kernels.fclub import NODE_LEVEL_SHIFT, PHASE_RUN, release
+from fedrec.protocols.kernels.fclub import NODE_LEVEL_SHIFT, PHASE_RUN, count, release
 
 
 class FederatedClustering(StepProtocol):
@@ -218,37 +218,37 @@ class FederatedClustering(StepProtocol):
     def _renew(self, r: int, slot: np.ndarray, locals_: np.ndarray, new_gk: np.ndarray, uploads: list[tuple]) -> None:
         """Alg. 2 l.10–16: global sums of the uploads, copied (never aliased) into every member, fresh buffers."""
         d = self.dim
-        for name in ("S", "u", "Tc", "dS", "du", "dT", "dSm", "dum", "dTm", "Sg", "ug", "Tg", "H", "h", "Hbar",
-                     "hbar", "Sinv"):
-            getattr(self, name)[r].zero_()
-        self.Slogdet[r].fill_(math.nan)
-        self.Sglogdet[r].fill_(math.nan)
-        self.nmem[r].zero_()
-        self.lc[r] = torch.from_numpy(slot)
-        self.gk[r] = torch.from_numpy(new_gk)
+        a = {name: getattr(self, name)[r].numpy() for name in (
+            "S", "u", "Tc", "dS", "du", "dT", "dSm", "dum", "dTm", "Sg", "ug", "Tg", "H", "h", "Hbar", "hbar", "Sinv",
+            "Slogdet", "Sglogdet", "nmem", "mem", "lc", "gk", "puid", "pcalls")}
+        for name in ("S", "u", "Tc", "dS", "du", "dT", "dSm", "dum", "dTm", "Sg", "ug", "Tg", "H", "h", "Hbar", "hbar",
+                     "Sinv", "nmem"):
+            a[name][...] = 0
+        a["Slogdet"][:] = math.nan
+        a["Sglogdet"][:] = math.nan
+        a["lc"][:], a["gk"][:] = slot, new_gk
         index = {int(c): j for j, c in enumerate(locals_)}
         for k in np.unique(new_gk[locals_]):
             members = [int(c) for c in locals_ if new_gk[c] == k]
-            Sg = sum(uploads[index[c]][0] for c in members)
-            ug = sum(uploads[index[c]][1] for c in members)
-            Tg = sum(uploads[index[c]][2] for c in members)
-            self.Sg[r, k], self.ug[r, k], self.Tg[r, k] = torch.from_numpy(Sg), torch.from_numpy(ug), Tg
-            self.Sglogdet[r, k] = float(np.linalg.slogdet(Sg)[1])
-            self.mem[r, k, :len(members)] = torch.tensor(members)
-            self.nmem[r, k] = len(members)
-            for c in members:
-                self.S[r, c], self.u[r, c], self.Tc[r, c] = self.Sg[r, k], self.ug[r, k], Tg  # copies
-                self.Sinv[r, c] = torch.from_numpy(np.linalg.inv(Sg))
-                self.Slogdet[r, c] = self.Sglogdet[r, k]
+            a["Sg"][k] = sum(uploads[index[c]][0] for c in members)
+            a["ug"][k] = sum(uploads[index[c]][1] for c in members)
+            a["Tg"][k] = sum(uploads[index[c]][2] for c in members)
+            a["Sglogdet"][k] = np.linalg.slogdet(a["Sg"][k])[1]
+            a["mem"][k, :len(members)] = members
+            a["nmem"][k] = len(members)
+            inverse = np.linalg.inv(a["Sg"][k])
+            for c in members:  # copies, never views of the global cluster's arrays
+                a["S"][c], a["u"][c], a["Tc"][c] = a["Sg"][k], a["ug"][k], a["Tg"][k]
+                a["Sinv"][c], a["Slogdet"][c] = inverse, a["Sglogdet"][k]
                 self._count(r, int(self.server[c]), "download")
                 if self.private:
                     _, _, _, uid, H0, h0 = uploads[index[c]]
-                    self.puid[r, c], self.pcalls[r, c] = uid, 2
-                    self.Hbar[r, c], self.hbar[r, c] = torch.from_numpy(H0), torch.from_numpy(h0)
+                    a["puid"][c], a["pcalls"][c] = uid, 2
+                    a["Hbar"][c], a["hbar"][c] = H0, h0
                     H, h = self._release(uid, 2)
-                    self.H[r, c], self.h[r, c] = torch.from_numpy(H), torch.from_numpy(h)
-                    self.dS[r, c] = torch.from_numpy(3 * self.rho * np.eye(d) + H - H0)
-                    self.du[r, c] = torch.from_numpy(h - h0)
+                    a["H"][c], a["h"][c] = H, h
+                    a["dS"][c] = 3 * self.rho * np.eye(d) + H - H0
+                    a["du"][c] = h - h0
 
     # ---------------------------------------------------------------------------------------------- helpers
     def _new_privatiser(self, r: int) -> int:
@@ -264,11 +264,10 @@ class FederatedClustering(StepProtocol):
         return N[:d, :d].copy(), N[:d, d].copy()
 
     def _count(self, r: int, server: int, kind: str) -> None:
-        """One phase-start upload or renewal download of local server ``server`` (§4.5)."""
-        scalars = torch.tensor([int(self.params[P_SCALARS])])
-        ends = (("server", torch.tensor([server])), ("global", torch.tensor([0])))
-        sender, receiver = ends if kind == "upload" else ends[::-1]
-        self.channel.ledger.record(kind, sender, receiver, torch.tensor([r]), scalars, 8)
+        """One phase-start upload or renewal download of local server ``server`` (§4.5), as the kernel counts."""
+        ledger = self.channel.ledger
+        count(ledger.traffic("server").numpy(), ledger.traffic("global").numpy(), r, server,
+              0 if kind == "upload" else 1, self.params[P_SCALARS])
 
     def metrics(self) -> dict[str, torch.Tensor]:
         """Per replicate: the number of global clusters and of local clusters at the last phase start, and with
