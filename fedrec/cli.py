@@ -7,7 +7,7 @@ import math
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,26 @@ log = logging.getLogger(__name__)
 
 #: top-level config keys that say how a run is executed, logged and written, not what it computes: a checkpoint's
 #: identity leaves them out, so a resume may change them (e.g. trainer.max_rounds to run on)
-RUN_SETTINGS = ("trainer", "logger", "plots", "hydra", "ckpt_path", "resume_allow_changes", "num_threads")
+RUN_SETTINGS = ("trainer", "logger", "plots", "hydra", "ckpt_path", "resume_allow_changes", "num_threads",
+                "download_data")
 #: keys, at any depth, that say where the inputs are rather than what they are (the dataset's sizes are checked)
 LOCATION_KEYS = ("data_dir",)
 #: files of a run folder (relative paths) that show a run already wrote there
 RUN_OUTPUTS = ("summary.json", "metrics.csv", "checkpoints/last.ckpt")
 TB_EVENTS = "tb/**/events.out.tfevents.*"
+#: the config groups a run cannot do without, by task kind (recommendation runs have a ``data`` group; without a
+#: ``privacy`` group they are non-private, as with privacy=none)
+REQUIRED_GROUPS = {
+    "bandit": ("env", "protocol", "task", "trainer", "logger"),
+    "recommendation": ("model", "aggregator", "task", "trainer", "logger"),
+}
+#: the downloadable dataset (:data:`fedrec.data.download.REGISTRY`) each real-data bandit environment reads
+ENV_DATASETS = {
+    "fedrec.envs.realdata.LastFMEnv": "lastfm",
+    "fedrec.envs.realdata.MovieLensEnv": "ml-100k",
+    "fedrec.envs.replay.MovieLensReplayEnv": "ml-100k",
+    "fedrec.envs.diabetes.DiabetesMAB": "diabetes",
+}
 
 
 class OutputError(ConfigError):
@@ -190,7 +204,7 @@ def build_task(cfg: DictConfig) -> Any:
     torch.manual_seed(cfg.seed)  # model initialisation
     model = _build(cfg.model, "model", num_users=data.num_users, num_items=data.num_items)
     privacy = None
-    if cfg.privacy.get("mechanism") != "none":
+    if cfg.get("privacy") is not None and cfg.privacy.get("mechanism") != "none":
         privacy = _build(cfg.privacy, "privacy", num_clients=data.num_clients)
     aggregator = _build(cfg.aggregator, "aggregator")
     return _build(cfg.task, "task", data=data, model=model, aggregator=aggregator, privacy=privacy, seed=cfg.seed)
@@ -274,8 +288,9 @@ class RunResults(Callback):
     """Writes ``summary.json`` and the plots once the rounds are done and before the final checkpoint, so that a
     failing checkpoint write (full disk) does not lose a finished run's results."""
 
-    def __init__(self, cfg: DictConfig, out: Path, planner: Any, is_private: Callable[[str], bool] | None) -> None:
-        self.cfg, self.out, self.planner, self.is_private = cfg, out, planner, is_private
+    def __init__(self, cfg: DictConfig, out: Path, planner: Any, is_private: Callable[[str], bool] | None,
+                 title: str) -> None:
+        self.cfg, self.out, self.planner, self.is_private, self.title = cfg, out, planner, is_private, title
         self.summary: dict[str, Any] = {}
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
@@ -298,7 +313,7 @@ class RunResults(Callback):
         if cfg.get("plots", True) and history:
             from fedrec.plots import plot_run
 
-            plot_run(history, self.out, title=str(cfg.name))
+            plot_run(history, self.out, title=self.title, rating_scale=summary.get("rating_scale"))
         self.summary = summary
 
 
@@ -341,6 +356,62 @@ def check_run_fields(cfg: DictConfig) -> None:
                               "(CDP-FCLUB-DC: protocol.epsilon)")
 
 
+def check_groups(cfg: DictConfig) -> None:
+    """The config groups the run's kind needs are there (not removed with ``~env``, ``~model``, ...) and
+    ``download_data`` is a flag, before anything runs (errors name the group or field)."""
+    kind = "recommendation" if cfg.get("data") is not None else "bandit"
+    for group in REQUIRED_GROUPS[kind]:
+        if cfg.get(group) is None:
+            what = "a recommendation run (data=...)" if kind == "recommendation" else "a bandit run (no data group)"
+            raise ConfigError(f"{group}: {what} needs the {group} group ({group}=NAME, a file of conf/{group}/)")
+    if not isinstance(cfg.get("download_data", False), bool):
+        raise ConfigError(f"download_data: must be true or false, got {cfg.download_data!r}")
+
+
+def run_dataset(cfg: DictConfig) -> tuple[str, str, Path] | None:
+    """(config group, name, data directory) of the downloadable dataset the run reads (:mod:`fedrec.data.download`):
+    its ``data`` group's, or its real-data bandit environment's; None for other runs."""
+    from fedrec.data.download import REGISTRY
+
+    key = "data" if cfg.get("data") is not None else "env"
+    node = cfg.get(key)
+    name = node.get("name") if key == "data" else ENV_DATASETS.get(str(node.get("_target_")))
+    if name not in REGISTRY or node.get("data_dir") is None:
+        return None
+    return key, str(name), Path(str(node.data_dir))
+
+
+def build_task_fetching_data(cfg: DictConfig) -> Any:
+    """:func:`build_task`; if the dataset it reads is missing, download it first with ``download_data=true`` (a
+    message and a progress bar on stderr), else raise a DatasetNotFoundError naming the flag and the download command.
+    A failed download is a DatasetNotFoundError too (the run cannot get its data), naming the config group."""
+    try:
+        return build_task(cfg)
+    except DatasetNotFoundError:
+        from fedrec.data.download import DownloadError, ensure_dataset, missing_files
+
+        dataset = run_dataset(cfg)
+        if dataset is None or not missing_files(*dataset[1:]):  # another file is missing: the loader's message
+            raise
+        key, name, data_dir = dataset
+        try:
+            ensure_dataset(name, data_dir, download=cfg.get("download_data", False))
+        except (DatasetNotFoundError, DownloadError) as e:
+            raise DatasetNotFoundError(f"{key}: {e}") from e
+    return build_task(cfg)
+
+
+def run_title(name: str, overrides: Sequence[str]) -> str:
+    """The plots' title: the run's name, and on a second line the command-line overrides that change what it
+    computes (not those of :data:`RUN_SETTINGS` or :data:`LOCATION_KEYS`: how it runs, where its inputs are)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    noise = (*RUN_SETTINGS, *LOCATION_KEYS)
+    kept = [o.input_line for o in OverridesParser.create().parse_overrides(list(overrides))
+            if re.split(r"[./]", o.key_or_group)[0] not in noise]
+    return "\n".join([name, " ".join(kept)]) if kept else name
+
+
 def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
     """Run the experiment described by ``cfg`` and return its summary.
 
@@ -348,10 +419,11 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     ``metrics.csv``, TensorBoard events, ``summary.json``, PNG plots and checkpoints (written last). A folder that
     holds another run is refused; a resume from a checkpoint inside ``output_dir`` continues that run there.
     """
-    check_run_fields(cfg)
-    if output_dir is None:
-        from hydra.core.hydra_config import HydraConfig
+    from hydra.core.hydra_config import HydraConfig
 
+    check_run_fields(cfg)
+    check_groups(cfg)
+    if output_dir is None:
         output_dir = HydraConfig.get().runtime.output_dir
     out = Path(output_dir)
     ckpt_path = cfg.get("ckpt_path")
@@ -363,10 +435,11 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
 
     from fedrec.trainer import FederatedTrainer
 
-    task = build_task(cfg)
+    task = build_task_fetching_data(cfg)
     is_private = getattr(task, "is_private_metric", None)  # tasks whose metrics may come from clients' raw data
     planner = _build(cfg.planner, "planner") if cfg.get("planner") is not None else None
-    results = RunResults(cfg, out, planner, is_private)
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []  # none without Hydra's CLI
+    results = RunResults(cfg, out, planner, is_private, run_title(str(cfg.name), overrides))
     trainer = FederatedTrainer(
         default_root_dir=out, loggers=build_loggers(cfg.logger, out, is_private),
         callbacks=[planner, results] if planner else [results], run_config=identity_config(cfg),

@@ -32,9 +32,10 @@ ERROR_PREFIX = "error: "
 
 
 def headline(summary: dict[str, Any]) -> dict[str, float]:
-    """The run's main result first, then the secondary numbers it has."""
-    main = [k for k in PRIMARY if k in summary][:1]
-    return {k: float(summary[k]) for k in (*main, *(k for k in SECONDARY if k in summary))}
+    """The run's main result first, then the secondary numbers it has (a null one, e.g. the ε of a non-private
+    run, is left out)."""
+    main = [k for k in PRIMARY if summary.get(k) is not None][:1]
+    return {k: float(summary[k]) for k in (*main, *(k for k in SECONDARY if summary.get(k) is not None))}
 
 
 def objective(summary: dict[str, Any]) -> float:

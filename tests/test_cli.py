@@ -239,6 +239,49 @@ def test_train_py_refuses_misfit_fields_with_one_error_line(
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+REMOVED_GROUPS = [  # (train.py arguments, the group the one-line error names): a group set to null or removed
+    (("+experiment=fedgnn_ml100k", "privacy=null"), "privacy"),
+    (("-m", "+experiment=fedgnn_ml100k", "privacy=none,null"), "privacy"),
+    (("+experiment=fedgnn_ml100k", "data=null"), "data"),
+    (("env=null",), "env"),
+    (("~env",), "env"),
+    (("~protocol",), "protocol"),
+    (("+experiment=fedgnn_ml100k", "~model"), "model"),
+]
+
+
+@pytest.mark.parametrize(("args", "group"), REMOVED_GROUPS, ids=[" ".join(a) for a, _ in REMOVED_GROUPS])
+def test_train_py_subprocess_refuses_a_null_or_removed_group(tmp_path: Path, args: tuple[str, ...],
+                                                             group: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={tmp_path / 'run'}",
+         f"hydra.sweep.dir={tmp_path / 'sweep'}", *CHEAP],
+        cwd=tmp_path, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {group}: "), err
+    if "=null" in " ".join(args):
+        assert f"'~{group}'" in err[0]  # how to remove a group
+    assert not (tmp_path / "run" / "summary.json").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_recommendation_run_without_privacy_group_is_non_private(
+    train_py: Callable[..., Any], data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    summaries = {}
+    for privacy in ("~privacy", "privacy=none"):
+        out = tmp_path / privacy
+        train_py("+experiment=fedgnn_ml100k", privacy, "task.rounds=2", f"data_dir={data_dir}",
+                 f"hydra.run.dir='{out}'", *CHEAP)
+        summaries[privacy] = {k: v for k, v in json.loads((out / "summary.json").read_text()).items()
+                              if k != "wall_seconds"}
+        assert capsys.readouterr().out.strip().startswith(f"run folder: {out}; final_test_rmse = ")
+    assert summaries["~privacy"] == summaries["privacy=none"]
+    assert summaries["~privacy"]["privacy"] == "none" and summaries["~privacy"]["epsilon_spent"] is None
+
+
 def test_unknown_experiment_is_a_hydra_error_naming_it(compose_cfg: Compose) -> None:
     with pytest.raises(MissingConfigException, match="no_such_experiment_xyz"):
         compose_cfg("+experiment=no_such_experiment_xyz")

@@ -1,20 +1,25 @@
-"""Dataset downloads against a local HTTP server on 127.0.0.1 that serves archives the tests build."""
+"""Dataset downloads against a local HTTP server on 127.0.0.1 that serves archives the tests build, from the
+command line and by a run that needs a missing dataset (``download_data=true``)."""
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import subprocess
 import sys
 import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hydra import compose, initialize_config_dir
 
+from fedrec.cli import run_dataset
 from fedrec.data import download as dl
 from fedrec.data import read_ratings
 from fedrec.data.__main__ import main
@@ -278,3 +283,81 @@ def test_cli_download(server: Server, tmp_path: Path) -> None:
     assert done.stdout.strip() == f"ml-100k installed in {tmp_path / 'ml-100k'}"
     assert (tmp_path / "ml-100k" / "u.data").read_text() == U_DATA
     assert_untouched(tmp_path, "ml-100k")
+
+
+# ------------------------------------------------------------------------------------------------ a run's dataset
+def run_args(data_dir: Path, out: Path, *extra: str) -> list[str]:
+    """``train.py`` arguments of a two-round FedGNN run on the ML-100K in ``data_dir``."""
+    return ["+experiment=fedgnn_ml100k", "task.rounds=2", f"data_dir={data_dir}", f"hydra.run.dir={out}",
+            "logger.tensorboard=false", "plots=false", *extra]
+
+
+def test_run_downloads_its_missing_dataset_with_download_data(
+    server: Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, train_py: Callable[..., Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = server.serve("/ml-100k.zip", ML100K_ZIP)
+    point_registry(monkeypatch, "ml-100k", url, ML100K_ZIP)
+    data_dir = tmp_path / "data"
+
+    train_py(*run_args(data_dir, tmp_path / "run", "download_data=true"))
+
+    err = capsys.readouterr().err
+    assert f"Downloading ml-100k from {url} into {data_dir / 'ml-100k'}" in err
+    assert "ml-100k: 100%" in err  # the progress bar
+    assert (data_dir / "ml-100k" / "u.data").read_text() == U_DATA
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["dataset"] == "ml-100k" and summary["rounds_run"] == 2
+    assert server.requests == 1
+
+    train_py(*run_args(data_dir, tmp_path / "again", "download_data=true"))  # installed: no second download
+    assert server.requests == 1 and "Downloading" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "recorded", "needle"),
+    [
+        ((), 200, ML100K_ZIP, "python -m fedrec.data download ml-100k --data-dir {data_dir}"),
+        (("download_data=true",), 404, ML100K_ZIP, "HTTP 404"),
+        (("download_data=true",), 200, b"another archive", "checksum mismatch"),
+    ],
+    ids=["flag_off", "http_error", "bad_checksum"],
+)
+def test_run_without_its_dataset_is_one_error_line(
+    server: Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, train_py: Callable[..., Any],
+    capsys: pytest.CaptureFixture[str], extra: tuple[str, ...], status: int, recorded: bytes, needle: str,
+) -> None:
+    point_registry(monkeypatch, "ml-100k", server.serve("/ml-100k.zip", ML100K_ZIP, status=status), recorded)
+    data_dir = tmp_path / "data"
+
+    with pytest.raises(SystemExit) as info:
+        train_py(*run_args(data_dir, tmp_path / "run", *extra))
+
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]  # after a download's progress bar
+    assert len(lines) == 1 and lines[0].startswith("error: data: ") and needle.format(data_dir=data_dir) in lines[0]
+    if not extra:
+        assert "download_data=true" in lines[0] and server.requests == 0
+    assert not (data_dir / "ml-100k").exists()
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("experiment", "dataset"),
+    [
+        ("fedgnn_filmtrust", ("data", "filmtrust")),
+        ("bgtplanner_ml1m", ("data", "ml-1m")),
+        ("async_linucb_lastfm", ("env", "lastfm")),
+        ("async_linucb_movielens", ("env", "ml-100k")),
+        ("vfl_movielens", ("env", "ml-100k")),
+        ("gossip_diabetes", ("env", "diabetes")),
+        ("quickstart", None),
+        ("vfl_criteo", None),
+    ],
+)
+def test_a_run_knows_the_dataset_it_reads(tmp_path: Path, experiment: str, dataset: tuple[str, str] | None) -> None:
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+experiment={experiment}", f"data_dir={tmp_path}"])
+    assert run_dataset(cfg) == (None if dataset is None else (*dataset, tmp_path))

@@ -123,7 +123,8 @@ def ensure_dataset(name: str, data_dir: str | Path, download: bool) -> Path:
     if not download:
         raise DatasetNotFoundError(
             f"dataset {name} is not installed: {missing[0]} is missing. Install it with "
-            f"`{download_command(name, data_dir)}`, or set data.download=true to fetch it when a run needs it."
+            f"`{download_command(name, data_dir)}`, run with download_data=true to fetch it when a run needs it, "
+            "or point data_dir (FEDREC_DATA_DIR) at the folder that holds it."
         )
     return download_dataset(name, data_dir)
 

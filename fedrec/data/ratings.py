@@ -162,6 +162,13 @@ class RatingData:
         rating = np.asarray(rating, dtype=np.float64)
         return rating * hi if self.normalize == "max" else lo + rating * (hi - lo)
 
+    @property
+    def scale(self) -> str:
+        """The scale the metrics see, e.g. ``"ratings 1–5 as r / 5"``: how the file's ratings were normalised."""
+        lo, hi = self.rating_range
+        rule = f"r / {hi:g}" if self.normalize == "max" else f"(r − {lo:g}) / {hi - lo:g}"
+        return f"ratings {lo:g}–{hi:g} as {rule}"
+
     def summary(self) -> dict[str, object]:
         """Counts for logs and READMEs."""
         return {

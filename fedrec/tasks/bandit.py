@@ -12,6 +12,10 @@ from fedrec.protocols.base import StepProtocol
 from fedrec.tasks.base import FederatedTask
 
 
+#: the main per-round metrics whose spread over replicates each round also logs, as ``{name}_std`` (the plots' band)
+SPREAD_METRICS = ("cumulative_regret", "normalized_reward", "relative_ctr")
+
+
 class BanditTask(FederatedTask):
     """Plays ``steps`` interactions (None: the whole stream), ``steps_per_round`` per trainer round.
 
@@ -51,6 +55,7 @@ class BanditTask(FederatedTask):
         self.matched = torch.zeros(R, dtype=torch.float64)  # replay: steps that counted
 
     def run_round(self, round_idx: int) -> dict[str, float]:
+        """Play the round's steps; log each metric's mean over replicates (and the spread of the main ones)."""
         start, stop = self.t, min(self.t + self.steps_per_round, self.steps)
         batch = self.env.interactions(start, stop)
         rewards, expected = batch.rewards, batch.expected
@@ -68,7 +73,11 @@ class BanditTask(FederatedTask):
             self.cum_reward += rewards.gather(2, arms.unsqueeze(-1)).squeeze(-1).sum(1)
             self.cum_random += expected.mean(-1).sum(1)
         self.t = stop
-        return {k: float(v.double().mean()) for k, v in self.per_replicate().items()}
+        per = self.per_replicate()
+        metrics = {k: float(v.double().mean()) for k, v in per.items()}
+        if self.env.replicates > 1:
+            metrics.update({f"{k}_std": float(per[k].double().std()) for k in SPREAD_METRICS if k in per})
+        return metrics
 
     def per_replicate(self) -> dict[str, torch.Tensor]:
         """Current per-replicate metrics."""

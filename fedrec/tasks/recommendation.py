@@ -376,8 +376,9 @@ class FedRecTask(FederatedTask):
         self.latest = dict(state["latest"])
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"dataset": self.data.name, "model": type(self.model).__name__,
-                               "aggregator": type(self.aggregator).__name__, "clients": self.data.num_clients}
+        out: dict[str, Any] = {"dataset": self.data.name, "rating_scale": self.data.scale,
+                               "model": type(self.model).__name__, "aggregator": type(self.aggregator).__name__,
+                               "clients": self.data.num_clients}
         for name in sorted(self.latest):
             if name.startswith(("test_", "val_")):
                 out[f"final_{name}"] = self.latest[name]
