@@ -12,7 +12,8 @@ import torch
 from scipy import optimize, stats
 
 from fedrec.envs.clustered import ClusteredLinearEnv
-from fedrec.privacy.tree import fclub_epsilon, fclub_node_sigma
+from fedrec.privacy.tree import fclub_accounted_sigma, fclub_epsilon, fclub_node_sigma, fclub_phases
+from fedrec.protocols.kernels.clustering import P_SIGMA_NODE
 from fedrec.protocols.fclub import FederatedClustering
 from fedrec.tasks.bandit import BanditTask
 
@@ -136,28 +137,52 @@ def test_clusters_are_recovered_on_a_well_separated_long_run(data_dir: Path) -> 
 def exact_gaussian_epsilon(mu: float, delta: float) -> float:
     """The exact ε of μ-GDP at δ: δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2) (Dong, Roth & Su 2019), solved for ε."""
     gap = lambda eps: stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2) - delta  # noqa: E731
-    return 0.0 if gap(0.0) <= 0 else optimize.brentq(gap, 0.0, 100.0)
+    if gap(0.0) <= 0:
+        return 0.0
+    hi = 1.0
+    while gap(hi) > 0:
+        hi *= 2
+    return optimize.brentq(gap, 0.0, hi)
 
 
-@pytest.mark.parametrize(("epsilon", "horizon"), [(1.0, 100_000), (0.25, 10_000), (4.0, 1000)])
-def test_accountant_epsilon_is_within_budget_and_above_the_exact_value(epsilon: float, horizon: int) -> None:
-    """The ε spent after every phase of a run of ``horizon`` rounds stays within the configured ε, and is an upper
-    bound on the exact ε of the same composition (k symmetric Gaussian nodes of multiplier z: μ = √k / z)."""
-    delta, phases = 0.1, int(math.log2(horizon + 1))
-    z = fclub_node_sigma(epsilon, delta, horizon) * math.sqrt(2) / 2.0  # symmetric noise, Δ = 2
+@pytest.mark.parametrize(("epsilon", "horizon"), [(1.0, 100_000), (0.25, 10_000), (4.0, 1000), (64.0, 100_000)])
+@pytest.mark.parametrize("calibration", ["paper", "accountant"])
+def test_accountant_epsilon_against_the_budget_and_the_exact_value(epsilon: float, horizon: int,
+                                                                   calibration: str) -> None:
+    """After every phase of a run of ``horizon`` rounds the accountant's ε bounds the exact ε of the same composition
+    from above (k symmetric Gaussian nodes of multiplier z: μ = √k / z) and grows with the phases. With the
+    accountant's calibration the whole run spends at most ε, and all of it; the paper's σ_N spends less than ε at
+    small ε and more at ε = 64 (phases compose)."""
+    delta = 0.1
+    if calibration == "paper":
+        sigma = fclub_node_sigma(epsilon, delta, horizon)
+    else:
+        sigma = fclub_accounted_sigma(epsilon, delta, horizon, horizon)
+    z = sigma * math.sqrt(2) / 2.0  # symmetric noise, Δ = 2
     levels = (horizon + 1).bit_length()
     previous = 0.0
-    for s in range(1, phases + 1):
-        spent = fclub_epsilon(epsilon, delta, horizon, s)
-        exact = exact_gaussian_epsilon(math.sqrt(s * (levels + 1)) / z, delta)
-        assert exact - 1e-9 <= spent <= epsilon
+    for s in range(1, fclub_phases(horizon) + 1):
+        spent = fclub_epsilon(sigma, delta, horizon, s)
+        assert exact_gaussian_epsilon(math.sqrt(s * (levels + 1)) / z, delta) - 1e-9 <= spent
         assert spent >= previous
         previous = spent
+    if calibration == "accountant":
+        assert epsilon * (1 - 1e-9) <= previous <= epsilon
+        assert fclub_epsilon(math.nextafter(sigma, 0.0), delta, horizon, fclub_phases(horizon)) > epsilon * (1 - 1e-6)
+    elif epsilon <= 4:
+        assert previous < epsilon
+    else:
+        assert previous > epsilon
 
 
 def test_a_cdp_run_reports_the_accountant_epsilon(env: ClusteredLinearEnv) -> None:
-    p = FederatedClustering(env.num_clients, env.dim, env.replicates, epsilon=1.0, horizon=1000)
-    play(p, env, 1000)
-    want = fclub_epsilon(1.0, 0.1, 1000, int(p.phase))
-    assert torch.equal(p.metrics()["epsilon_spent"], torch.full((2,), want, dtype=torch.float64))
+    for calibration in ("paper", "accountant"):
+        p = FederatedClustering(env.num_clients, env.dim, env.replicates, epsilon=8.0, horizon=1000,
+                                calibration=calibration)
+        play(p, env, 1000)
+        sigma = float(p.params[P_SIGMA_NODE])
+        want = fclub_epsilon(sigma, 0.1, 1000, int(p.phase))
+        assert torch.equal(p.metrics()["epsilon_spent"], torch.full((2,), want, dtype=torch.float64))
+        assert int(p.phase) == fclub_phases(1000)
+        assert (want <= 8.0) if calibration == "accountant" else (want < 8.0)
     assert "epsilon_spent" not in FederatedClustering(env.num_clients, env.dim, 1).metrics()

@@ -52,8 +52,10 @@ __all__ = [
     "TreeAggregator",
     "augmented_gram",
     "dyadic_cover",
+    "fclub_accounted_sigma",
     "fclub_epsilon",
     "fclub_node_sigma",
+    "fclub_phases",
     "gaussian_node_sigma",
     "laplace_node_scale",
     "nodes_touched",
@@ -171,20 +173,44 @@ def fclub_node_sigma(epsilon: float, delta: float, uploads: int) -> float:
     return 8.0 * math.sqrt(nu) * math.log(2.0 / d) / eps
 
 
-def fclub_epsilon(epsilon: float, delta: float, uploads: int, phases: int) -> float:
-    """The ε (at δ) one record has spent after ``phases`` phases of CDP-FCLUB-DC, from the RDP accountant.
+def fclub_phases(rounds: int) -> int:
+    """The phases of FCLUB that start within ``rounds`` rounds: phase s starts at round 2^s − 1 (spec §2.2)."""
+    return (check_int("rounds", rounds, minimum=0) + 1).bit_length() - 1
+
+
+def _fclub_nodes(uploads: int, phases: int) -> int:
+    """The most tree nodes one record lies in after ``phases`` phases: per phase, ⌊log₂(uploads + 1)⌋ + 1 nodes of
+    the privatiser, plus the first release of a candidate privatiser that a kept partition discards."""
+    return phases * (_levels(uploads + 1) + 1)
+
+
+def fclub_epsilon(sigma: float, delta: float, uploads: int, phases: int) -> float:
+    """The ε (at δ) one record has spent after ``phases`` phases of CDP-FCLUB-DC with node noise ``sigma``, from
+    the RDP accountant.
 
     Each phase's privatiser serves at most ``uploads`` + 1 releases, so a record lies in at most
     ⌊log₂(uploads + 1)⌋ + 1 of its nodes; a phase start also releases once through a candidate privatiser that a
-    kept partition discards (one more node). Nodes are symmetric Gaussian with :func:`fclub_node_sigma` on stream
-    elements of Frobenius norm ≤ ‖[x; y]‖² ≤ 2. Phases compose (a record re-enters every later phase's first
-    release), which the paper's per-privatiser (ε, δ) leaves out (spec fclub.md §3)."""
+    kept partition discards (one more node). Nodes are symmetric Gaussian on stream elements of Frobenius norm
+    ≤ ‖[x; y]‖² ≤ 2. Phases compose (a record re-enters every later phase's first release), which the paper's
+    per-privatiser (ε, δ) leaves out (spec fclub.md §3)."""
     if check_int("phases", phases, minimum=0) == 0:
         return 0.0
-    sigma = fclub_node_sigma(epsilon, delta, uploads)
     acc = GaussianRDPAccountant(delta)
-    acc.step(_noise_multiplier(sigma, 2.0, True), phases * (_levels(uploads + 1) + 1))
+    acc.step(_noise_multiplier(sigma, 2.0, True), _fclub_nodes(uploads, phases))
     return acc.epsilon()
+
+
+def fclub_accounted_sigma(epsilon: float, delta: float, uploads: int, rounds: int) -> float:
+    """The smallest node σ for which a whole run of ``rounds`` rounds spends at most (ε, δ) by
+    :func:`fclub_epsilon` (phases composed), instead of the paper's per-privatiser :func:`fclub_node_sigma`."""
+    eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
+    d = check_float("delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
+    phases = max(fclub_phases(rounds), 1)
+    nodes = _fclub_nodes(uploads, phases)
+    sigma = math.sqrt(nodes / (2.0 * gaussian_rdp_rho(eps, d))) * 2.0 / math.sqrt(2.0)  # z = √2σ/Δ, Δ = 2
+    while fclub_epsilon(sigma, d, uploads, phases) > eps:
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma
 
 
 def augmented_gram(x: Tensor, y: Tensor) -> Tensor:

@@ -20,13 +20,17 @@ import numpy as np
 import torch
 
 from fedrec.errors import ConfigError, check_float, check_int
-from fedrec.privacy.tree import fclub_epsilon, fclub_node_sigma
+from fedrec.privacy.tree import fclub_accounted_sigma, fclub_epsilon, fclub_node_sigma
 from fedrec.protocols.base import StepProtocol, kernel_call
 from fedrec.protocols.clustering import Radius, confidence_shape
 from fedrec.protocols.kernels.clustering import (
     P_BASE, P_KAPPA, P_LOG_D, P_LOG_U, P_PRIVATE, P_RATIO, P_RHO, P_RHO_MAX, P_SCALARS, P_SIGMA_NODE,
 )
 from fedrec.protocols.kernels.fclub import NODE_LEVEL_SHIFT, PHASE_RUN, count, release
+
+
+#: how CDP-FCLUB-DC's node noise is calibrated (see ``calibration``)
+CALIBRATIONS = ("paper", "accountant")
 
 
 class FederatedClustering(StepProtocol):
@@ -46,6 +50,10 @@ class FederatedClustering(StepProtocol):
         epsilon, delta, horizon: CDP-FCLUB-DC when ``epsilon`` is set: the privatiser's (ε, δ) and the upload
             bound t_c = ``horizon`` that fixes the tree depth ν (§2.0). ``epsilon=inf`` runs the private code path
             with zero noise, ρ = κ = 0 and the λ ridge: FCLUB-DC decision for decision (spec §6 test 5).
+        calibration: the node noise σ_N: ``paper`` (σ_N² = 64ν ln(2/δ)²/ε² per privatiser, Sec. 3) or
+            ``accountant`` (the smallest σ_N whose run of ``horizon`` rounds, phases composed, spends at most
+            (ε, δ) by :func:`fedrec.privacy.tree.fclub_epsilon`; ρ and κ rescaled with it). The paper's σ_N spends
+            far less than ε at small ε and more than ε at large ε (≳ 16 at T = 10⁵) once phases compose.
     """
 
     max_agents_per_step = 1
@@ -56,7 +64,7 @@ class FederatedClustering(StepProtocol):
         lam: float | None = None, delete_alpha: float = 1.5, merge_alpha: float = 2.0, pooled: bool = False,
         bonus: str | None = None, beta: float | None = None, beta_scale: float | None = None,
         sigma0: float | None = None, alpha: float = 0.1, clusters_bound: int = 4, epsilon: float | None = None,
-        delta: float = 0.1, horizon: int = 100_000, backend: str = "auto",
+        delta: float = 0.1, horizon: int = 100_000, calibration: str = "paper", backend: str = "auto",
     ) -> None:
         L = check_int("num_servers", num_servers)
         n = check_int("num_clients", num_clients)
@@ -88,18 +96,23 @@ class FederatedClustering(StepProtocol):
         params[P_PRIVATE] = float(self.private)
         params[P_SCALARS] = d * d + d + 1  # (ΔS, Δu, ΔT) or (S, u, T)
         if self.private:
+            if calibration not in CALIBRATIONS:
+                raise ConfigError(f"calibration must be one of {list(CALIBRATIONS)}, got {calibration!r}")
             nu = math.ceil(math.log2(t_c + 1)) + 1
             rho = 8 * math.sqrt(2) * nu * math.log(4 / dlt) * (4 * math.sqrt(d) + 2 * math.log(2 * m * L / alpha)) / eps
+            kappa = math.sqrt(2 * nu) * (math.sqrt(d) + 2 * math.log(2 * m * L / alpha)) / math.sqrt(2 * eps)
+            sigma = fclub_node_sigma(eps, dlt, t_c) if rho > 0 else 0.0
+            if calibration == "accountant" and rho > 0:  # ρ bounds ‖H‖ ∝ σ, κ ∝ ‖h‖/√ρ ∝ √σ: rescale both
+                scale = fclub_accounted_sigma(eps, dlt, t_c, t_c) / sigma
+                sigma, rho, kappa = sigma * scale, rho * scale, kappa * math.sqrt(scale)
             if math.isfinite(eps) and min(self.U, self.D) <= 1.0:
                 raise ConfigError("upload_threshold and download_threshold must be > 1 with epsilon set "
                                   "(rho_max of Lemma 1 divides by ln min(U, D))")
             if self.radius.conventions == "paper" and rho > 0:  # Lemma 1's radius with the privatiser's bounds
                 rho_max = 3 * rho + 3 * rho * d * math.log(t_c) / math.log(min(self.U, self.D))
                 params[P_BASE], params[P_RATIO], params[P_RHO_MAX] = rho, rho_max / rho, rho_max
-                params[P_KAPPA] = math.sqrt(2 * nu) * (math.sqrt(d) + 2 * math.log(2 * m * L / alpha)) \
-                    / math.sqrt(2 * eps)
-            params[P_RHO] = rho
-            params[P_SIGMA_NODE] = fclub_node_sigma(eps, dlt, t_c) if rho > 0 else 0.0
+                params[P_KAPPA] = kappa
+            params[P_RHO], params[P_SIGMA_NODE] = rho, sigma
             self.rho, self.epsilon, self.delta, self.nu, self.horizon = rho, eps, dlt, nu, t_c
         else:
             params[P_RHO] = params[P_SIGMA_NODE] = 0.0
@@ -277,7 +290,7 @@ class FederatedClustering(StepProtocol):
             out["global_clusters"].append(int((self.nmem[r] > 0).sum()))
             out["local_clusters"].append(int(len(np.unique(self.lc[r].numpy()))))
         if self.private and math.isfinite(self.epsilon):
-            spent = fclub_epsilon(self.epsilon, self.delta, self.horizon, int(self.phase))
+            spent = fclub_epsilon(float(self.params[P_SIGMA_NODE]), self.delta, self.horizon, int(self.phase))
             out["epsilon_spent"] = [spent] * self.replicates
         return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
 
