@@ -12,25 +12,29 @@
 # (OUT_DIR/study_<factor>.png: regret curves, regret at T and messages at T against the factor, ±1 std over seeds)
 # and the tables (OUT_DIR/study.md, printed too).
 # Usage: bash scripts/fclub_study.sh [OUT_DIR] [SEEDS] [STEPS]
-#   SEEDS: replicates per run (default 10); STEPS: T (default 20000, a multiple of 10); FCLUB_CONVENTIONS=authors
+#   SEEDS: replicates per run (default 10); STEPS: T (default 20000, a multiple of 10); FCLUB_METHOD=fclub_dc studies
+#   the non-private FCLUB-DC instead (no ε grid): at the paper's constants CDP-FCLUB-DC merges every cluster, so its
+#   grids are flat, and FCLUB-DC's show how the factors act on the clustering itself; FCLUB_CONVENTIONS=authors
 #   runs the grids under the authors' conventions preset instead of the paper's.
 set -euo pipefail
 OUT=${1:-reproductions/fclub_study}
 R=${2:-10}
 T=${3:-20000}
 CONVENTIONS=${FCLUB_CONVENTIONS:-paper}
+METHOD=${FCLUB_METHOD:-cdp_fclub_dc}
 source "$(dirname "$0")/lib.sh"
 positive_int SEEDS "$R"
 positive_int STEPS "$T"
 SPR=$(fclub_rows "$T") || exit 2
 case $CONVENTIONS in paper|authors) ;; *) fail "FCLUB_CONVENTIONS must be paper or authors, got '$CONVENTIONS'" ;; esac
+case $METHOD in cdp_fclub_dc|fclub_dc) ;; *) fail "FCLUB_METHOD must be cdp_fclub_dc or fclub_dc, got '$METHOD'" ;; esac
 OUT=$(absolute "$OUT")  # relative to where the script was called from
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 fresh_out "$OUT"
 excluded=experiment,protocol,protocol.conventions,env.theta,protocol.download_threshold,replicates,task.steps
 excluded+=,task.steps_per_round,trainer.enable_progress_bar,logger.tensorboard,plots
-common=(+experiment=fclub_synthetic protocol=cdp_fclub_dc protocol.conventions="$CONVENTIONS" env.theta=ortho_cap
+common=(+experiment=fclub_synthetic protocol="$METHOD" protocol.conventions="$CONVENTIONS" env.theta=ortho_cap
         replicates="$R" task.steps="$T" task.steps_per_round="$SPR" trainer.enable_progress_bar=false
         logger.tensorboard=false plots=false "hydra.sweep.subdir=\${hydra.job.override_dirname}"
         "hydra.job.config.override_dirname.exclude_keys=[$excluded]")
@@ -40,14 +44,14 @@ study() {  # study NAME OVERRIDE...: one factor's multirun into OUT/NAME
   logged "$OUT/$name.log" $PY train.py -m "${common[@]}" hydra.sweep.dir="$OUT/$name" "$@"
   echo "$name: $* -- $((SECONDS - start)) s"
 }
-echo "CDP-FCLUB-DC parameter study ($CONVENTIONS conventions, theta=ortho_cap), $R seeds, T = $T: $OUT"
+echo "$METHOD parameter study ($CONVENTIONS conventions, theta=ortho_cap), $R seeds, T = $T: $OUT"
 total=$SECONDS
 study n env.num_clients=20,40,80
 study m env.num_clusters=2,4,8
 study L env.num_servers=1,2,5,10
 study d env.dim=5,10,20
 study UD protocol.upload_threshold=1.001,1.01,1.1,1.5 'protocol.download_threshold=${protocol.upload_threshold}'
-study epsilon protocol.epsilon=0.5,1,2,8
+if [ "$METHOD" = cdp_fclub_dc ]; then study epsilon protocol.epsilon=0.5,1,2,8; fi
 echo "all runs: $((SECONDS - total)) s"
 $PY scripts/fclub_figure.py --study "$OUT" > "$OUT/study.md"
 cat "$OUT/study.md"
