@@ -428,14 +428,10 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     out = Path(output_dir)
     ckpt_path = cfg.get("ckpt_path")
     prepare_output_dir(out, ckpt_path)
-    if cfg.get("num_threads"):
-        import torch
+    from fedrec.trainer import FederatedTrainer, torch_threads
 
-        torch.set_num_threads(int(cfg.num_threads))
-
-    from fedrec.trainer import FederatedTrainer
-
-    task = build_task_fetching_data(cfg)
+    with torch_threads(cfg.get("num_threads")):  # the build (data, environment, model) as the rounds
+        task = build_task_fetching_data(cfg)
     is_private = getattr(task, "is_private_metric", None)  # tasks whose metrics may come from clients' raw data
     planner = _build(cfg.planner, "planner") if cfg.get("planner") is not None else None
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []  # none without Hydra's CLI
@@ -443,7 +439,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     trainer = FederatedTrainer(
         default_root_dir=out, loggers=build_loggers(cfg.logger, out, is_private),
         callbacks=[planner, results] if planner else [results], run_config=identity_config(cfg),
-        allow_changes=allowed_changes(cfg), **OmegaConf.to_container(cfg.trainer),
+        allow_changes=allowed_changes(cfg), num_threads=cfg.get("num_threads"),
+        **OmegaConf.to_container(cfg.trainer),
     )
     if ckpt_path is not None:  # before writing anything: a checkpoint of another run is refused
         trainer.restore(task, ckpt_path)

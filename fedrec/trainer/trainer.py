@@ -1,18 +1,51 @@
 """FederatedTrainer: owns the round loop, hooks, logging, checkpointing, resume and stopping."""
 from __future__ import annotations
 
+import numbers
 import re
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from fedrec.errors import ConfigError, check_int
 from fedrec.io import writing
 from fedrec.tasks.base import FederatedTask
 from fedrec.trainer.callbacks import Callback, ProgressBar, progress_enabled
 from fedrec.trainer.checkpoint import check_same_run, load_checkpoint, run_identity, save_checkpoint
+
+
+def check_num_threads(value: object) -> int | None:
+    """``num_threads`` as an int >= 1, or None; anything else is a ConfigError naming ``num_threads``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError(f"num_threads must be an integer >= 1 or None (leave torch's thread count alone), "
+                          f"got {value!r}")
+    return int(value)
+
+
+@contextmanager
+def torch_threads(num_threads: int | None) -> Iterator[None]:
+    """Run the block with torch's intra-op thread count set to ``num_threads`` (None: unchanged) and restore the
+    count it had before, also when the block raises. The count is process-wide: trainers fitting in several Python
+    threads at once should all use the same ``num_threads``. A bad count is a ConfigError naming ``num_threads``."""
+    num_threads = check_num_threads(num_threads)
+    if num_threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    if before != num_threads:
+        torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 class FederatedTrainer:
@@ -30,6 +63,14 @@ class FederatedTrainer:
             output options); checkpoints record it, and a resume under different settings is refused.
         allow_changes: dotted names of ``run_config`` fields (or identity fields such as ``fedrec_version``) a
             resume may change; a name allows the fields under it too.
+        num_threads: torch's intra-op thread count while :meth:`fit` runs (default 1); the caller's count is
+            restored when ``fit`` returns or raises. None leaves torch's setting alone (e.g. after your own
+            ``torch.set_num_threads``). One thread is the default because a round is thousands of small batched
+            matrix operations: each is too small to gain much from more threads, and on a busy machine every
+            parallel one waits until all of torch's OpenMP workers (one per core by default) get a core back from
+            the other processes: on a busy 2-core machine the README's 100-round FedGNN example took 146 s on
+            torch's default 2 threads against 31 s on one, as ``train.py`` runs it (``num_threads`` in
+            conf/config.yaml; ``scripts/bench_library.py``).
     """
 
     def __init__(
@@ -43,8 +84,11 @@ class FederatedTrainer:
         enable_progress_bar: bool | None = None,
         run_config: Mapping[str, Any] | None = None,
         allow_changes: Sequence[str] = (),
+        num_threads: int | None = 1,
     ) -> None:
         self.root = Path(default_root_dir)
+        # kept private: a task that holds its trainer would otherwise report it among its sizes (checkpoint.task_sizes)
+        self._num_threads = check_num_threads(num_threads)
         self.max_rounds = None if max_rounds is None else check_int("trainer.max_rounds", max_rounds)
         self.log_every = check_int("trainer.log_every", log_every)
         self.checkpoint_every = check_int("trainer.checkpoint_every", checkpoint_every, minimum=0)
@@ -64,6 +108,11 @@ class FederatedTrainer:
         self.wall_seconds = 0.0
 
     @property
+    def num_threads(self) -> int | None:
+        """torch's intra-op thread count while :meth:`fit` runs (None: torch's setting is left alone)."""
+        return self._num_threads
+
+    @property
     def checkpoint_path(self) -> Path:
         return self.root / "checkpoints" / "last.ckpt"
 
@@ -71,8 +120,13 @@ class FederatedTrainer:
     def fit(self, task: FederatedTask, ckpt_path: str | Path | None = None) -> list[dict[str, float]]:
         """Run the task to completion (or until stopped), resuming from ``ckpt_path`` if given.
 
-        Returns the per-round metric history (the resumed part included).
+        Returns the per-round metric history (the resumed part included). Runs with torch's intra-op thread count
+        set to ``num_threads`` (see the class's arguments).
         """
+        with torch_threads(self._num_threads):
+            return self._fit(task, ckpt_path)
+
+    def _fit(self, task: FederatedTask, ckpt_path: str | Path | None) -> list[dict[str, float]]:
         if ckpt_path is not None:
             self.restore(task, ckpt_path)
         total = task.num_rounds if self.max_rounds is None else min(self.max_rounds, task.num_rounds)
