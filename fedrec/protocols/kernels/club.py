@@ -10,8 +10,7 @@ import numpy as np
 
 from fedrec.jit import jit, parallel_variant, prange
 from fedrec.protocols.kernels.clustering import P_BASE, P_SQUARED, beta, confidence_shape, ucb_pick
-from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
-from fedrec.protocols.kernels.linear import solve_into
+from fedrec.protocols.kernels.linalg import cholesky_logdet, cholesky_solve, inverse_from_cholesky
 
 LINUCB, CLUB = 0, 1
 
@@ -37,11 +36,10 @@ def aggregate(V: np.ndarray, b: np.ndarray, T: np.ndarray, members: np.ndarray, 
 
 
 @jit
-def solve(M: np.ndarray, w: np.ndarray, L: np.ndarray, Minv: np.ndarray, theta: np.ndarray) -> None:
-    """Minv = M⁻¹ and theta = M⁻¹w for a positive definite M."""
+def estimate(M: np.ndarray, w: np.ndarray, L: np.ndarray, theta: np.ndarray) -> None:
+    """theta = M⁻¹w for a positive definite M by Cholesky solves (the estimate alone needs no inverse)."""
     cholesky_logdet(M, 0.0, L)
-    inverse_from_cholesky(L, Minv)
-    solve_into(Minv, w, theta)
+    cholesky_solve(L, w, theta)
 
 
 @jit
@@ -67,12 +65,13 @@ def play(V, b, T, theta, i, members, size, ctx, rew, params, t, M, w, L, Minv, t
     """Recommend to user i from the aggregate of ``members[:size]``, observe the arm's reward, refresh θ̂_i."""
     d = w.shape[0]
     count = aggregate(V, b, T, members, size, params[P_BASE], M, w)
-    solve(M, w, L, Minv, th)
+    cholesky_logdet(M, 0.0, L)
+    inverse_from_cholesky(L, Minv)
     a = ucb_pick(ctx, Minv, w, beta(params, count, 1, d, t), params[P_SQUARED] != 0.0, th, scores)
     observe(V, b, T, i, ctx[a], rew[a])
     members[0] = i
     aggregate(V, b, T, members, 1, params[P_BASE], M, w)
-    solve(M, w, L, Minv, theta[i])
+    estimate(M, w, L, theta[i])
     return a
 
 
@@ -147,7 +146,7 @@ def _sclub_run(users, ctx, rew, arms, params, t0, alpha, alpha_p, lo, hi, V, b, 
                     if cl[r, j] == j:
                         size = _members(cl[r], j, lo[j], hi[j], members)
                         snapT[r, j] = aggregate(V[r], b[r], T[r], members, size, lam, M, w)
-                        solve(M, w, L, Minv, snapTheta[r, j])
+                        estimate(M, w, L, snapTheta[r, j])
             c = cl[r, i]
             size = _members(cl[r], c, lo_i, hi_i, members)
             arms[r, s] = play(V[r], b[r], T[r], theta[r], i, members, size, ctx[r, s], rew[r, s], params, t, M, w,
@@ -180,7 +179,7 @@ def _sclub_run(users, ctx, rew, arms, params, t0, alpha, alpha_p, lo, hi, V, b, 
                     ns += 1
             for m in range(ns):
                 _cluster_state(V[r], b[r], T[r], cl[r], checked[r], slots[m], lo_i, hi_i, lam, members, M, w, L,
-                               Minv, cT, cTheta, csize, cchecked)
+                               cT, cTheta, csize, cchecked)
             fp = alpha_p * confidence_shape(float(t))
             ia = 0
             while ia < ns:
@@ -195,7 +194,7 @@ def _sclub_run(users, ctx, rew, arms, params, t0, alpha, alpha_p, lo, hi, V, b, 
                             if cl[r, j] == cb:
                                 cl[r, j] = ca
                         _cluster_state(V[r], b[r], T[r], cl[r], checked[r], ca, lo_i, hi_i, lam, members, M, w,
-                                       L, Minv, cT, cTheta, csize, cchecked)
+                                       L, cT, cTheta, csize, cchecked)
                         snapT[r, ca] = cT[ca]
                         snapTheta[r, ca] = cTheta[ca]
                         for m in range(ib, ns - 1):
@@ -218,11 +217,11 @@ def _members(cl: np.ndarray, c: int, lo: int, hi: int, members: np.ndarray) -> i
 
 
 @jit
-def _cluster_state(V, b, T, cl, checked, c, lo, hi, lam, members, M, w, L, Minv, cT, cTheta, csize, cchecked):
+def _cluster_state(V, b, T, cl, checked, c, lo, hi, lam, members, M, w, L, cT, cTheta, csize, cchecked):
     """Cluster slot c's count, estimate, size and whether all its users are checked."""
     size = _members(cl, c, lo, hi, members)
     cT[c] = aggregate(V, b, T, members, size, lam, M, w)
-    solve(M, w, L, Minv, cTheta[c])
+    estimate(M, w, L, cTheta[c])
     csize[c] = size
     cchecked[c] = True
     for m in range(size):

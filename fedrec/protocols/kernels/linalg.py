@@ -68,3 +68,19 @@ def refactor_row(G: np.ndarray, inv: np.ndarray, logdet: np.ndarray, since: np.n
     since[row] = 0
     stale[row] = False
     return True
+
+
+@jit
+def cholesky_solve(L: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out = (L Lᵀ)^{-1} b by forward and back substitution (no inverse formed)."""
+    d = b.shape[0]
+    for i in range(d):
+        t = b[i]
+        for k in range(i):
+            t -= L[i, k] * out[k]
+        out[i] = t / L[i, i]
+    for i in range(d - 1, -1, -1):
+        t = out[i]
+        for k in range(i + 1, d):
+            t -= L[k, i] * out[k]
+        out[i] = t / L[i, i]
