@@ -295,7 +295,7 @@ def test_adap_runs_every_round_and_spends_its_budget(tiny) -> None:
 
 
 def test_context_of_a_rank_one_upload_matrix() -> None:
-    """When every client uploads every item (400 pseudo items on a small catalogue) X^t is all ones: PROPACK
-    finds no 5 singular triplets and the dense SVD answers."""
+    """When every client uploads every item (400 pseudo items on a small catalogue) X^t is all ones: one singular
+    value, then exact zeros (PROPACK returned a spurious second value here)."""
     X = sp.csr_matrix(np.ones((605, 120), dtype=np.float32))
     assert np.allclose(upload_context(X, 5), [math.sqrt(605 * 120), 0, 0, 0, 0], atol=1e-6)

@@ -55,6 +55,11 @@ class BudgetPlanner(Callback, ABC):
     def observe(self, task: Any, round_idx: int, budget: float, reward: float) -> None:
         """The round ran at ``budget`` and earned ``reward``."""
 
+    def affordable(self, task: Any, budget: float, holding: Tensor) -> bool:
+        """Whether every client in ``holding`` can afford ``budget`` now (the accountant decides). A planner that
+        has just asked the accountant about this budget in :meth:`choose` may answer from that."""
+        return task.privacy.affordable(budget, holding)
+
     # ---- hooks -----------------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         if getattr(task, "privacy", None) is None:
@@ -75,7 +80,7 @@ class BudgetPlanner(Callback, ABC):
         holding = task.clients_holding_data(round_idx)  # prepares the round's data: the round's work, not timed
         started = time.perf_counter()
         budget = self.choose(task, round_idx, holding)
-        if budget is None or not task.privacy.affordable(budget, holding):
+        if budget is None or not self.affordable(task, budget, holding):
             self.stopped_for_budget = True
             trainer.should_stop = True
         else:

@@ -1,10 +1,12 @@
 """BGTplanner (Zhang et al., paper §V, Algorithms 1–3; spec bgtplanner.md §2–3): a contextual bandit with
 knapsacks that picks one of A budget levels per round.
 
-* context x^t: the top-d singular values of the round's client × item upload matrix X^t (§V-A);
+* context x^t: the top-d singular values of the round's client × item upload matrix X^t (§V-A), the square roots
+  of the top eigenvalues of its Gram matrix on the smaller side (dense, or ARPACK on the sparse X^t's Gram operator);
 * reward predictor: Gaussian-process regression on z = [a, x^t] with the kernel of Eq. 4, a squared exponential
   on z times (1−α)^{|t−t'|/2}, which is a Matérn-½ kernel on the round index with length −2/ln(1−α)
-  (scikit-learn, fixed hyper-parameters, observation noise σ_μ² on the diagonal only; posterior mean Eq. 5);
+  (fixed hyper-parameters, observation noise σ_μ² on the diagonal only; posterior mean Eq. 5), conditioned one
+  observation at a time (a Cholesky row each, :class:`IncrementalGP`; scikit-learn's refit is the reference);
 * constraint: dual variables on the (U+1)-simplex (one slack coordinate) updated by entropic online mirror
   descent (Eq. 8), scaled by Λ from the initial stage's LP (Eqs. 9–10, ``scipy.optimize.linprog``);
 * allocator: inverse-gap weighting over the scores of Eq. 11 (Eqs. 12–13) with γ = 2·sqrt(A·T/((U+2)·ln T)).
@@ -16,6 +18,9 @@ code); ``paper_sign=True`` is the printed Eqs. 6–11, which reward spending and
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -55,19 +60,64 @@ def igw_probabilities(scores: Tensor, gamma: float) -> Tensor:
     return p
 
 
-def upload_context(X: Any, dim: int) -> np.ndarray:
-    """The top ``dim`` singular values of the sparse 0/1 matrix X^t, descending (zero-padded past its rank)."""
-    from scipy.sparse.linalg import svds
+#: upload matrices whose smaller side is at most this many rows/columns take the dense Gram route
+DENSE_SIDE = 128
+#: ARPACK's relative tolerance on the Ritz values of the Gram matrix (its eigenvalues are the squared singular
+#: values, so theirs is about half this; measured ≤ 1e-15 on ML-100K-shaped matrices)
+GRAM_TOL = 1e-8
+#: ARPACK's Lanczos basis size: its default 2k + 1 = 11 restarts about twice as often on ML-100K's X^t
+GRAM_NCV = 30
 
-    k = min(dim, min(X.shape) - 1)
-    if k >= 1 and min(X.shape) > 2 * dim:
-        # float32 ARPACK: ~10-15 ms on ML-100K, relative error ~1e-6 (ample for a context). PROPACK is faster but
-        # returned a spurious singular value on a rank-one matrix without any error.
-        s = svds(X.astype(np.float32, copy=False), k=k, return_singular_vectors=False, random_state=0)
-    else:  # tiny matrices: dense SVD
-        s = np.linalg.svd(X.toarray().astype(np.float64), compute_uv=False)
-    s = np.sort(np.asarray(s, dtype=np.float64))[::-1][:dim]
-    return np.pad(s, (0, dim - len(s)))
+
+def upload_context(X: Any, dim: int) -> np.ndarray:
+    """The top ``dim`` singular values of the sparse 0/1 matrix X^t, descending (zero-padded past its rank).
+
+    They are the square roots of the top eigenvalues of the Gram matrix on X's smaller side (X Xᵀ or Xᵀ X, in
+    float64): by a dense symmetric eigensolver when that side has at most :data:`DENSE_SIDE` rows, else by
+    ARPACK on the Gram operator of the sparse X (:func:`gram_top_eigenvalues`). Eigenvalues within rounding of
+    zero (below ``max(X.shape)·eps·λ_max``) are exact zeros, so a rank-deficient X gets zeros past its rank
+    (PROPACK returned a spurious value there). Tests: equal to a dense SVD to 1e-6 relative.
+    """
+    k = int(dim)
+    if k <= 0:
+        return np.zeros(0)
+    X = X.tocsr().astype(np.float64)  # a float64 copy: 0/1 entries are exact
+    small = min(X.shape)
+    if X.nnz == 0 or small == 0:
+        lam = np.zeros(0)
+    elif small <= max(DENSE_SIDE, k + 1):
+        G = (X @ X.T if X.shape[0] <= X.shape[1] else X.T @ X).toarray()
+        lam = np.linalg.eigvalsh(G)[::-1][:k]
+    else:
+        lam = gram_top_eigenvalues(X, k)
+    if len(lam):
+        lam = np.where(lam > max(X.shape) * np.finfo(np.float64).eps * lam[0], lam, 0.0)
+    s = np.sqrt(lam)
+    return np.pad(s, (0, k - len(s)))
+
+
+def gram_top_eigenvalues(X: Any, k: int, tol: float = GRAM_TOL) -> np.ndarray:
+    """The top ``k`` eigenvalues (descending) of the Gram matrix on the smaller side of the sparse float64 ``X``
+    (X Xᵀ or Xᵀ X), by ARPACK's implicitly restarted Lanczos (``scipy.sparse.linalg.eigsh``) on an operator that
+    applies it as two sparse products: the Gram matrix is never formed. The start vector is fixed, so the result
+    is a function of X alone. Like every single-vector Krylov method it finds a second copy of a repeated
+    eigenvalue only through rounding; upload matrices with random pseudo items have no exact symmetry."""
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    left, right = (X, X.T.tocsr()) if X.shape[0] <= X.shape[1] else (X.T.tocsr(), X)
+    n = left.shape[0]
+    gram = LinearOperator((n, n), matvec=lambda v: left @ (right @ v), dtype=np.float64)
+    v0 = np.random.default_rng(0).standard_normal(n)
+    lam = eigsh(gram, k=k, which="LA", v0=v0, tol=tol, ncv=min(n, max(2 * k + 1, GRAM_NCV)),
+                return_eigenvectors=False)
+    return np.maximum(np.sort(lam)[::-1], 0.0)
+
+
+def top_affordable_level(privacy: Any, levels: Tensor, holding: Tensor) -> int | None:
+    """The highest level index every client in ``holding`` can afford now (None: not even the lowest), asking the
+    accountant from the top down: one query when the top level is affordable (most rounds). Levels increase with
+    the index and spending is monotone in the level, so the affordable levels are the prefix up to it."""
+    return next((a for a in reversed(range(len(levels))) if privacy.affordable(float(levels[a]), holding)), None)
 
 
 def solve_opt(rhat: np.ndarray, costs: np.ndarray, bound: float) -> float:
@@ -85,8 +135,37 @@ def solve_opt(rhat: np.ndarray, costs: np.ndarray, bound: float) -> float:
     return float(-res.fun)
 
 
+_BLAS_CONTROLLER: Any = None
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Run the enclosed code with torch's intra-op pool and numpy's/scipy's BLAS on one thread (restored on
+    exit). The planner's per-round work is small (X^t's ~10⁵ ids, 943-long vectors, matrices of ≤ 100 rows):
+    waking a second thread costs more than it saves, and much more when another process holds the other core
+    (measured on 2 shared cores: building X^t 93 ms with two torch threads against 7 ms with one; the GP
+    posterior 8 ms with two BLAS threads against 0.13 ms). Results do not depend on the thread count here."""
+    global _BLAS_CONTROLLER
+    if _BLAS_CONTROLLER is None:
+        import scipy.linalg  # noqa: F401  (load scipy's BLAS before the controller lists the libraries)
+        import scipy.sparse.linalg  # noqa: F401
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS_CONTROLLER = ThreadpoolController()
+    threads = torch.get_num_threads()
+    if threads != 1:
+        torch.set_num_threads(1)
+    try:
+        with _BLAS_CONTROLLER.limit(limits=1, user_api="blas"):
+            yield
+    finally:
+        if threads != 1:
+            torch.set_num_threads(threads)
+
+
 #: the length scale that takes a coordinate out of a stationary sklearn kernel (sklearn has no active_dims): its
-#: share of any squared distance here is below (100 / 1e12)² = 1e-20
+#: share of any squared distance here is below (100 / 1e12)² = 1e-20 (in the Matérn-½ factor, whose distance is
+#: not squared, it moves k by up to ‖z − z'‖·1e-12 when t = t': ~1e-13 here)
 IGNORED = 1e12
 
 
@@ -124,13 +203,22 @@ class RewardGP:
                             length_scale_bounds="fixed")
 
     def kernel(self, z1: np.ndarray, t1: np.ndarray, z2: np.ndarray, t2: np.ndarray) -> np.ndarray:
-        """The kernel matrix between (z1, t1) and (z2, t2)."""
-        return self.kernel_object(z1.shape[1])(_inputs(z1, t1), _inputs(z2, t2))
+        """The kernel matrix between (z1, t1) and (z2, t2): Eq. 4 in closed form, ``exp(−‖z−z'‖²/(2s²)) ·
+        exp(−|t−t'|/ℓ_t)``; :meth:`kernel_object` is the same kernel in scikit-learn (tests: equal to 1e-12)."""
+        from scipy.spatial.distance import cdist
+
+        z1, z2 = np.asarray(z1, dtype=np.float64), np.asarray(z2, dtype=np.float64)
+        K = np.exp(-0.5 * cdist(z1 / self.lengthscale, z2 / self.lengthscale, "sqeuclidean"))
+        if self.temporal != 0:
+            dt = np.abs(np.asarray(t1, dtype=np.float64)[:, None] - np.asarray(t2, dtype=np.float64)[None, :])
+            K *= np.exp(-dt / self.time_lengthscale)
+        return K
 
     def posterior(self, z: np.ndarray, t: np.ndarray, r: np.ndarray, z_new: np.ndarray,
                   t_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean (Eq. 5) and noise-free variance of f at (z_new, t_new) given rewards r at (z, t); the
-        prior (0, 1) without observations."""
+        prior (0, 1) without observations. Refits scikit-learn's regressor on the whole history: the reference
+        that :class:`IncrementalGP` (what the planner uses) equals to 1e-8."""
         if len(r) == 0:
             return np.zeros(len(z_new)), np.ones(len(z_new))
         from sklearn.gaussian_process import GaussianProcessRegressor
@@ -144,6 +232,62 @@ class RewardGP:
 
 def _inputs(z: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.column_stack([np.asarray(z, dtype=np.float64), np.asarray(t, dtype=np.float64)])
+
+
+class IncrementalGP:
+    """The posterior of a :class:`RewardGP` over a history that grows one observation at a time: the Cholesky
+    factor L of K + σ_μ² I gains one row per observation (a triangular solve, O(n²)) instead of a refit (O(n³));
+    w = L⁻¹ r grows with it. Then mean = (L⁻¹ k*)ᵀ w and variance = k(z*, z*) − ‖L⁻¹ k*‖², as
+    ``GaussianProcessRegressor(optimizer=None)`` computes them (the hyper-parameters are fixed, spec §2.2).
+
+    Args:
+        gp: the kernel and noise.
+        dim: columns of z.
+    """
+
+    def __init__(self, gp: RewardGP, dim: int) -> None:
+        self.gp, self.dim, self.n = gp, int(dim), 0
+        self._alloc(32)
+
+    def _alloc(self, capacity: int) -> None:
+        n = self.n
+        z, t, L, w = (np.empty((capacity, self.dim)), np.empty(capacity), np.zeros((capacity, capacity)),
+                      np.empty(capacity))
+        if n:
+            z[:n], t[:n], L[:n, :n], w[:n] = self.z[:n], self.t[:n], self.L[:n, :n], self.w[:n]
+        self.z, self.t, self.L, self.w = z, t, L, w
+
+    def add(self, z: Any, t: float, r: float) -> None:
+        """Condition on one more observation: reward ``r`` at input ``z``, round ``t``."""
+        from scipy.linalg import solve_triangular
+
+        n = self.n
+        if n == len(self.t):
+            self._alloc(2 * n)
+        z = np.asarray(z, dtype=np.float64).reshape(self.dim)
+        k = self.gp.kernel(z[None, :], np.array([t], dtype=np.float64), self.z[:n], self.t[:n])[0]
+        row = solve_triangular(self.L[:n, :n], k, lower=True, check_finite=False) if n else k
+        pivot = 1.0 + self.gp.noise**2 - float(row @ row)  # k(z, z) = 1
+        if not pivot > 0:
+            raise np.linalg.LinAlgError(f"GP: K + noise² I is not positive definite at observation {n}")
+        d = math.sqrt(pivot)
+        self.L[n, :n], self.L[n, n] = row, d
+        self.w[n] = (float(r) - float(row @ self.w[:n])) / d
+        self.z[n], self.t[n] = z, float(t)
+        self.n = n + 1
+
+    def posterior(self, z_new: np.ndarray, t_new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean (Eq. 5) and noise-free variance of f at (z_new, t_new); the prior (0, 1) without
+        observations. Negative variances from rounding are 0, as scikit-learn returns them."""
+        from scipy.linalg import solve_triangular
+
+        z_new = np.asarray(z_new, dtype=np.float64).reshape(-1, self.dim)
+        if self.n == 0:
+            return np.zeros(len(z_new)), np.ones(len(z_new))
+        n = self.n
+        Ks = self.gp.kernel(z_new, np.asarray(t_new, dtype=np.float64), self.z[:n], self.t[:n])
+        V = solve_triangular(self.L[:n, :n], Ks.T, lower=True, check_finite=False)
+        return V.T @ self.w[:n], np.maximum(1.0 - np.einsum("ij,ij->j", V, V), 0.0)
 
 
 class BGTPlanner(BudgetPlanner):
@@ -214,6 +358,10 @@ class BGTPlanner(BudgetPlanner):
         self.M: float | None = None
         self.rho: float | None = None
         self._pending: dict[str, Any] | None = None
+        self._posterior: IncrementalGP | None = None  # the GP conditioned on (z, t, r) so far (rebuilt on resume)
+        self._settled: tuple[Tensor, set[float]] | None = None  # this round's clients and their affordable levels
+        #: seconds spent in parts of the hooks (building X^t is the task's upload_items), for scripts/bench_fedgnn.py
+        self.part_seconds = {"upload_matrix": 0.0, "context": 0.0, "accountant": 0.0, "gp": 0.0}
 
     # ---- setup -----------------------------------------------------------------------------------------------
     @property
@@ -232,6 +380,8 @@ class BGTPlanner(BudgetPlanner):
         self.gamma = igw_gamma(A, T, U) if self.gamma_arg is None else self.gamma_arg
         self.eta = 2.0 * math.log(U) / math.sqrt(T) if self.eta_arg is None else self.eta_arg
         self.num_clients = U
+        with single_thread():  # the first use lists the BLAS libraries (~15 ms): once, before the rounds
+            pass
         if self.dual is None:
             self.dual = torch.full((U + 1,), 1.0 / (U + 1), dtype=torch.float64)  # slack coordinate last
 
@@ -244,12 +394,24 @@ class BGTPlanner(BudgetPlanner):
         return [float(action), *x]
 
     def predict(self, context: np.ndarray, round_idx: int, actions: list[int] | None = None) -> Tensor:
-        """GP posterior mean reward of each action (default: all) at this context and round."""
+        """GP posterior mean reward of each action (default: all) at this context and round, given every
+        observation so far (:class:`IncrementalGP`: equal to refitting scikit-learn's regressor on the history)."""
+        started = time.perf_counter()
         acts = list(range(self.num_actions)) if actions is None else actions
         zq = np.array([self.features(a, context) for a in acts])
-        z = np.array(self.z, dtype=np.float64).reshape(len(self.z), len(zq[0]))
-        mean, _ = self.gp.posterior(z, np.array(self.t), np.array(self.r), zq, np.full(len(acts), round_idx))
+        mean, _ = self.posterior_model().posterior(zq, np.full(len(acts), round_idx, dtype=np.float64))
+        self.part_seconds["gp"] += time.perf_counter() - started
         return torch.from_numpy(mean)
+
+    def posterior_model(self) -> IncrementalGP:
+        """The GP conditioned on every observation in (z, t, r): the observations added since the last call are
+        appended to its Cholesky factor."""
+        gp = self._posterior
+        if gp is None or gp.n > len(self.r):
+            gp = self._posterior = IncrementalGP(self.gp, 1 + self.context_dim)
+        for i in range(gp.n, len(self.r)):
+            gp.add(self.z[i], self.t[i], self.r[i])
+        return gp
 
     # ---- initial stage end: Λ (Eqs. 9–10) -------------------------------------------------------------------------
     def _estimate_lambda(self) -> None:
@@ -265,13 +427,25 @@ class BGTPlanner(BudgetPlanner):
 
     # ---- planner hooks ----------------------------------------------------------------------------------------
     def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
-        context = upload_context(task.upload_items(round_idx), self.context_dim)
-        # levels increase with a and spending is monotone in the level: the affordable ones are a prefix
-        top = next((a for a in reversed(range(self.num_actions))
-                    if task.privacy.affordable(float(self.levels[a]), holding)), None)
+        with single_thread():
+            return self._choose(task, round_idx, holding)
+
+    def _choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
+        clock, parts = time.perf_counter, self.part_seconds
+        started = clock()
+        X = task.upload_items(round_idx)  # X^t: built once per round
+        parts["upload_matrix"] += clock() - started
+        started = clock()
+        context = upload_context(X, self.context_dim)
+        parts["context"] += clock() - started
+        started = clock()
+        top = top_affordable_level(task.privacy, self.levels, holding)
+        parts["accountant"] += clock() - started
         if top is None:
+            self._settled = None
             return None
         feasible = list(range(top + 1))
+        self._settled = (holding, {float(self.levels[a]) for a in feasible})
         rng = numpy_generator(self.seed, "bgtplanner", round_idx)
         T0, A = self.initial_rounds, self.num_actions
         pending: dict[str, Any] = {"context": context.tolist(), "round": round_idx}
@@ -293,7 +467,19 @@ class BGTPlanner(BudgetPlanner):
         self._pending = pending
         return float(self.levels[a])
 
+    def affordable(self, task: Any, budget: float, holding: Tensor) -> bool:
+        """A level of the affordable prefix :meth:`choose` settled for these clients this round is affordable
+        without asking the accountant again; anything else is asked."""
+        settled, self._settled = self._settled, None
+        if settled is not None and settled[0] is holding and float(budget) in settled[1]:
+            return True
+        return super().affordable(task, budget, holding)
+
     def observe(self, task: Any, round_idx: int, budget: float, reward: float) -> None:
+        with single_thread():
+            self._observe(round_idx, reward)
+
+    def _observe(self, round_idx: int, reward: float) -> None:
         pend = self._pending
         a = pend["action"]
         if "prediction" in pend:  # a stage-② round (recorded only once it has run)
@@ -302,6 +488,9 @@ class BGTPlanner(BudgetPlanner):
         self.z.append(self.features(a, np.asarray(pend["context"])))
         self.t.append(round_idx)
         self.r.append(reward)
+        started = time.perf_counter()
+        self.posterior_model()  # one Cholesky row for the new observation
+        self.part_seconds["gp"] += time.perf_counter() - started
         self.actions.append(a)
         if round_idx >= self.stage_rounds:  # entropic OMD on the dual (Eq. 8); slack gradient 0
             g = torch.zeros_like(self.dual)
@@ -321,6 +510,7 @@ class BGTPlanner(BudgetPlanner):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.z, self.t, self.r = [list(v) for v in state["z"]], list(state["t"]), list(state["r"])
+        self._posterior = None
         self.actions = list(state["actions"])
         self.stage2_errors = list(state["stage2_errors"])
         self.stage2_contexts = [(int(t), list(x)) for t, x in state["stage2_contexts"]]
