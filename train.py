@@ -10,6 +10,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+import fedrec.resolvers  # noqa: F401  (${by_conventions:...} in the configs)
+
 CONF = Path(__file__).resolve().parent / "conf"
 
 

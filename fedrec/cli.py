@@ -17,6 +17,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+import fedrec.resolvers  # noqa: F401  (registers ${by_conventions:...} before any config is resolved)
 from fedrec.errors import ConfigError, DatasetNotFoundError, check_int
 from fedrec.io import WriteError, atomic_write, atomic_write_json, writing
 from fedrec.trainer import Callback

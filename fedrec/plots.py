@@ -22,6 +22,8 @@ PLOTS = (
     ("test_rmse.png", "round", "round t", "test_rmse", "test RMSE"),
     ("test_f1.png", "round", "round t", "test_f1", "test F1 (threshold 0.5)"),
     ("rmse_vs_epsilon.png", "epsilon_spent", "epsilon spent (max over clients)", "test_rmse", "test RMSE"),
+    ("rmse_vs_nominal_epsilon.png", "epsilon_nominal", "authors' nominal epsilon, sum of per-round budgets (max over "
+     "clients)", "test_rmse", "test RMSE"),
 )
 #: characters per line of a title (small font on the figure's 5 inches)
 TITLE_WIDTH = 72

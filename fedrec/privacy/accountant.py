@@ -317,7 +317,9 @@ class ClientAccountant(Accountant):
         num_clients: number of clients.
         mechanism: ``"gaussian"`` (levels are noise multipliers) or ``"laplace"`` (levels are per-round ε).
         accountant: ``"rdp"`` (default) or ``"prv"``; Gaussian only (Laplace always uses basic composition).
-        epsilon_total: each client's total ε, a number or a ``(num_clients,)`` tensor; > 0.
+        epsilon_total: each client's total ε, a number or a ``(num_clients,)`` tensor; > 0. ``inf`` records
+            without a cap (a ledger that only measures, e.g. the true ε of :class:`~fedrec.privacy.ClientDP`'s
+            authors' conventions); ε is then computed only when asked for.
         delta_total: the δ at which a Gaussian client's ε is reported, in (0, 1). Ignored for Laplace (δ = 0).
         alphas: RDP orders for the RDP accountant; ``None`` keeps Opacus's defaults.
 
@@ -343,13 +345,13 @@ class ClientAccountant(Accountant):
         self.level_name = "noise_multiplier" if self.mechanism == "gaussian" else "epsilon"
         tot = torch.as_tensor(epsilon_total, dtype=torch.float64).detach().cpu()
         if tot.dim() == 0:
-            check_float("epsilon_total", float(tot), low=0.0, low_open=True)
+            check_float("epsilon_total", float(tot), low=0.0, low_open=True, allow_inf=True)
             tot = tot.expand(self.num_clients).clone()
         elif tot.shape != (self.num_clients,):
             raise ConfigError(f"epsilon_total must be a number or a ({self.num_clients},) tensor, "
                               f"got shape {tuple(tot.shape)}")
-        elif not bool((torch.isfinite(tot) & (tot > 0)).all()):
-            raise ConfigError("epsilon_total must be finite and > 0 for every client")
+        elif not bool((tot > 0).all()):  # NaN fails too
+            raise ConfigError("epsilon_total must be > 0 for every client (inf: no cap)")
         self.epsilon_total = tot
         if self.mechanism == "gaussian":
             if delta_total is None:
@@ -506,8 +508,12 @@ class ClientAccountant(Accountant):
         lv, part = self._check(levels, participating)
         idx, keys, inv = self._next_groups(lv, part)
         if keys:
-            after = torch.tensor([self._epsilon(k) for k in keys], dtype=torch.float64)[inv]
-            over = after > self.epsilon_total[idx]
+            capped = torch.isfinite(self.epsilon_total[idx])
+            needed = torch.zeros(len(keys), dtype=torch.bool)
+            needed[inv[capped]] = True  # uncapped clients' ε is computed only when asked for
+            after = torch.tensor([self._epsilon(k) if need else 0.0 for k, need in zip(keys, needed.tolist())],
+                                 dtype=torch.float64)[inv]
+            over = capped & (after > self.epsilon_total[idx])
             if bool(over.any()):
                 c = int(idx[over.nonzero()[0]])
                 raise PrivacyBudgetExceeded(

@@ -10,6 +10,18 @@ Budget units (what a budget callback such as a planner sets per round, spec bgtp
   gives ε_total at δ. ``rdp_alpha="auto"`` takes the order (among Opacus's default orders) at which a uniform
   split needs the least noise (α ≈ 3.5 at ε_total = 10, δ = 1e-5).
 
+Conventions (``conventions``, spec §1.4):
+
+* ``"paper"`` (the default): the above. Each client's whole upload (ω and its real item rows) is clipped once and
+  noised at the round's level, and the accountant's ε never exceeds ε_total.
+* ``"authors"``: the authors' code. Every tensor of an upload (each ω parameter tensor, each real item row) is
+  clipped to ``clip`` and noised separately at the round's full level: σ = sqrt(Δ²·α/(2ε_t)) with α =
+  ``rdp_alpha`` (default 2), or b = Δ/ε_t. ε_total is a linear budget on Σ_t ε_t (treated as an RDP budget at α
+  under Gaussian, with no conversion), and a client takes part while it has any budget left, so its last round
+  may overspend it. The authors' nominal ε (Σ_t ε_t) is reported beside the true ε that the accountant computes
+  for the same noise: a client's k noised tensors in a round are one mechanism on their concatenation, with
+  sensitivity √k·Δ (Gaussian, noise multiplier z/√k) or k·Δ (Laplace, ε = k·ε_t).
+
 Whatever the per-round budgets are, the reported ε comes from the accountant (Opacus RDP over all orders, or
 PRV), which is never larger than the fixed-order bound, and a round that would take a client past ε_total does
 not run for that client.
@@ -44,6 +56,11 @@ from fedrec.seeding import torch_generator
 
 #: where privacy draws come from (see the module docstring)
 RNGS = ("reproducible", "secure")
+
+#: accounting and noising conventions (see the module docstring)
+CONVENTIONS = ("paper", "authors")
+#: the authors' RDP order (spec §1.4: their code's α)
+AUTHORS_RDP_ALPHA = 2.0
 
 #: relative margin kept below a client's total by the uniform split and by every planner's schedule or levels, so
 #: float rounding never makes their last round unaffordable
@@ -100,8 +117,10 @@ class ClientDP:
         adjacency: ``"replace_one"`` (needs sensitivity_factor ≥ 2) or ``"add_remove"`` (≥ 1; only valid if the
             server cannot tell a zero upload from a missing one), see :func:`check_sensitivity`.
         accountant: ``"rdp"`` or ``"prv"`` (Gaussian).
-        rdp_alpha: the RDP order of Gaussian budgets, a number > 1 or ``"auto"``.
+        rdp_alpha: the RDP order of Gaussian budgets, a number > 1 or ``"auto"`` (paper: the order a uniform
+            split needs least noise at; authors: 2).
         rng: ``"reproducible"`` or ``"secure"`` (see the module docstring).
+        conventions: ``"paper"`` or ``"authors"`` (see the module docstring).
     """
 
     def __init__(
@@ -116,13 +135,17 @@ class ClientDP:
         accountant: str = "rdp",
         rdp_alpha: float | str = "auto",
         rng: str = "reproducible",
+        conventions: str = "paper",
     ) -> None:
         mechs: dict[str, type[NoiseMechanism]] = {"gaussian": GaussianMechanism, "laplace": LaplaceMechanism}
         if mechanism not in mechs:
             raise ConfigError(f"privacy.mechanism must be one of ['none', 'gaussian', 'laplace'], got {mechanism!r}")
         if rng not in RNGS:
             raise ConfigError(f"privacy.rng must be one of {list(RNGS)}, got {rng!r}")
-        self.rng = rng
+        if conventions not in CONVENTIONS:
+            raise ConfigError(f"privacy.conventions must be one of {list(CONVENTIONS)}, got {conventions!r}")
+        self.rng, self.conventions = rng, conventions
+        authors = conventions == "authors"
         self.epsilon_total = check_float("privacy.epsilon", epsilon, low=0.0, low_open=True)
         if mechanism == "gaussian":
             self.delta = check_float("privacy.delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
@@ -133,10 +156,11 @@ class ClientDP:
         self.mechanism = mechs[mechanism](clip=self.clip, sensitivity_factor=factor, adjacency=adjacency)
         if mechanism == "gaussian":
             if rdp_alpha == "auto":
-                self.rdp_alpha = best_rdp_order(self.epsilon_total, self.delta)
+                self.rdp_alpha = AUTHORS_RDP_ALPHA if authors else best_rdp_order(self.epsilon_total, self.delta)
             else:
                 self.rdp_alpha = check_float("privacy.rdp_alpha", rdp_alpha, low=1.0, low_open=True)
-            self.total_budget = self.epsilon_total - rdp_conversion_cost(self.rdp_alpha, self.delta)
+            self.total_budget = self.epsilon_total - (0.0 if authors else rdp_conversion_cost(self.rdp_alpha,
+                                                                                             self.delta))
             if self.total_budget <= 0:
                 raise ConfigError(
                     f"privacy.rdp_alpha={self.rdp_alpha} with privacy.delta={self.delta} leaves no RDP budget: "
@@ -146,9 +170,12 @@ class ClientDP:
             self.total_budget = self.epsilon_total
         # the accountant also evaluates the budgets' own order, so a split of the RDP budget at a hand-set α
         # off Opacus's grid is never refused by rounding at the grid's neighbouring orders
-        self.accountant = ClientAccountant(num_clients, mechanism, accountant, self.epsilon_total,
+        # authors: the accountant only measures (no cap); the authors' linear ledger decides who takes part
+        self.accountant = ClientAccountant(num_clients, mechanism, accountant,
+                                           math.inf if authors else self.epsilon_total,
                                            self.delta if mechanism == "gaussian" else None,
                                            alphas=_orders_with(self.rdp_alpha))
+        self.nominal = torch.zeros(num_clients, dtype=torch.float64) if authors else None  # Σ_t ε_t per client
 
     @property
     def name(self) -> str:
@@ -176,15 +203,74 @@ class ClientDP:
             raise ConfigError(f"a round's privacy budget must be finite and > 0 for every client, got {b.min()}")
         return b if self.rdp_alpha is None else rdp_noise_multiplier(b, self.rdp_alpha)
 
+    def admissible(self, budget: Tensor, holding: Tensor) -> Tensor:
+        """The clients of ``holding`` that take a round at per-client ``budget``: those it does not take past
+        their total (the accountant decides), or under the authors' conventions those with budget left."""
+        if self.nominal is not None:
+            return holding & (self.nominal < self.epsilon_total)
+        return self.accountant.admissible(self.levels(budget), holding)
+
     def affordable(self, budget: float | Tensor, participating: Tensor) -> bool:
         """Whether every ``participating`` client can take a round at ``budget`` without exceeding its total
-        (the accountant decides)."""
+        (the accountant decides; under the authors' conventions: whether each has budget left)."""
         b = torch.as_tensor(budget, dtype=torch.float64)
         b = b.expand(participating.shape[0]) if b.dim() == 0 else b
-        return not bool(self.accountant.would_exceed(self.levels(b), participating).any())
+        return bool(self.admissible(b, participating)[participating].all())
+
+    def privatize(self, shared: Tensor, tensor_sizes: list[int], rows: Tensor, row_client: Tensor,
+                  budget: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Clip and noise a round's uploads: ``shared`` (one row per client: its ω tensors of ``tensor_sizes``
+        values each, concatenated) and ``rows`` (real item rows, row ``j`` of client ``row_client[j]``), at each
+        client's ``budget``. Paper: each client's whole upload clipped once; authors: every tensor clipped
+        alone, all noised at the full level."""
+        levels = self.levels(budget)
+        mech = self.mechanism
+        if self.nominal is None:
+            (shared, rows), _ = mech.privatize_parts([shared, rows], [None, row_client], shared.shape[0], levels,
+                                                     generator)
+            return shared, rows
+        pieces = [mech.clip_rows(p) for p in shared.split(list(tensor_sizes), dim=1) if p.shape[1]]
+        shared = torch.cat(pieces, 1) if pieces else shared
+        return (mech.add_noise(shared, levels, generator),
+                mech.add_noise(mech.clip_rows(rows), levels[row_client], generator) if rows.numel() else rows)
+
+    def record(self, budget: Tensor, run: Tensor, tensors: Tensor | None = None) -> None:
+        """Account a round at per-client ``budget`` for the clients in ``run``; ``tensors`` (authors'
+        conventions): how many tensors each client noised, which the true ε composes."""
+        levels = self.levels(budget)
+        if self.nominal is None:
+            self.accountant.step(levels, run)
+            return
+        if tensors is None:
+            raise ValueError("the authors' conventions account each client's noised tensors: pass tensors")
+        k = torch.as_tensor(tensors, dtype=torch.float64).clamp(min=1.0)
+        self.nominal = torch.where(run, self.nominal + budget.double(), self.nominal)
+        self.accountant.step(levels / k.sqrt() if self.rdp_alpha is not None else levels * k, run)
 
     def spent(self) -> Tensor:
+        """Each client's ε spent so far (the accountant's, whatever the conventions)."""
         return self.accountant.spent()
+
+    def round_metrics(self) -> dict[str, float]:
+        """What a round reports: the largest ε spent; under the authors' conventions their nominal Σ_t ε_t
+        instead (every client's true ε is a distinct history then, ~2 s to evaluate: the summary reports it)."""
+        if self.nominal is not None:
+            return {"epsilon_nominal": float(self.nominal.max())}
+        return {"epsilon_spent": float(self.spent().max())}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The accountant's state, plus the authors' nominal ledger under their conventions."""
+        out = self.accountant.state_dict()
+        if self.nominal is not None:
+            out["nominal_spent"] = self.nominal.clone()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if ("nominal_spent" in state) != (self.nominal is not None):
+            raise ConfigError("cannot resume: the checkpoint's privacy.conventions differ from this run's")
+        self.accountant.load_state_dict(state)
+        if self.nominal is not None:
+            self.nominal = torch.as_tensor(state["nominal_spent"], dtype=torch.float64).clone()
 
     def summary(self) -> dict[str, Any]:
         spent = self.spent()
@@ -200,9 +286,15 @@ class ClientDP:
             "sensitivity": self.mechanism.sensitivity,
             "adjacency": self.mechanism.adjacency,
             "privacy_rng": self.rng,
+            "privacy_conventions": self.conventions,
         }
         if self.rdp_alpha is not None:
             out["rdp_alpha"] = self.rdp_alpha
+        if self.nominal is not None:  # the authors' count, and what it would mean as an RDP budget at α
+            out["epsilon_nominal"] = float(self.nominal.max())
+            if self.rdp_alpha is not None:
+                out["epsilon_nominal_rdp_converted"] = out["epsilon_nominal"] + rdp_conversion_cost(self.rdp_alpha,
+                                                                                                    self.delta)
         if hist.numel():
             out[f"mean_{self.mechanism.level_name}"] = float(torch.nanmean(hist))
         return out

@@ -197,44 +197,42 @@ class FedRecTask(FederatedTask):
         return prep
 
     def _admit(self, round_idx: int, prep: _Prepared) -> tuple[RoundData, Tensor, Tensor, Tensor | None]:
-        """Apply the round's budget: the data, pseudo items and levels of the clients that take part."""
+        """Apply the round's budget: the data, pseudo items and per-client budgets of the clients that take part."""
         d = prep.data
         if self.privacy is None:
             return d, prep.pseudo, prep.pseudo_valid, None
         budget = self._budget if self._budget is not None else torch.full(
             (self.data.num_clients,), self.privacy.uniform_budget(self.num_rounds), dtype=torch.float64)
         self._budget = None
-        levels = self.privacy.levels(budget)
-        run = self.privacy.accountant.admissible(levels, self.clients_holding_data(round_idx))
+        run = self.privacy.admissible(budget, self.clients_holding_data(round_idx))
         if not bool(run[d.clients].all()):
             keep = run[d.clients]
             tr = prep.training
             d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items, run.numpy())
-            return d, prep.pseudo[keep], prep.pseudo_valid[keep], levels
-        return d, prep.pseudo, prep.pseudo_valid, levels
+            return d, prep.pseudo[keep], prep.pseudo_valid[keep], budget
+        return d, prep.pseudo, prep.pseudo_valid, budget
 
     def run_round(self, round_idx: int) -> dict[str, float]:
         prep = self._prepare(round_idx)
-        d, pseudo, valid, levels = self._admit(round_idx, prep)
+        d, pseudo, valid, budget = self._admit(round_idx, prep)
         metrics: dict[str, float] = {"clients": float(d.num_clients)}
         if d.num_clients == 0:  # every client's budget is spent: nothing more can run
             if self.trainer is not None:
                 self.trainer.should_stop = True
             metrics["train_loss"] = math.nan
         else:
-            metrics["train_loss"] = self._train(round_idx, d, pseudo, valid, levels)
+            metrics["train_loss"] = self._train(round_idx, d, pseudo, valid, budget)
         metrics.update(self.evaluate(prep))
         for name, value in metrics.items():
             self.latest[name] = value
         self._track_best(round_idx, metrics)
         if self.privacy is not None:
-            spent = self.privacy.spent()
-            metrics["epsilon_spent"] = float(spent.max())
+            metrics.update(self.privacy.round_metrics())
         metrics.update({k: float(v.sum()) for k, v in self.channel.ledger.totals().items()
                         if k in ("comm_upload_scalars", "comm_download_scalars", "comm_messages")})
         return metrics
 
-    def _train(self, round_idx: int, d: RoundData, pseudo: Tensor, valid: Tensor, levels: Tensor | None) -> float:
+    def _train(self, round_idx: int, d: RoundData, pseudo: Tensor, valid: Tensor, budget: Tensor | None) -> float:
         model, C, k = self.model, d.num_clients, self.model.embed_dim
         upd = local_updates(model, d, self.aggregator.local_steps, self.aggregator.local_lr)
         shared_names = list(upd.shared)
@@ -245,11 +243,14 @@ class FedRecTask(FederatedTask):
             raise FloatingPointError(f"round {round_idx}: a client's update is not finite (training diverged; "
                                      f"try a smaller task.lr)")
         if self.privacy is not None:
-            (shared, rows), _ = self.privacy.mechanism.privatize_parts(
-                [shared, rows], [None, d.row_client], C, levels[d.clients], self._generator("privacy", round_idx))
+            sizes = [upd.shared[n][0].numel() for n in shared_names]
+            shared, rows = self.privacy.privatize(shared, sizes, rows, d.row_client, budget[d.clients],
+                                                  self._generator("privacy", round_idx))
             run = torch.zeros(self.data.num_clients, dtype=torch.bool)
             run[d.clients] = True
-            self.privacy.accountant.step(levels, run)
+            tensors = torch.zeros(self.data.num_clients, dtype=torch.long)  # noised tensors per client
+            tensors[d.clients] = len(sizes) + torch.bincount(d.row_client, minlength=C)
+            self.privacy.record(budget, run, tensors)
         uploads = self._uploads(round_idx, d, shared, rows, pseudo, valid)
         per_client = shared.shape[1] + torch.bincount(uploads.row_client, minlength=C) * (k + 1)  # rows + item ids
         uploads = self.channel.send("upload", ("client", d.clients), ("server", 0), uploads, per_client)
@@ -351,7 +352,7 @@ class FedRecTask(FederatedTask):
             "model": {k: v.clone() for k, v in self.model.state_dict().items()},
             "server_opt": None if self._server_opt is None else self._server_opt.state_dict(),
             "user_opt": None if self._user_opt is None else self._user_opt.state_dict(),
-            "privacy": None if self.privacy is None else self.privacy.accountant.state_dict(),
+            "privacy": None if self.privacy is None else self.privacy.state_dict(),
             "ledger": {k: v.clone() for k, v in self.channel.ledger.state_dict().items()},
             "best": dict(self.best),
             "latest": dict(self.latest),
@@ -370,7 +371,7 @@ class FedRecTask(FederatedTask):
         if (state["privacy"] is None) != (self.privacy is None):
             raise ConfigError("cannot resume: the checkpoint's privacy setting differs from this run's")
         if self.privacy is not None:
-            self.privacy.accountant.load_state_dict(state["privacy"])
+            self.privacy.load_state_dict(state["privacy"])
         self.channel.ledger.load_state_dict(state["ledger"])
         self.best = dict(state["best"])
         self.latest = dict(state["latest"])
