@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -58,3 +60,26 @@ def test_improvements_reproduce_the_papers_averages() -> None:
     assert round(rmse["mean gaussian"], 2) == 3.40 and round(rmse["mean laplace"], 2) == 10.12
     assert round(rmse["mean"], 2) == 6.76
     assert round(improvements(paper_cells("f1"), "f1")["mean"], 2) == 0.71
+
+
+def test_sensitivity_table_from_run_summaries() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bgtplanner_sensitivity import table
+
+    run = {"final_test_rmse": 0.33, "best_test_rmse": 0.32, "rounds_run": 84,
+           "planner_action_counts": [10, 20, 30, 4, 20], "planner_planned_rounds": 54, "planner_gp_argmax_changes": 3, "planner_gp_tv_mean": 0.01}
+    other = {**run, "final_test_rmse": 0.35, "planner_gp_argmax_changes": 1, "planner_gp_tv_mean": 0.03}
+    uniform = {"final_test_rmse": 0.34, "best_test_rmse": 0.33, "rounds_run": 100}
+    md, rows = table([("defaults", [run, other]), ("uniform", [uniform]), ("missing", [])])
+    assert "| defaults | 0.3400 ± 0.0141 | 0.3200 ± 0.0000 | 84.0 | 10.0 / 20.0 / 30.0 / 4.0 / 20.0 | 4 of 108 | " \
+           "0.0200 ± 0.0141 |" in md
+    assert "| uniform | 0.3400 ± 0.0000 | 0.3300 ± 0.0000 | 100.0 | – | – | – |" in md
+    assert "| missing | – | – | – | – | – | – |" in md
+    assert [r[0] for r in rows] == ["defaults", "uniform"]
+
+
+@pytest.mark.parametrize("argv", [["--seeds", "a,b"], ["--jobs", "0"]])
+def test_sensitivity_script_names_bad_arguments(tmp_path: Path, argv: list[str]) -> None:
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bgtplanner_sensitivity.py"), "--out",
+                          str(tmp_path / "o"), *argv], capture_output=True, text=True)
+    assert res.returncode == 2 and argv[0] in res.stderr and not (tmp_path / "o").exists()

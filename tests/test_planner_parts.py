@@ -17,6 +17,7 @@ from threadpoolctl import threadpool_info
 
 import fedrec.planners.bgtplanner as bgt
 from fedrec.data import RatingData, load_ratings
+from fedrec.errors import ConfigError
 from fedrec.federation.aggregators import FedSGD
 from fedrec.models import MatrixFactorization
 from fedrec.planners.bgtplanner import (
@@ -316,3 +317,42 @@ def test_the_planner_leaves_thread_counts_as_it_found_them(tiny) -> None:
         assert torch.get_num_threads() == 2 and blas() == before_blas
     finally:
         torch.set_num_threads(before_torch)
+
+
+# ------------------------------------------------------------------------------------------------ study knobs
+class FixedMeanPlanner(BGTPlanner):
+    """BGTplanner whose GP mean is replaced by a fixed vector (to see the diagnostics respond)."""
+
+    mean: np.ndarray
+
+    def predict(self, context, round_idx, actions=None):
+        acts = list(range(self.num_actions)) if actions is None else actions
+        return torch.from_numpy(self.mean[acts].astype(np.float64))
+
+
+@pytest.mark.parametrize(("mean", "changed"), [(np.zeros(3), False), (np.array([0.0, 0.0, 1e6]), True)])
+def test_gp_effect_diagnostics(tiny, mean, changed) -> None:
+    """A zero GP mean never changes the decision (TV 0); a huge mean on the dearest level, which the dual
+    penalty ranks last, changes it in every planned round."""
+    p = FixedMeanPlanner(num_actions=3, initial_rounds=2, min_rounds=8, seed=0)
+    p.mean = mean
+    FederatedTrainer(callbacks=[p], enable_progress_bar=False).fit(make_task(tiny, 50.0))
+    s = p.summary()
+    assert s["planner_planned_rounds"] == len(p.gp_effect) == len(p.actions) - p.stage_rounds > 0
+    if not changed:
+        assert s["planner_gp_argmax_changes"] == 0 and s["planner_gp_tv_mean"] == 0.0
+    else:
+        assert s["planner_gp_argmax_changes"] == s["planner_planned_rounds"] and s["planner_gp_tv_mean"] > 0.5
+
+
+def test_reward_scale_scales_what_the_gp_sees(tiny) -> None:
+    plain, scaled = BGTPlanner(num_actions=3, initial_rounds=2, min_rounds=8, seed=3), \
+        BGTPlanner(num_actions=3, initial_rounds=2, min_rounds=8, seed=3, reward_scale=1000.0)
+    for p in (plain, scaled):
+        FederatedTrainer(callbacks=[p], enable_progress_bar=False).fit(make_task(tiny, 50.0))
+    n = min(len(plain.r), len(scaled.r))
+    assert plain.rewards[: plain.stage_rounds] == scaled.rewards[: scaled.stage_rounds]  # same initial stage
+    assert np.allclose(np.array(scaled.r[:n]), 1000.0 * np.array(scaled.rewards[:n]), rtol=1e-12)
+    assert np.allclose(np.array(plain.r), np.array(plain.rewards), rtol=0)
+    with pytest.raises(ConfigError, match="planner.reward_scale"):
+        BGTPlanner(reward_scale=0.0)

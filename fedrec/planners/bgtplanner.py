@@ -307,7 +307,13 @@ class BGTPlanner(BudgetPlanner):
             the initial stage over the rounds left (authors' code).
         action_grid: ``"linspace"`` (paper) or ``"code"`` (authors').
         eta: OMD step; None = 2 ln(U)/√T (authors' code). gamma: IGW γ; None = Eq. of [36].
+        reward_scale: the GP is fitted to ``reward_scale ·`` r^t (1: the paper's RMSE decrease, ~1e-3 a round,
+            against a dual penalty Λ⟨ρ − C(a), λ̃⟩ of order 1; a study knob, ``scripts/bgtplanner_sensitivity.py``).
         seed: seeds the random levels (stage 2 and the IGW draws), per round.
+
+    The summary says how much the GP mattered in the planned rounds (stage ③): in how many of them its mean
+    changed the score's argmax from the penalty's alone, and the mean total-variation distance between the
+    sampling distribution and the one the penalty alone gives.
     """
 
     name = "bgtplanner"
@@ -327,6 +333,7 @@ class BGTPlanner(BudgetPlanner):
         action_grid: str = "linspace",
         eta: float | None = None,
         gamma: float | None = None,
+        reward_scale: float = 1.0,
         seed: int = 0,
         reward_split: str = "val",
     ) -> None:
@@ -345,6 +352,7 @@ class BGTPlanner(BudgetPlanner):
         self.rho_rule, self.action_grid = rho, action_grid
         self.eta_arg = None if eta is None else check_float("planner.eta", eta, low=0.0, low_open=True)
         self.gamma_arg = None if gamma is None else check_float("planner.gamma", gamma, low=0.0)
+        self.reward_scale = check_float("planner.reward_scale", reward_scale, low=0.0, low_open=True)
         self.seed = int(seed)
         # state
         self.z: list[list[float]] = []  # GP inputs [a, x] of the rounds played
@@ -353,6 +361,7 @@ class BGTPlanner(BudgetPlanner):
         self.actions: list[int] = []
         self.stage2_errors: list[float] = []
         self.stage2_contexts: list[tuple[int, list[float]]] = []
+        self.gp_effect: list[tuple[bool, float]] = []  # per planned round: (argmax changed by μ, TV distance)
         self.dual: Tensor | None = None
         self.big_lambda: float | None = None
         self.M: float | None = None
@@ -463,6 +472,9 @@ class BGTPlanner(BudgetPlanner):
             scores = mu + self.sign * self.big_lambda * penalty
             p = igw_probabilities(scores, self.gamma)
             a = feasible[int(rng.choice(len(feasible), p=p.numpy() / float(p.sum())))]
+            alone = self.sign * self.big_lambda * penalty  # what the dual alone would score
+            pending["gp_effect"] = (int(scores.argmax()) != int(alone.argmax()),
+                                    0.5 * float((p - igw_probabilities(alone, self.gamma)).abs().sum()))
         pending["action"] = a
         self._pending = pending
         return float(self.levels[a])
@@ -482,9 +494,12 @@ class BGTPlanner(BudgetPlanner):
     def _observe(self, round_idx: int, reward: float) -> None:
         pend = self._pending
         a = pend["action"]
+        reward = self.reward_scale * reward
         if "prediction" in pend:  # a stage-② round (recorded only once it has run)
             self.stage2_errors.append((pend["prediction"] - reward) ** 2)
             self.stage2_contexts.append((round_idx, list(pend["context"])))
+        if "gp_effect" in pend:
+            self.gp_effect.append(pend["gp_effect"])
         self.z.append(self.features(a, np.asarray(pend["context"])))
         self.t.append(round_idx)
         self.r.append(reward)
@@ -504,7 +519,7 @@ class BGTPlanner(BudgetPlanner):
         return {**super().state_dict(), "z": [list(v) for v in self.z], "t": list(self.t), "r": list(self.r),
                 "actions": list(self.actions), "stage2_errors": list(self.stage2_errors),
                 "stage2_contexts": [(t, list(x)) for t, x in self.stage2_contexts],
-                "dual": None if self.dual is None else self.dual.clone(), "big_lambda": self.big_lambda,
+                "gp_effect": list(self.gp_effect), "dual": None if self.dual is None else self.dual.clone(), "big_lambda": self.big_lambda,
                 "M": self.M, "rho": self.rho}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -514,6 +529,7 @@ class BGTPlanner(BudgetPlanner):
         self.actions = list(state["actions"])
         self.stage2_errors = list(state["stage2_errors"])
         self.stage2_contexts = [(int(t), list(x)) for t, x in state["stage2_contexts"]]
+        self.gp_effect = [(bool(c), float(tv)) for c, tv in state.get("gp_effect", [])]
         self.dual = None if state["dual"] is None else state["dual"].clone()
         self.big_lambda, self.M, self.rho = state["big_lambda"], state["M"], state["rho"]
 
@@ -521,4 +537,7 @@ class BGTPlanner(BudgetPlanner):
         counts = np.bincount(np.asarray(self.actions, dtype=np.int64), minlength=self.num_actions)
         return {**super().summary(), "planner_action_counts": counts.tolist(), "planner_Lambda": self.big_lambda,
                 "planner_M": self.M, "planner_levels": self.levels.tolist() if hasattr(self, "levels") else None,
-                "planner_dual_weight": None if self.dual is None else float(self.dual[:-1].sum())}
+                "planner_dual_weight": None if self.dual is None else float(self.dual[:-1].sum()),
+                "planner_gp_argmax_changes": sum(c for c, _ in self.gp_effect),
+                "planner_gp_tv_mean": float(np.mean([tv for _, tv in self.gp_effect])) if self.gp_effect else None,
+                "planner_planned_rounds": len(self.gp_effect)}
