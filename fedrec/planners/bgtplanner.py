@@ -81,7 +81,7 @@ def upload_context(X: Any, dim: int) -> np.ndarray:
     k = int(dim)
     if k <= 0:
         return np.zeros(0)
-    X = X.tocsr().astype(np.float64)  # a float64 copy: 0/1 entries are exact
+    X = X.tocsr().astype(np.float64, copy=False)  # 0/1 entries are exact
     small = min(X.shape)
     if X.nnz == 0 or small == 0:
         lam = np.zeros(0)
@@ -104,7 +104,7 @@ def gram_top_eigenvalues(X: Any, k: int, tol: float = GRAM_TOL) -> np.ndarray:
     eigenvalue only through rounding; upload matrices with random pseudo items have no exact symmetry."""
     from scipy.sparse.linalg import LinearOperator, eigsh
 
-    left, right = (X, X.T.tocsr()) if X.shape[0] <= X.shape[1] else (X.T.tocsr(), X)
+    left, right = (X, X.T) if X.shape[0] <= X.shape[1] else (X.T, X)  # X.T: a CSC view, as fast, no copy
     n = left.shape[0]
     gram = LinearOperator((n, n), matvec=lambda v: left @ (right @ v), dtype=np.float64)
     v0 = np.random.default_rng(0).standard_normal(n)

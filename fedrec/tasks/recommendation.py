@@ -145,18 +145,22 @@ class FedRecTask(FederatedTask):
         self.privacy.levels(self._budget)  # validate now, so the caller gets the error
 
     def upload_items(self, round_idx: int) -> Any:
-        """X^t of round ``round_idx`` as a float32 ``scipy.sparse.csr_matrix`` (num_clients × num_items, 0/1):
+        """X^t of round ``round_idx`` as a float64 ``scipy.sparse.csr_matrix`` (num_clients × num_items, 0/1):
         the items each client holding ratings will upload (real and pseudo), known before the budget is set.
         Each row's item ids are stored sorted, so the matrix is the set of uploaded ids and nothing more."""
         import scipy.sparse as sp
 
         prep = self._prepare(round_idx)
-        d = prep.data
-        owner = torch.cat([d.clients[d.row_client], d.clients.unsqueeze(1).expand_as(prep.pseudo)[prep.pseudo_valid]])
-        items = torch.cat([d.row_item, prep.pseudo[prep.pseudo_valid]])
-        ones = np.ones(items.numel(), dtype=np.float32)  # 0/1 entries are exact in float32
-        X = sp.csr_matrix((ones, (owner.numpy(), items.numpy())), shape=(self.data.num_clients, self.data.num_items))
-        X.sort_indices()
+        d, I, U = prep.data, self.data.num_items, self.data.num_clients
+        pseudo_owner = d.clients.unsqueeze(1).expand_as(prep.pseudo)[prep.pseudo_valid]
+        # one sort of client·I + item orders the rows and each row's ids (a client's real and pseudo items differ)
+        key = np.sort(torch.cat([d.clients[d.row_client] * I + d.row_item,
+                                 pseudo_owner * I + prep.pseudo[prep.pseudo_valid]]).numpy())
+        owner, items = np.divmod(key, I)
+        indptr = np.zeros(U + 1, dtype=np.int64)
+        np.cumsum(np.bincount(owner, minlength=U), out=indptr[1:])
+        X = sp.csr_matrix((np.ones(len(key)), items, indptr), shape=(U, I))
+        X.has_sorted_indices = True
         return X
 
     def clients_holding_data(self, round_idx: int) -> Tensor:
