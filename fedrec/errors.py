@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+__all__ = ["ConfigError", "DatasetNotFoundError", "check_file", "check_float", "check_int"]
+
 
 class ConfigError(ValueError):
     """A configuration value or input file is invalid; the message names the field and what was expected."""

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+__all__ = ["F1_THRESHOLD", "rating_metrics"]
+
 #: ratings and predictions at or above this are positive for F1 (paper §VII-A2)
 F1_THRESHOLD = 0.5
 

@@ -1,4 +1,5 @@
 """Rating datasets (MovieLens-100K, FilmTrust, MovieLens-1M) split for federated recommendation."""
+from fedrec.data.download import default_data_dir
 from fedrec.data.ratings import (
     DATASETS,
     NORMALIZATIONS,
@@ -19,6 +20,7 @@ __all__ = [
     "RatingData",
     "Ratings",
     "arrival_rounds",
+    "default_data_dir",
     "group_users",
     "load_filmtrust",
     "load_ml1m",

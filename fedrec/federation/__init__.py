@@ -1,6 +1,20 @@
 """Plumbing every protocol and task shares: the addressed channel and its ledger, topologies, aggregators and
-the clients' local updates of federated learning (protocols themselves are in :mod:`fedrec.protocols`)."""
+the clients' local updates of federated learning (protocols themselves are in :mod:`fedrec.protocols`).
+
+The channel and ledger load with the package; the other names load on first use (topologies need networkx).
+"""
+from __future__ import annotations
+
+from fedrec._exports import lazy_exports
 from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
 
-__all__ = ["Channel", "CommLedger"]
+_LAZY, __getattr__ = lazy_exports(__name__, {
+    "Aggregator": "aggregators",
+    "FedAvg": "aggregators",
+    "FedSGD": "aggregators",
+    "Topology": "topology",
+    "Uploads": "aggregators",
+    "make_topology": "topology",
+})
+__all__ = sorted(["Channel", "CommLedger", *_LAZY])

@@ -208,7 +208,14 @@ KINDS: dict[str, Callable[..., Topology]] = {
 
 
 def make_topology(kind: str, num_agents: int, **params: object) -> Topology:
-    """Hydra entry point (``conf/topology/*.yaml``): the topology ``kind`` on ``num_agents`` agents."""
+    """Hydra entry point (``conf/topology/*.yaml``): the topology ``kind`` on ``num_agents`` agents.
+
+    Args:
+        kind: the graph family, one of ``complete``, ``ring``, ``path``, ``grid``, ``erdos_renyi``, ``edge_list``.
+        num_agents: N, the number of agents (the environment's).
+        **params: the family's own parameters (``rows`` of a grid, ``p`` and ``seed`` of Erdős–Rényi, ``edges`` of
+            an edge list).
+    """
     if kind not in KINDS:
         raise ConfigError(f"topology.kind must be one of {list(KINDS)}, got {kind!r}")
     factory = KINDS[kind]

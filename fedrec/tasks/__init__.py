@@ -5,17 +5,8 @@ recommendation task's dependencies.
 """
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from fedrec._exports import lazy_exports
 
-_WHERE = {
+__all__, __getattr__ = lazy_exports(__name__, {
     "BanditTask": "bandit", "FederatedTask": "base", "FedRecTask": "recommendation", "MultiAgentTask": "multi_agent",
-}
-
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'fedrec.tasks' has no attribute {name!r}")
-    return getattr(import_module(f"fedrec.tasks.{_WHERE[name]}"), name)
+})
