@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import tempfile
 from typing import Any
 
 import torch
@@ -95,9 +94,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     task = FedRecTask(data, model, FedSGD(), rounds=args.rounds, seed=args.seed)
     stopper = EarlyStopping("val_rmse", mode="min", patience=args.patience, min_delta=args.min_delta,
                             target=args.target)
-    with tempfile.TemporaryDirectory() as root:  # the trainer always writes checkpoints/last.ckpt under its root
-        trainer = FederatedTrainer(default_root_dir=root, callbacks=[stopper], enable_progress_bar=False)
-        history = trainer.fit(task)
+    trainer = FederatedTrainer(callbacks=[stopper], enable_progress_bar=False)
+    history = trainer.fit(task)
 
     if stopper.stopped_round is not None:
         print(f"stopped after round {stopper.stopped_round} of {args.rounds}: {stopper.reason}")

@@ -16,7 +16,6 @@ random_regret=…`` (means over the replicates).
 from __future__ import annotations
 
 import argparse
-import tempfile
 
 from fedrec.envs.synthetic import LinearEnv
 from fedrec.protocols import AsyncLinUCB, paper_linucb
@@ -27,9 +26,7 @@ from fedrec.trainer import FederatedTrainer
 def run(env: LinearEnv, protocol: AsyncLinUCB, args: argparse.Namespace) -> BanditTask:
     """Play ``protocol`` on ``env``'s stream through the trainer and return the finished task."""
     task = BanditTask(env, protocol, steps=args.steps, steps_per_round=args.steps_per_round)
-    # the trainer always writes checkpoints/last.ckpt under its root: keep it out of the working directory
-    with tempfile.TemporaryDirectory() as root:
-        FederatedTrainer(default_root_dir=root, enable_progress_bar=False).fit(task)
+    FederatedTrainer(enable_progress_bar=False).fit(task)
     return task
 
 

@@ -20,7 +20,6 @@ The last line reads ``cumulative_regret=… comm_messages=… isolated_regret=�
 from __future__ import annotations
 
 import argparse
-import tempfile
 
 import torch
 from torch import Tensor
@@ -96,8 +95,7 @@ def run(env: LinearEnv, protocol: StepProtocol, args: argparse.Namespace) -> dic
     """Play ``protocol`` on ``env``'s stream through the trainer; the task's summary (what ``train.py`` writes to
     summary.json: regret and the ledger's totals)."""
     task = BanditTask(env, protocol, steps=args.steps, steps_per_round=args.steps_per_round)
-    with tempfile.TemporaryDirectory() as root:  # the trainer always writes checkpoints/last.ckpt under its root
-        FederatedTrainer(default_root_dir=root, enable_progress_bar=False).fit(task)
+    FederatedTrainer(enable_progress_bar=False).fit(task)
     return task.summary()
 
 

@@ -356,3 +356,17 @@ def test_reward_scale_scales_what_the_gp_sees(tiny) -> None:
     assert np.allclose(np.array(plain.r), np.array(plain.rewards), rtol=0)
     with pytest.raises(ConfigError, match="planner.reward_scale"):
         BGTPlanner(reward_scale=0.0)
+
+
+def test_a_schedule_runs_without_a_validation_split_and_a_reward_planner_does_not(tmp_path) -> None:
+    """Uniform and ADPML never read the reward: no validation split needed (rewards NaN); ADAP and BGTplanner do."""
+    from fedrec.planners import ADAPPlanner, ADPMLPlanner, UniformPlanner
+
+    folder = write_ml1m(tmp_path, users=24, items=30, seed=2)
+    data = load_ratings("ml-1m", folder, seed=0, rounds=ROUNDS, num_clients=6)
+    for planner in (UniformPlanner(), ADPMLPlanner()):
+        FederatedTrainer(callbacks=[planner], enable_progress_bar=False).fit(make_task(data))
+        assert len(planner.rewards) == ROUNDS and all(math.isnan(r) for r in planner.rewards)
+    for planner in (ADAPPlanner(), BGTPlanner(num_actions=3, initial_rounds=2, min_rounds=8)):
+        with pytest.raises(ConfigError, match="data.val_fraction"):
+            FederatedTrainer(callbacks=[planner], enable_progress_bar=False).fit(make_task(data))

@@ -241,9 +241,9 @@ def test_planners_need_privacy_and_a_validation_split(tiny, tmp_path_factory) ->
         FederatedTrainer(callbacks=[UniformPlanner()], enable_progress_bar=False).fit(plain)
     folder = write_ml1m(tmp_path_factory.mktemp("noval"), users=24, items=30, seed=2)
     no_val = load_ratings("ml-1m", folder, seed=0, rounds=ROUNDS, num_clients=6)
-    with pytest.raises(ConfigError, match="data.val_fraction"):
-        FederatedTrainer(callbacks=[UniformPlanner()], enable_progress_bar=False).fit(make_task(no_val))
-    FederatedTrainer(callbacks=[UniformPlanner(reward_split="test")], enable_progress_bar=False).fit(make_task(no_val))
+    with pytest.raises(ConfigError, match="data.val_fraction"):  # ADAP reads the reward (schedules do not)
+        FederatedTrainer(callbacks=[ADAPPlanner()], enable_progress_bar=False).fit(make_task(no_val))
+    FederatedTrainer(callbacks=[ADAPPlanner(reward_split="test")], enable_progress_bar=False).fit(make_task(no_val))
     with pytest.raises(ConfigError, match="privacy.epsilon"):
         ClientDP(6, "gaussian", epsilon=0.0)
 

@@ -445,3 +445,16 @@ def test_a_cancelled_round_still_logs_the_last_round_run(tmp_path: Path) -> None
     logger = FakeLogger()
     make_trainer(tmp_path, callbacks=[CancelAt(3)], loggers=[logger], log_every=5).fit(make_task())
     assert [step for step, _ in logger.rows] == [2]
+
+
+def test_without_a_root_directory_fit_writes_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library default leaves no files behind (the CLI passes its run folder); periodic checkpoints and
+    save() need a directory and say so."""
+    monkeypatch.chdir(tmp_path)
+    trainer = FederatedTrainer(enable_progress_bar=False)
+    trainer.fit(make_task())
+    assert trainer.checkpoint_path is None and list(tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError, match="default_root_dir"):
+        trainer.save(make_task())
+    with pytest.raises(ConfigError, match="trainer.checkpoint_every"):
+        FederatedTrainer(checkpoint_every=5)

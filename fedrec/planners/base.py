@@ -30,12 +30,16 @@ class BudgetPlanner(Callback, ABC):
     """Base class: subclasses implement :meth:`choose` (and may extend :meth:`observe` and the state)."""
 
     name = "planner"
+    #: whether :meth:`choose` depends on the rewards; a planner that does not runs without a validation split
+    #: (its rewards are then NaN: not measured)
+    uses_reward = True
 
     def __init__(self, reward_split: str = "val") -> None:
         if reward_split not in REWARD_SPLITS:
             raise ConfigError(f"planner.reward_split must be one of {list(REWARD_SPLITS)}, got {reward_split!r}")
         self.reward_split = reward_split
         self.prev_rmse: float | None = None
+        self._measured = True  # whether rewards are measured (see uses_reward); set at fit start
         self.budgets: list[float] = []
         self.rewards: list[float] = []
         self.overhead_seconds = 0.0
@@ -64,13 +68,14 @@ class BudgetPlanner(Callback, ABC):
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         if getattr(task, "privacy", None) is None:
             raise ConfigError("planner: a budget planner needs privacy=gaussian or privacy=laplace")
-        if self.reward_split == "val" and len(task.data.val) == 0:
+        self._measured = self.reward_split != "val" or len(task.data.val) > 0
+        if not self._measured and self.uses_reward:
             raise ConfigError("planner.reward_split=val needs a validation split: set data.val_fraction > 0 "
                               "(or planner.reward_split=test for the authors' test-set reward)")
         self.total_budget = task.privacy.total_budget
         self.rounds = task.num_rounds
         self.setup(task)
-        if self.prev_rmse is None:
+        if self.prev_rmse is None and self._measured:
             self.prev_rmse = task.evaluate_round(0)[f"{self.reward_split}_rmse"]
 
     def setup(self, task: Any) -> None:
@@ -90,8 +95,11 @@ class BudgetPlanner(Callback, ABC):
 
     def on_round_end(self, trainer: Any, task: Any, round_idx: int, metrics: dict[str, float]) -> None:
         started = time.perf_counter()
-        rmse = metrics[f"{self.reward_split}_rmse"]
-        reward = 0.0 if math.isnan(rmse) else self.prev_rmse - rmse  # a NaN RMSE counts as no change (authors)
+        rmse = metrics[f"{self.reward_split}_rmse"] if self._measured else math.nan
+        if not self._measured:
+            reward = math.nan  # nothing to measure it on, and nothing uses it
+        else:  # a NaN RMSE counts as no change (authors)
+            reward = 0.0 if math.isnan(rmse) else self.prev_rmse - rmse
         if not math.isnan(rmse):
             self.prev_rmse = rmse
         self.rewards.append(reward)
@@ -121,6 +129,8 @@ class BudgetPlanner(Callback, ABC):
 
 class SchedulePlanner(BudgetPlanner):
     """A planner whose budgets are a fixed schedule over the T rounds, scaled to spend the whole budget."""
+
+    uses_reward = False
 
     @abstractmethod
     def shape(self, rounds: int) -> Tensor:

@@ -52,12 +52,14 @@ class FederatedTrainer:
     """Runs a :class:`FederatedTask` round by round (one loop for step-wise bandits and round-wise FL).
 
     Args:
-        default_root_dir: run directory (checkpoints go to ``<dir>/checkpoints``).
+        default_root_dir: run directory (checkpoints go to ``<dir>/checkpoints``); None (the default) writes no
+            checkpoint, so a library call leaves no files behind (the CLI passes the run folder).
         max_rounds: stop after this many rounds (default: the task's ``num_rounds``).
         callbacks: :class:`Callback` objects, called in order.
         loggers: Lightning loggers (``lightning.fabric.loggers``) receiving every logged round.
         log_every: log metrics every this many rounds (the last round is always logged).
-        checkpoint_every: write ``last.ckpt`` every this many rounds (0: only at the end).
+        checkpoint_every: write ``last.ckpt`` every this many rounds (0: only at the end); needs a
+            ``default_root_dir``.
         enable_progress_bar: None shows a bar only on an interactive terminal outside CI.
         run_config: the settings that change the run's results (e.g. the resolved config without logging and
             output options); checkpoints record it, and a resume under different settings is refused.
@@ -75,7 +77,7 @@ class FederatedTrainer:
 
     def __init__(
         self,
-        default_root_dir: str | Path = ".",
+        default_root_dir: str | Path | None = None,
         max_rounds: int | None = None,
         callbacks: Sequence[Callback] = (),
         loggers: Iterable[Any] = (),
@@ -86,12 +88,14 @@ class FederatedTrainer:
         allow_changes: Sequence[str] = (),
         num_threads: int | None = 1,
     ) -> None:
-        self.root = Path(default_root_dir)
+        self.root = None if default_root_dir is None else Path(default_root_dir)
         # kept private: a task that holds its trainer would otherwise report it among its sizes (checkpoint.task_sizes)
         self._num_threads = check_num_threads(num_threads)
         self.max_rounds = None if max_rounds is None else check_int("trainer.max_rounds", max_rounds)
         self.log_every = check_int("trainer.log_every", log_every)
         self.checkpoint_every = check_int("trainer.checkpoint_every", checkpoint_every, minimum=0)
+        if self.checkpoint_every and self.root is None:
+            raise ConfigError("trainer.checkpoint_every > 0 needs a default_root_dir to write checkpoints to")
         show_bar = progress_enabled() if enable_progress_bar is None else enable_progress_bar
         self.callbacks: list[Callback] = list(callbacks) + ([ProgressBar()] if show_bar else [])
         keys = [cb.state_key for cb in self.callbacks]
@@ -113,8 +117,9 @@ class FederatedTrainer:
         return self._num_threads
 
     @property
-    def checkpoint_path(self) -> Path:
-        return self.root / "checkpoints" / "last.ckpt"
+    def checkpoint_path(self) -> Path | None:
+        """Where :meth:`save` writes (None without a ``default_root_dir``)."""
+        return None if self.root is None else self.root / "checkpoints" / "last.ckpt"
 
     # ---------------------------------------------------------------------------------------------- loop
     def fit(self, task: FederatedTask, ckpt_path: str | Path | None = None) -> list[dict[str, float]]:
@@ -155,7 +160,8 @@ class FederatedTrainer:
             if self.checkpoint_every and self.round % self.checkpoint_every == 0:
                 self.save(task)
         self._hook("on_fit_end", task)
-        self.save(task)
+        if self.root is not None:
+            self.save(task)
         for lg in self.loggers:
             with writing(f"the logs of {type(lg).__name__}"):
                 lg.finalize("success")
@@ -174,7 +180,9 @@ class FederatedTrainer:
                 lg.save()
 
     def save(self, task: FederatedTask) -> Path:
-        """Write the full run state to ``checkpoints/last.ckpt`` atomically."""
+        """Write the full run state to ``checkpoints/last.ckpt`` atomically (needs a ``default_root_dir``)."""
+        if self.checkpoint_path is None:
+            raise ConfigError("FederatedTrainer.save needs a default_root_dir to write the checkpoint to")
         ckpt: dict[str, Any] = {
             "identity": run_identity(self.run_config, task),
             "round": self.round,
