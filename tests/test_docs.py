@@ -124,6 +124,27 @@ def test_every_public_name_exists_and_has_a_docstring(package: str) -> None:
                                       f"{unlisted_constants}")
 
 
+@pytest.mark.parametrize("package", PUBLIC)
+def test_public_functions_and_methods_have_type_hints(package: str) -> None:
+    """Every exported function, and every public method (and ``__init__``) of an exported class, annotates its
+    parameters (``self``/``cls`` and ``*args``/``**kwargs`` aside) and its return."""
+    module = importlib.import_module(package)
+    unannotated = []
+    for name in getattr(module, "__all__", ()):
+        obj = getattr(module, name)
+        functions = [(name, obj)] if inspect.isfunction(obj) else [
+            (f"{name}.{attr}", f) for attr, f in vars(obj).items()
+            if inspect.isfunction(f) and (attr == "__init__" or not attr.startswith("_"))] if inspect.isclass(obj) \
+            else []
+        for qualname, f in functions:
+            sig = inspect.signature(f)
+            bare = [p for p, v in sig.parameters.items() if p not in ("self", "cls") and v.annotation is v.empty
+                    and v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)]
+            if bare or sig.return_annotation is sig.empty:
+                unannotated.append(f"{qualname}({', '.join(bare)}){'' if bare else ' -> ?'}")
+    assert unannotated == [], f"{package}: public callables without type hints: {unannotated}"
+
+
 def test_api_reference_documents_every_public_class_and_function(site: Path) -> None:
     ids: set[str] = set()
     for page in (site / "api").rglob("index.html"):
