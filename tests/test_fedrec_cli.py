@@ -17,6 +17,7 @@ FEDREC_EXPERIMENTS = [e for e in ALL_EXPERIMENTS if e.startswith(FEDREC_PREFIXES
 #: a BGTplanner that fits in 8 rounds: initial stage (2+1)·2 = 6 rounds, then 2 planned ones
 SHORT_PLANNER = ("task.rounds=8", "++planner.num_actions=2", "++planner.initial_rounds=2", "++planner.min_rounds=6")
 QUICK = ("task.rounds=3", "logger.tensorboard=false")
+SMALL_SYNTHETIC = ("data.users=700", "data.items=300", "data.ratings=20000", "data.num_clients=70")
 SUMMARY = {"final_test_rmse", "final_test_mae", "final_test_f1", "best_test_rmse", "best_test_rmse_round",
            "best_test_f1", "epsilon_spent", "delta", "rounds_run", "comm_messages", "comm_upload_scalars",
            "wall_seconds", "privacy"}
@@ -39,7 +40,8 @@ def test_fedrec_experiment_runs_end_to_end(compose_cfg, data_dir: Path, ml1m_dir
                                            experiment: str) -> None:
     where = ml1m_dir if experiment.endswith("_ml1m") else data_dir
     extra = SHORT_PLANNER if experiment.startswith("bgtplanner_") else ()
-    cfg = compose_cfg(f"+experiment={experiment}", f"data_dir={where}", *QUICK, *extra)
+    small = SMALL_SYNTHETIC if experiment.endswith("_synthetic") else ()  # its default is ML-1M size
+    cfg = compose_cfg(f"+experiment={experiment}", f"data_dir={where}", *QUICK, *extra, *small)
     out = tmp_path / "run"
     summary = run(cfg, output_dir=out)
     assert SUMMARY <= set(summary), SUMMARY - set(summary)
@@ -64,6 +66,8 @@ def test_fedrec_experiment_runs_end_to_end(compose_cfg, data_dir: Path, ml1m_dir
         assert sum(summary["planner_action_counts"]) == rounds
     if experiment.endswith("_ml1m"):
         assert summary["clients"] == 605
+    if small:
+        assert summary["clients"] == 70
 
 
 def test_dp_run_resumed_through_the_cli_matches(compose_cfg, data_dir: Path, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Rating datasets (MovieLens-100K, FilmTrust, MovieLens-1M) split for federated recommendation."""
+"""Rating datasets (MovieLens-100K, FilmTrust, MovieLens-1M, and synthetic ones of any size) split for federated
+recommendation."""
 from fedrec.data.download import default_data_dir
 from fedrec.data.ratings import (
     DATASETS,
@@ -13,6 +14,7 @@ from fedrec.data.ratings import (
     load_ratings,
     read_ratings,
 )
+from fedrec.data.synthetic import synthetic_ratings
 
 __all__ = [
     "DATASETS",
@@ -27,4 +29,5 @@ __all__ = [
     "load_ml100k",
     "load_ratings",
     "read_ratings",
+    "synthetic_ratings",
 ]

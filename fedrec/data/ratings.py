@@ -382,11 +382,9 @@ def load_ratings(
     ``round(n_train * val_fraction)``, ``initial`` gets ``ceil(rest / 2)`` and ``stream`` the other half.
     """
     name = _check_name(name)
-    seed = check_int("seed", seed, minimum=0)
-    rounds = check_int("rounds", rounds, minimum=1)
-    test_fraction = check_float("test_fraction", test_fraction, low=0.0, high=1.0, low_open=True, high_open=True)
-    val_fraction = check_float("val_fraction", val_fraction, low=0.0, high=1.0, high_open=True)
-    normalize = _check_normalize(normalize)
+    seed, rounds, test_fraction, val_fraction, normalize = check_split(
+        seed, rounds, test_fraction, val_fraction, normalize
+    )
     frame = read_ratings(name, data_dir, normalize)
     user_ids = np.unique(frame["user_id"].to_numpy())
     item_ids = np.unique(frame["item_id"].to_numpy())
@@ -404,9 +402,56 @@ def load_ratings(
         )
     if n < 2:
         raise ConfigError(f"{name}: a train/test split needs at least 2 ratings, the file has {n}")
-    client_of_user = group_users(num_users, num_clients, seed)
+    return split_ratings(
+        Ratings(frame["user"].to_numpy(), frame["item"].to_numpy(), frame["rating"].to_numpy()),
+        name=name,
+        user_ids=user_ids,
+        item_ids=item_ids,
+        num_clients=num_clients,
+        seed=seed,
+        rounds=rounds,
+        test_fraction=test_fraction,
+        val_fraction=val_fraction,
+        normalize=normalize,
+        rating_range=frame.attrs["rating_range"],
+        duplicates_dropped=int(frame.attrs["duplicates_dropped"]),
+    )
 
-    everything = Ratings(frame["user"].to_numpy(), frame["item"].to_numpy(), frame["rating"].to_numpy())
+
+def check_split(
+    seed: object, rounds: object, test_fraction: object, val_fraction: object, normalize: object
+) -> tuple[int, int, float, float, str]:
+    """The split settings of :func:`load_ratings`, checked (ConfigError naming the field) and converted."""
+    return (
+        check_int("seed", seed, minimum=0),
+        check_int("rounds", rounds, minimum=1),
+        check_float("test_fraction", test_fraction, low=0.0, high=1.0, low_open=True, high_open=True),
+        check_float("val_fraction", val_fraction, low=0.0, high=1.0, high_open=True),
+        _check_normalize(normalize),
+    )
+
+
+def split_ratings(
+    everything: Ratings,
+    *,
+    name: str,
+    user_ids: np.ndarray,
+    item_ids: np.ndarray,
+    num_clients: int,
+    seed: int,
+    rounds: int,
+    test_fraction: float,
+    val_fraction: float,
+    normalize: str,
+    rating_range: tuple[float, float],
+    duplicates_dropped: int = 0,
+) -> RatingData:
+    """Split ``everything`` (normalised ratings with user and item indices into ``user_ids`` and ``item_ids``, one
+    per (user, item) pair, at least 2) for federated training by the rules of the module docstring: the step of
+    :func:`load_ratings` after reading a file, shared by the generated datasets (:mod:`fedrec.data.synthetic`).
+    The arguments are those of :func:`load_ratings`, checked by the caller (:func:`check_split`)."""
+    n, num_users = len(everything), len(user_ids)
+    client_of_user = group_users(num_users, num_clients, seed)
     order = numpy_generator(seed, "ratings-split").permutation(n)
     n_test = min(max(_round(n * test_fraction), 1), n - 1)
     n_val = _round((n - n_test) * val_fraction)
@@ -430,10 +475,10 @@ def load_ratings(
         stream_round=stream_round[by_round],
         rounds=rounds,
         normalize=normalize,
-        rating_range=frame.attrs["rating_range"],
+        rating_range=rating_range,
         user_ids=user_ids,
         item_ids=item_ids,
-        duplicates_dropped=int(frame.attrs["duplicates_dropped"]),
+        duplicates_dropped=duplicates_dropped,
     )
 
 
