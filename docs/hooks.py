@@ -121,8 +121,9 @@ def _prefix(group: str, option: dict[str, Any]) -> str:
 
 
 def config_groups(conf: Path = CONF) -> dict[str, list[Path]]:
-    """Every config group under ``conf`` (a folder of YAML options) and its option files, sorted."""
-    return {d.name: sorted(d.glob("*.yaml")) for d in sorted(conf.iterdir()) if d.is_dir()}
+    """Every config group under ``conf`` (a folder of YAML options) and its option files, sorted; ``hydra/`` holds
+    settings of Hydra itself (launchers), documented on the running page, not run fields."""
+    return {d.name: sorted(d.glob("*.yaml")) for d in sorted(conf.iterdir()) if d.is_dir() and d.name != "hydra"}
 
 
 # ------------------------------------------------------------------------------------ meanings of uncommented fields

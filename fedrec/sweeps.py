@@ -67,12 +67,23 @@ class SweepSummary(HydraCallback):
             raise SystemExit(2)
 
 
+def job_folders(sweep: Path) -> list[Path]:
+    """The job folders of a sweep (those with a ``.hydra/overrides.yaml``), sorted. A launcher's own files (e.g.
+    submitit's ``.submitit/``) are no job folders."""
+    return sorted(f.parent.parent for f in sweep.glob("**/.hydra/overrides.yaml"))
+
+
+def without_timings(summary: dict[str, Any]) -> dict[str, Any]:
+    """A run's summary without the fields that measure time (``wall_seconds``, a planner's ``overhead_seconds``):
+    what two runs of the same job, serial or on any launcher, must agree on."""
+    return {k: v for k, v in summary.items() if not k.endswith("_seconds")}
+
+
 def collect(sweep: Path) -> list[dict[str, Any]]:
     """One row per job folder (those with a ``.hydra/overrides.yaml``): overrides, headline, status."""
     rows = []
-    for overrides_file in sorted(sweep.glob("**/.hydra/overrides.yaml")):
-        job = overrides_file.parent.parent
-        overrides = yaml.safe_load(overrides_file.read_text()) or []
+    for job in job_folders(sweep):
+        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
         row: dict[str, Any] = {"job": str(job.relative_to(sweep)), "overrides": " ".join(overrides)}
         summary_file = job / "summary.json"
         if summary_file.is_file():

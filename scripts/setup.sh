@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install fedrec with its test and documentation dependencies. torch is bounded in
+# Create .venv (if missing) and install fedrec with its test, documentation and cluster-launcher dependencies (the
+# `cluster` extra: Hydra's joblib and submitit launchers, exercised by tests/test_launchers.py). torch is bounded in
 # pyproject.toml so pip takes the CPU wheel available on this machine instead of a CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,docs]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,docs,cluster]'

@@ -1,0 +1,127 @@
+"""Scale benchmarks (beyond one process), side by side in one run: one JSON line per case.
+
+Cases (``--cases``, comma-separated):
+
+* ``sweep``: one multirun of ``train.py`` (``--sweep``; default four seeds of FedGNN on MovieLens-100K, its 100
+  rounds each) run serially by Hydra's basic launcher and in parallel by the joblib launcher of the ``cluster`` extra
+  (``hydra/launcher=joblib hydra.launcher.n_jobs=N``), each timed from the start of ``train.py`` to its sweep
+  summary. Both sweeps must give the same results (every job's summary.json without its timings) before the ratio
+  is reported. Target: joblib at most 0.6x the serial time with 2 jobs at once (each joblib worker pays torch's and
+  Lightning's imports, about 10 s of CPU, once: the jobs must be long enough for that to matter little). The line also gives the machine's
+  load and its measured room for parallel work (``parallel_capacity``: 2.0 on two idle cores), since a loaded
+  machine leaves less to gain.
+
+A new case is a function of the parsed arguments returning the dict to print, registered in ``CASES``.
+
+    FEDREC_DATA_DIR=../shared/data .venv/bin/python scripts/bench_scale.py --cases sweep
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedrec.sweeps import job_folders, without_timings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SWEEP = "+experiment=fedgnn_ml100k seed=0,1,2,3"
+
+
+def run_sweep(overrides: list[str], launcher: list[str], folder: Path) -> tuple[float, float]:
+    """Run ``train.py -m`` with these overrides and launcher into ``folder``; its wall-clock seconds and the CPU
+    seconds of all its processes (joblib's workers included: they end, and are waited for, before train.py)."""
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *overrides, "logger.tensorboard=false", "plots=false",
+           *launcher, f"hydra.sweep.dir={folder}"]
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    proc = subprocess.run(cmd, cwd=folder.parent, capture_output=True, text=True)
+    seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"the sweep {shlex.join(cmd[2:])} failed (exit code {proc.returncode}):\n"
+                         f"{proc.stderr[-3000:]}")
+    return seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def sweep_results(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every job's summary.json without its timings, by job folder."""
+    return {str(job.relative_to(folder)): without_timings(json.loads((job / "summary.json").read_text()))
+            for job in job_folders(folder)}
+
+
+def parallel_capacity(n: int, seconds: float = 2.0) -> float:
+    """How many times more CPU work ``n`` processes get done at once than one process alone, on this machine now
+    (up to ``n`` on idle cores; near 1 when other work leaves one core free): a fixed Python loop timed in one
+    process, then in ``n`` at the same time."""
+    def wall(processes: int, loops: int) -> float:
+        start = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-c", f"for _ in range({loops}): pass"]) for _ in range(processes)]
+        for proc in procs:
+            proc.wait()
+        return time.perf_counter() - start
+
+    loops = int(10_000_000 * seconds / max(wall(1, 10_000_000), 1e-3))
+    return n * wall(1, loops) / wall(n, loops)
+
+
+def case_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """The same sweep serially and with the joblib launcher, one after the other (``--repeats`` times, alternating
+    which goes first); the fastest of each is compared."""
+    overrides = shlex.split(args.sweep)
+    launchers = {"serial": [], "joblib": ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={args.n_jobs}"]}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in launchers}
+    load_before, capacity = os.getloadavg(), [parallel_capacity(args.n_jobs)]
+    with tempfile.TemporaryDirectory(prefix="bench_scale_") as tmp:
+        results = {}
+        for repeat in range(args.repeats):
+            for name in (list(launchers) if repeat % 2 == 0 else list(launchers)[::-1]):
+                folder = Path(tmp) / f"{name}_{repeat}"
+                times[name].append(run_sweep(overrides, launchers[name], folder))
+                results[name] = sweep_results(folder)
+    capacity.append(parallel_capacity(args.n_jobs))
+    if not results["serial"] or results["joblib"] != results["serial"]:
+        raise SystemExit("the joblib sweep's results differ from the serial sweep's (or there are none)")
+    (serial, serial_cpu), (parallel, parallel_cpu) = min(times["serial"]), min(times["joblib"])
+    return {"case": "sweep", "sweep": args.sweep, "jobs": len(results["serial"]), "n_jobs": args.n_jobs,
+            "cores": len(os.sched_getaffinity(0)), "serial_s": round(serial, 2), "joblib_s": round(parallel, 2),
+            "ratio": round(parallel / serial, 3), "target": 0.6, "met": parallel / serial <= 0.6,
+            "same_results": True, "all_serial_s": [round(t, 2) for t, _ in times["serial"]],
+            "all_joblib_s": [round(t, 2) for t, _ in times["joblib"]],
+            # CPU seconds of each sweep's processes: the joblib sweep's extra work is its workers' start-up
+            "serial_cpu_s": round(serial_cpu, 2), "joblib_cpu_s": round(parallel_cpu, 2),
+            "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
+            # the machine's room for parallel work before and after the sweeps (n_jobs on idle cores): the ratio
+            # cannot beat about 1/capacity, whatever the launcher does
+            "parallel_capacity": [round(c, 2) for c in capacity]}
+
+
+CASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"sweep": case_sweep}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="sweep", help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--sweep", default=SWEEP, help="the sweep's overrides (default: %(default)s)")
+    parser.add_argument("--n-jobs", type=int, default=2, help="jobs the joblib launcher runs at once")
+    parser.add_argument("--repeats", type=int, default=1, help="times each sweep is run (the fastest is reported)")
+    args = parser.parse_args(argv)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown or not cases:
+        parser.error(f"--cases: unknown case {', '.join(unknown) or '(none given)'}; one of {', '.join(CASES)}")
+    if args.n_jobs < 1 or args.repeats < 1:
+        parser.error("--n-jobs and --repeats must be >= 1")
+    for case in cases:
+        print(json.dumps(CASES[case](args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
