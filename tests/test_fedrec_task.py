@@ -6,6 +6,7 @@ import copy
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_fedrec import write_ml1m
@@ -138,6 +139,26 @@ def test_upload_items_is_x_t_real_and_pseudo(tiny: RatingData) -> None:
     assert X.has_sorted_indices  # X^t lists item ids sorted: nothing tells real from pseudo items
     d = task._prepare(2).data
     assert torch.equal(torch.as_tensor(X.sum(1)).flatten().long()[d.clients], d.rows_per_client() + 5)
+
+
+@pytest.mark.parametrize("pseudo_items", [0, 5, 40])
+def test_upload_items_equals_a_plain_construction(tiny: RatingData, pseudo_items: int) -> None:
+    """X^t against scipy's COO construction of the same (client, item) pairs: same 0/1 entries, each row's ids
+    strictly increasing; 40 pseudo items exceed some clients' unrated items (invalid draws are left out)."""
+    import scipy.sparse as sp
+
+    task = FedRecTask(tiny, FedGNN(tiny.num_users, tiny.num_items, 4), FedSGD(), rounds=tiny.rounds,
+                      pseudo_items=pseudo_items, seed=3)
+    for r in (0, tiny.rounds - 1):
+        X, prep = task.upload_items(r), task._prepare(r)
+        d = prep.data
+        owner = torch.cat([d.clients[d.row_client], d.clients.unsqueeze(1).expand_as(prep.pseudo)[prep.pseudo_valid]])
+        items = torch.cat([d.row_item, prep.pseudo[prep.pseudo_valid]])
+        ref = sp.coo_matrix((np.ones(len(items)), (owner.numpy(), items.numpy())), shape=X.shape).tocsr()
+        assert (X != ref).nnz == 0 and np.all(X.data == 1.0) and X.dtype == np.float64
+        assert all(np.all(np.diff(X.indices[a:b]) > 0) for a, b in zip(X.indptr[:-1], X.indptr[1:]))
+        if pseudo_items == 40:
+            assert not bool(prep.pseudo_valid.all())
 
 
 @pytest.mark.parametrize("model_cls", [FedGNN, MatrixFactorization])

@@ -152,10 +152,15 @@ class FedRecTask(FederatedTask):
 
         prep = self._prepare(round_idx)
         d, I, U = prep.data, self.data.num_items, self.data.num_clients
-        pseudo_owner = d.clients.unsqueeze(1).expand_as(prep.pseudo)[prep.pseudo_valid]
-        # one sort of client·I + item orders the rows and each row's ids (a client's real and pseudo items differ)
-        key = np.sort(torch.cat([d.clients[d.row_client] * I + d.row_item,
-                                 pseudo_owner * I + prep.pseudo[prep.pseudo_valid]]).numpy())
+        # keys client·I + item, sorted: the real rows' already are (round_data's rows are sorted unique keys); the
+        # pseudo ones are once each client's row is sorted (clients ascend); merging the two runs sorts them all
+        # (a client's real and pseudo items differ)
+        real = (d.clients[d.row_client] * I + d.row_item).numpy()
+        absent = torch.iinfo(torch.int64).max
+        pseudo = torch.where(prep.pseudo_valid, d.clients.unsqueeze(1) * I + prep.pseudo, absent)
+        pseudo = torch.sort(pseudo, dim=1).values.flatten()
+        key = np.concatenate([real, pseudo[pseudo != absent].numpy()])
+        key.sort(kind="stable")  # timsort: a linear merge of the two sorted runs
         owner, items = np.divmod(key, I)
         indptr = np.zeros(U + 1, dtype=np.int64)
         np.cumsum(np.bincount(owner, minlength=U), out=indptr[1:])
