@@ -68,9 +68,14 @@ class SweepSummary(HydraCallback):
 
 
 def job_folders(sweep: Path) -> list[Path]:
-    """The job folders of a sweep (those with a ``.hydra/overrides.yaml``), sorted. A launcher's own files (e.g.
-    submitit's ``.submitit/``) are no job folders."""
-    return sorted(f.parent.parent for f in sweep.glob("**/.hydra/overrides.yaml"))
+    """The job folders of a sweep (those with a ``.hydra/overrides.yaml``), in job order: numbered folders by
+    number (2 before 10), others by name. A launcher's own files (e.g. submitit's ``.submitit/``) are no job
+    folders."""
+    def order(folder: Path) -> tuple:
+        rel = folder.relative_to(sweep).parts
+        return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in rel)
+
+    return sorted((f.parent.parent for f in sweep.glob("**/.hydra/overrides.yaml")), key=order)
 
 
 def without_timings(summary: dict[str, Any]) -> dict[str, Any]:

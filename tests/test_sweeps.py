@@ -55,3 +55,14 @@ def test_headline_and_objective_of_each_task_kind(summary: dict, first: str) -> 
     assert set(values) <= set(summary)
     assert describe(Path("/x"), summary).startswith("run folder: /x; " + first)
     assert math.isnan(objective({"steps": 3}))
+
+
+def test_job_folders_come_in_job_order(tmp_path: Path) -> None:
+    """Hydra numbers a multirun's jobs 0, 1, ..., 10, ...: the sweep summary lists them by number, not as text."""
+    from fedrec.sweeps import job_folders
+
+    for job in ("0", "1", "2", "10", "11"):
+        (tmp_path / job / ".hydra").mkdir(parents=True)
+        (tmp_path / job / ".hydra" / "overrides.yaml").write_text("[]\n")
+    (tmp_path / ".submitit" / "x").mkdir(parents=True)  # a launcher's own folder: no job
+    assert [f.name for f in job_folders(tmp_path)] == ["0", "1", "2", "10", "11"]
