@@ -282,7 +282,7 @@ def read_ratings(name: str, data_dir: str | Path, normalize: str = "max") -> pd.
         {
             "user": user.astype(np.int64),
             "item": item.astype(np.int64),
-            "rating": _normalize(raw_rating, normalize, lo, hi, path),
+            "rating": normalize_ratings(raw_rating, normalize, lo, hi, path),
             "raw_rating": raw_rating,
             "user_id": raw["user"].to_numpy(),
             "item_id": raw["item"].to_numpy(),
@@ -342,13 +342,15 @@ def _drop_duplicates(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
     return raw[~earlier]
 
 
-def _normalize(rating: np.ndarray, normalize: str, lo: float, hi: float, path: Path) -> np.ndarray:
+def normalize_ratings(rating: np.ndarray, normalize: str, lo: float, hi: float, source: str | Path) -> np.ndarray:
+    """Ratings on the scale [lo, hi] of ``source`` (a file, or a generator) mapped by ``normalize`` (module
+    docstring): ``r / hi`` or ``(r − lo) / (hi − lo)``; a scale the rule cannot use is a ConfigError naming it."""
     if normalize == "max":
         if hi <= 0:
-            raise ConfigError(f"{path}: normalize='max' needs a positive rating, but the largest is {hi}")
+            raise ConfigError(f"{source}: normalize='max' needs a positive rating, but the largest is {hi}")
         return rating / hi
     if hi <= lo:
-        raise ConfigError(f"{path}: normalize='minmax' needs two distinct ratings, but every rating is {lo}")
+        raise ConfigError(f"{source}: normalize='minmax' needs two distinct ratings, but every rating is {lo}")
     return (rating - lo) / (hi - lo)
 
 

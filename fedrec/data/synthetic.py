@@ -42,7 +42,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from fedrec.data.ratings import RatingData, Ratings, check_split, split_ratings
+from fedrec.data.ratings import RatingData, Ratings, check_split, normalize_ratings, split_ratings
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.seeding import numpy_generator
 
@@ -111,10 +111,8 @@ def synthetic_ratings(
 
     user, item = rated_pairs(users, items, ratings, user_exponent, item_exponent, seed)
     stars = _stars(user, item, users, items, rank, noise, seed)
-    low, high = RATING_SCALE
-    normalised = stars / high if normalize == "max" else (stars - low) / (high - low)
     return split_ratings(
-        Ratings(user, item, normalised),
+        Ratings(user, item, normalize_ratings(stars, normalize, *RATING_SCALE, "synthetic_ratings")),
         name="synthetic",
         user_ids=np.arange(users, dtype=np.int64),
         item_ids=np.arange(items, dtype=np.int64),

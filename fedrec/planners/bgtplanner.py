@@ -31,6 +31,7 @@ from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.privacy.client_dp import BUDGET_MARGIN
 from fedrec.planners.base import BudgetPlanner
 from fedrec.seeding import numpy_generator
+from fedrec.trainer import torch_threads
 
 ACTION_GRIDS = ("linspace", "code")
 RHO_RULES = ("paper", "remaining")
@@ -136,13 +137,8 @@ def solve_opt(rhat: np.ndarray, costs: np.ndarray, bound: float) -> float:
 _BLAS_CONTROLLER: Any = None
 
 
-@contextmanager
-def single_thread() -> Iterator[None]:
-    """Run the enclosed code with torch's intra-op pool and numpy's/scipy's BLAS on one thread (restored on
-    exit). The planner's per-round work is small (X^t's ~10⁵ ids, 943-long vectors, matrices of ≤ 100 rows):
-    waking a second thread costs more than it saves, and much more when another process holds the other core
-    (measured on 2 shared cores: building X^t 93 ms with two torch threads against 7 ms with one; the GP
-    posterior 8 ms with two BLAS threads against 0.13 ms). Results do not depend on the thread count here."""
+def _blas_controller() -> Any:
+    """threadpoolctl's controller of the loaded BLAS libraries, built once (listing them takes ~15 ms)."""
     global _BLAS_CONTROLLER
     if _BLAS_CONTROLLER is None:
         import scipy.linalg  # noqa: F401  (load scipy's BLAS before the controller lists the libraries)
@@ -150,15 +146,18 @@ def single_thread() -> Iterator[None]:
         from threadpoolctl import ThreadpoolController
 
         _BLAS_CONTROLLER = ThreadpoolController()
-    threads = torch.get_num_threads()
-    if threads != 1:
-        torch.set_num_threads(1)
-    try:
-        with _BLAS_CONTROLLER.limit(limits=1, user_api="blas"):
-            yield
-    finally:
-        if threads != 1:
-            torch.set_num_threads(threads)
+    return _BLAS_CONTROLLER
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Run the enclosed code with torch's intra-op pool and numpy's/scipy's BLAS on one thread (restored on
+    exit). The planner's per-round work is small (X^t's ~10⁵ ids, 943-long vectors, matrices of ≤ 100 rows):
+    waking a second thread costs more than it saves, and much more when another process holds the other core
+    (measured on 2 shared cores: building X^t 93 ms with two torch threads against 7 ms with one; the GP
+    posterior 8 ms with two BLAS threads against 0.13 ms). Results do not depend on the thread count here."""
+    with torch_threads(1), _blas_controller().limit(limits=1, user_api="blas"):
+        yield
 
 
 #: the length scale that takes a coordinate out of a stationary sklearn kernel (sklearn has no active_dims): its
@@ -387,8 +386,7 @@ class BGTPlanner(BudgetPlanner):
         self.gamma = igw_gamma(A, T, U) if self.gamma_arg is None else self.gamma_arg
         self.eta = 2.0 * math.log(U) / math.sqrt(T) if self.eta_arg is None else self.eta_arg
         self.num_clients = U
-        with single_thread():  # the first use lists the BLAS libraries (~15 ms): once, before the rounds
-            pass
+        _blas_controller()  # list the BLAS libraries once, before the rounds
         if self.dual is None:
             self.dual = torch.full((U + 1,), 1.0 / (U + 1), dtype=torch.float64)  # slack coordinate last
 
@@ -517,8 +515,8 @@ class BGTPlanner(BudgetPlanner):
         return {**super().state_dict(), "z": [list(v) for v in self.z], "t": list(self.t), "r": list(self.r),
                 "actions": list(self.actions), "stage2_errors": list(self.stage2_errors),
                 "stage2_contexts": [(t, list(x)) for t, x in self.stage2_contexts],
-                "gp_effect": list(self.gp_effect), "dual": None if self.dual is None else self.dual.clone(), "big_lambda": self.big_lambda,
-                "M": self.M, "rho": self.rho}
+                "gp_effect": list(self.gp_effect), "dual": None if self.dual is None else self.dual.clone(),
+                "big_lambda": self.big_lambda, "M": self.M, "rho": self.rho}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
