@@ -25,8 +25,8 @@ from fedrec.planners.bgtplanner import (
     igw_gamma,
     igw_probabilities,
     solve_opt,
+    upload_context,
 )
-from fedrec.planners.context import upload_context
 from fedrec.planners import ADAPPlanner, ADPMLPlanner, UniformPlanner
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
@@ -131,12 +131,12 @@ def test_paper_constants() -> None:
 def test_context_is_descending_and_permutation_invariant() -> None:
     rng = np.random.default_rng(0)
     X = sp.csr_matrix((rng.random((60, 80)) < 0.1).astype(float))
-    x = upload_context(X, 5).values
+    x = upload_context(X, 5)
     assert len(x) == 5 and np.all(np.diff(x) <= 0)
     assert np.allclose(x, np.linalg.svd(X.toarray(), compute_uv=False)[:5], rtol=1e-5)
     perm = X[rng.permutation(60)][:, rng.permutation(80)]
-    assert np.allclose(upload_context(perm, 5).values, x, rtol=1e-5)
-    assert np.allclose(upload_context(sp.csr_matrix(np.eye(3)), 5).values, [1, 1, 1, 0, 0])  # padded past the rank
+    assert np.allclose(upload_context(perm, 5), x, rtol=1e-5)
+    assert np.allclose(upload_context(sp.csr_matrix(np.eye(3)), 5), [1, 1, 1, 0, 0])  # padded past the rank
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -298,4 +298,4 @@ def test_context_of_a_rank_one_upload_matrix() -> None:
     """When every client uploads every item (400 pseudo items on a small catalogue) X^t is all ones: one singular
     value, then exact zeros (PROPACK returned a spurious second value here)."""
     X = sp.csr_matrix(np.ones((605, 120), dtype=np.float32))
-    assert np.allclose(upload_context(X, 5).values, [math.sqrt(605 * 120), 0, 0, 0, 0], atol=1e-6)
+    assert np.allclose(upload_context(X, 5), [math.sqrt(605 * 120), 0, 0, 0, 0], atol=1e-6)

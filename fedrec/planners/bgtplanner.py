@@ -2,8 +2,7 @@
 knapsacks that picks one of A budget levels per round.
 
 * context x^t: the top-d singular values of the round's client × item upload matrix X^t (§V-A), the square roots
-  of the top eigenvalues of its Gram matrix on the smaller side (dense, or Lanczos on the sparse X^t's Gram
-  operator warm-started from the last round's Ritz vectors: :mod:`fedrec.planners.context`);
+  of the top eigenvalues of its Gram matrix on the smaller side (dense, or ARPACK on the sparse X^t's Gram operator);
 * reward predictor: Gaussian-process regression on z = [a, x^t] with the kernel of Eq. 4, a squared exponential
   on z times (1−α)^{|t−t'|/2}, which is a Matérn-½ kernel on the round index with length −2/ln(1−α)
   (fixed hyper-parameters, observation noise σ_μ² on the diagonal only; posterior mean Eq. 5), conditioned one
@@ -31,7 +30,6 @@ from torch import Tensor
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.privacy.client_dp import BUDGET_MARGIN
 from fedrec.planners.base import BudgetPlanner
-from fedrec.planners.context import load_kernels, upload_context
 from fedrec.seeding import numpy_generator
 from fedrec.trainer import torch_threads
 
@@ -63,6 +61,57 @@ def igw_probabilities(scores: Tensor, gamma: float) -> Tensor:
     return p
 
 
+#: upload matrices whose smaller side is at most this many rows/columns take the dense Gram route
+DENSE_SIDE = 128
+#: ARPACK's relative tolerance on the Ritz values of the Gram matrix (eigenvalues = squared singular values): a
+#: bound of 5e-7 on the singular values' relative error; measured ≤ 3e-13 on ML-100K's X^t, in 26–33 Gram products
+#: with ARPACK's default basis of 2k + 1 vectors (a tolerance of 1e-8 or a basis of 30 took up to 52)
+GRAM_TOL = 1e-6
+
+
+def upload_context(X: Any, dim: int) -> np.ndarray:
+    """The top ``dim`` singular values of the sparse 0/1 matrix X^t, descending (zero-padded past its rank).
+
+    They are the square roots of the top eigenvalues of the Gram matrix on X's smaller side (X Xᵀ or Xᵀ X, in
+    float64): by a dense symmetric eigensolver when that side has at most :data:`DENSE_SIDE` rows, else by
+    ARPACK on the Gram operator of the sparse X (:func:`gram_top_eigenvalues`). Eigenvalues within rounding of
+    zero (below ``max(X.shape)·eps·λ_max``) are exact zeros, so a rank-deficient X gets zeros past its rank
+    (PROPACK returned a spurious value there). Tests: equal to a dense SVD to 1e-6 relative.
+    """
+    k = int(dim)
+    if k <= 0:
+        return np.zeros(0)
+    X = X.tocsr().astype(np.float64, copy=False)  # 0/1 entries are exact
+    small = min(X.shape)
+    if X.nnz == 0 or small == 0:
+        lam = np.zeros(0)
+    elif small <= max(DENSE_SIDE, k + 1):
+        G = (X @ X.T if X.shape[0] <= X.shape[1] else X.T @ X).toarray()
+        lam = np.linalg.eigvalsh(G)[::-1][:k]
+    else:
+        lam = gram_top_eigenvalues(X, k)
+    if len(lam):
+        lam = np.where(lam > max(X.shape) * np.finfo(np.float64).eps * lam[0], lam, 0.0)
+    s = np.sqrt(lam)
+    return np.pad(s, (0, k - len(s)))
+
+
+def gram_top_eigenvalues(X: Any, k: int, tol: float = GRAM_TOL) -> np.ndarray:
+    """The top ``k`` eigenvalues (descending) of the Gram matrix on the smaller side of the sparse float64 ``X``
+    (X Xᵀ or Xᵀ X), by ARPACK's implicitly restarted Lanczos (``scipy.sparse.linalg.eigsh``) on an operator that
+    applies it as two sparse products: the Gram matrix is never formed. The start vector is fixed, so the result
+    is a function of X alone. Like every single-vector Krylov method it finds a second copy of a repeated
+    eigenvalue only through rounding; upload matrices with random pseudo items have no exact symmetry."""
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    left, right = (X, X.T) if X.shape[0] <= X.shape[1] else (X.T, X)  # X.T: a CSC view, as fast, no copy
+    n = left.shape[0]
+    gram = LinearOperator((n, n), matvec=lambda v: left @ (right @ v), dtype=np.float64)
+    v0 = np.random.default_rng(0).standard_normal(n)
+    lam = eigsh(gram, k=k, which="LA", v0=v0, tol=tol, return_eigenvectors=False)
+    return np.maximum(np.sort(lam)[::-1], 0.0)
+
+
 def top_affordable_level(privacy: Any, levels: Tensor, holding: Tensor) -> int | None:
     """The highest level index every client in ``holding`` can afford now (None: not even the lowest), asking the
     accountant from the top down: one query when the top level is affordable (most rounds). Levels increase with
@@ -85,19 +134,19 @@ def solve_opt(rhat: np.ndarray, costs: np.ndarray, bound: float) -> float:
     return float(-res.fun)
 
 
-_BLAS_LIBRARIES: list[Any] | None = None
+_BLAS_CONTROLLER: Any = None
 
 
-def _blas_libraries() -> list[Any]:
-    """threadpoolctl's controllers of the loaded BLAS libraries (numpy's and scipy's, which the compiled Lanczos
-    kernels call too), found once: listing them takes ~15 ms."""
-    global _BLAS_LIBRARIES
-    if _BLAS_LIBRARIES is None:
+def _blas_controller() -> Any:
+    """threadpoolctl's controller of the loaded BLAS libraries, built once (listing them takes ~15 ms)."""
+    global _BLAS_CONTROLLER
+    if _BLAS_CONTROLLER is None:
         import scipy.linalg  # noqa: F401  (load scipy's BLAS before the controller lists the libraries)
+        import scipy.sparse.linalg  # noqa: F401
         from threadpoolctl import ThreadpoolController
 
-        _BLAS_LIBRARIES = ThreadpoolController().select(user_api="blas").lib_controllers
-    return _BLAS_LIBRARIES
+        _BLAS_CONTROLLER = ThreadpoolController()
+    return _BLAS_CONTROLLER
 
 
 @contextmanager
@@ -106,19 +155,9 @@ def single_thread() -> Iterator[None]:
     exit). The planner's per-round work is small (X^t's ~10⁵ ids, 943-long vectors, matrices of ≤ 100 rows):
     waking a second thread costs more than it saves, and much more when another process holds the other core
     (measured on 2 shared cores: building X^t 93 ms with two torch threads against 7 ms with one; the GP
-    posterior 8 ms with two BLAS threads against 0.13 ms). Results do not depend on the thread count here.
-    Each library's count is read and set directly (~10 µs; threadpoolctl's ``limit`` re-reads every library's
-    info, ~0.2 ms a round in the planner's two hooks)."""
-    libraries = _blas_libraries()
-    counts = [lib.get_num_threads() for lib in libraries]
-    with torch_threads(1):
-        for lib in libraries:
-            lib.set_num_threads(1)
-        try:
-            yield
-        finally:
-            for lib, count in zip(libraries, counts):
-                lib.set_num_threads(count)
+    posterior 8 ms with two BLAS threads against 0.13 ms). Results do not depend on the thread count here."""
+    with torch_threads(1), _blas_controller().limit(limits=1, user_api="blas"):
+        yield
 
 
 #: the length scale that takes a coordinate out of a stationary sklearn kernel (sklearn has no active_dims): its
@@ -327,7 +366,6 @@ class BGTPlanner(BudgetPlanner):
         self._pending: dict[str, Any] | None = None
         self._posterior: IncrementalGP | None = None  # the GP conditioned on (z, t, r) so far (rebuilt on resume)
         self._settled: tuple[Tensor, set[float]] | None = None  # this round's clients and their affordable levels
-        self.context_start: np.ndarray | None = None  # the next context's Lanczos start (the last Ritz vectors)
         #: seconds spent in parts of the hooks (building X^t is the task's upload_items), for scripts/bench_fedgnn.py
         self.part_seconds = {"upload_matrix": 0.0, "context": 0.0, "accountant": 0.0, "gp": 0.0}
 
@@ -348,8 +386,7 @@ class BGTPlanner(BudgetPlanner):
         self.gamma = igw_gamma(A, T, U) if self.gamma_arg is None else self.gamma_arg
         self.eta = 2.0 * math.log(U) / math.sqrt(T) if self.eta_arg is None else self.eta_arg
         self.num_clients = U
-        _blas_libraries()  # list the BLAS libraries once, before the rounds
-        load_kernels()
+        _blas_controller()  # list the BLAS libraries once, before the rounds
         if self.dual is None:
             self.dual = torch.full((U + 1,), 1.0 / (U + 1), dtype=torch.float64)  # slack coordinate last
 
@@ -404,7 +441,7 @@ class BGTPlanner(BudgetPlanner):
         X = task.upload_items(round_idx)  # X^t: built once per round
         parts["upload_matrix"] += clock() - started
         started = clock()
-        context = self.context(X)
+        context = upload_context(X, self.context_dim)
         parts["context"] += clock() - started
         started = clock()
         top = top_affordable_level(task.privacy, self.levels, holding)
@@ -437,13 +474,6 @@ class BGTPlanner(BudgetPlanner):
         pending["action"] = a
         self._pending = pending
         return float(self.levels[a])
-
-    def context(self, X: Any) -> np.ndarray:
-        """x^t, the top singular values of the upload matrix X^t (:func:`upload_context`), by a Lanczos run that
-        starts from the last one's Ritz vectors (kept in the state, so that a resumed run computes the same)."""
-        ctx = upload_context(X, self.context_dim, self.context_start)
-        self.context_start = ctx.start
-        return ctx.values
 
     def affordable(self, task: Any, budget: float, holding: Tensor) -> bool:
         """A level of the affordable prefix :meth:`choose` settled for these clients this round is affordable
@@ -486,8 +516,7 @@ class BGTPlanner(BudgetPlanner):
                 "actions": list(self.actions), "stage2_errors": list(self.stage2_errors),
                 "stage2_contexts": [(t, list(x)) for t, x in self.stage2_contexts],
                 "gp_effect": list(self.gp_effect), "dual": None if self.dual is None else self.dual.clone(),
-                "big_lambda": self.big_lambda, "M": self.M, "rho": self.rho,
-                "context_start": None if self.context_start is None else torch.from_numpy(self.context_start.copy())}
+                "big_lambda": self.big_lambda, "M": self.M, "rho": self.rho}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -499,8 +528,6 @@ class BGTPlanner(BudgetPlanner):
         self.gp_effect = [(bool(c), float(tv)) for c, tv in state.get("gp_effect", [])]
         self.dual = None if state["dual"] is None else state["dual"].clone()
         self.big_lambda, self.M, self.rho = state["big_lambda"], state["M"], state["rho"]
-        start = state.get("context_start")  # absent from checkpoints of cold-started contexts
-        self.context_start = None if start is None else start.numpy().copy()
 
     def summary(self) -> dict[str, Any]:
         counts = np.bincount(np.asarray(self.actions, dtype=np.int64), minlength=self.num_actions)
