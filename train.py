@@ -24,6 +24,7 @@ def experiment(cfg: DictConfig) -> float:
     from fedrec.cli import run
     from fedrec.errors import ConfigError, DatasetNotFoundError
     from fedrec.sweeps import describe, objective
+    from fedrec.trainer.distributed import launched_as_secondary
 
     try:
         summary = run(cfg)
@@ -33,7 +34,8 @@ def experiment(cfg: DictConfig) -> float:
             logging.getLogger("fedrec").error("error: %s", e)
             return math.nan
         sys.exit(2)
-    print(describe(Path(HydraConfig.get().runtime.output_dir), summary))
+    if not launched_as_secondary():  # rank 0 of a multi-process run reports it
+        print(describe(Path(HydraConfig.get().runtime.output_dir), summary))
     return objective(summary)
 
 

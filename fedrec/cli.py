@@ -21,6 +21,7 @@ import fedrec.resolvers  # noqa: F401  (registers ${by_conventions:...} before a
 from fedrec.errors import ConfigError, DatasetNotFoundError, check_int
 from fedrec.io import WriteError, atomic_write, atomic_write_json, writing
 from fedrec.trainer import Callback
+from fedrec.trainer.distributed import launched_as_secondary
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +269,10 @@ class OutputDirCheck(HydraCallback):
     its own files there, so a bad ``hydra.run.dir`` is ``error: output: ...`` with exit code 2, not a traceback."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Check ``hydra.run.dir`` (it may hold this run's checkpoint, for a resume in place)."""
+        """Check ``hydra.run.dir`` (it may hold this run's checkpoint, for a resume in place); a process launched
+        as a secondary rank of a multi-process run writes nothing there, so it checks nothing."""
+        if launched_as_secondary():
+            return
         _exit_on_output_error(lambda: prepare_output_dir(Path(config.hydra.run.dir), config.get("ckpt_path")))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -295,7 +299,7 @@ class RunResults(Callback):
         self.summary: dict[str, Any] = {}
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
-        """Summarise the run, then write ``summary.json`` and its plots."""
+        """Summarise the run, then write ``summary.json`` and its plots (rank 0 of a multi-process run)."""
         cfg, history = self.cfg, trainer.history
         summary = {
             "experiment": cfg.name,
@@ -310,12 +314,14 @@ class RunResults(Callback):
             summary = mark_private_metrics(summary, history, self.is_private, log_private)
             if not log_private:
                 history = [{k: v for k, v in metrics.items() if not self.is_private(k)} for metrics in history]
+        self.summary = summary
+        if not trainer.is_global_zero:
+            return
         atomic_write_json(self.out / "summary.json", summary)
         if cfg.get("plots", True) and history:
             from fedrec.plots import plot_run
 
             plot_run(history, self.out, title=self.title, rating_scale=summary.get("rating_scale"))
-        self.summary = summary
 
 
 def _clear_tensorboard(out: Path) -> None:
@@ -327,6 +333,15 @@ def _clear_tensorboard(out: Path) -> None:
             f.unlink()
     if events:
         log.info("resuming in %s: TensorBoard events rewritten from the checkpoint's history", out)
+
+
+def _detach_log_files() -> None:
+    """Close and remove the root logger's file handlers (Hydra's ``<job>.log``): a secondary rank logs to the
+    console only, and its delayed file handler never creates the file."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(handler)
+        handler.close()
 
 
 def _whole(value: Any) -> bool:
@@ -428,17 +443,27 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
         output_dir = HydraConfig.get().runtime.output_dir
     out = Path(output_dir)
     ckpt_path = cfg.get("ckpt_path")
-    prepare_output_dir(out, ckpt_path)
+    secondary = launched_as_secondary()  # a secondary rank of a multi-process run writes nothing
+    if secondary:
+        _detach_log_files()
+    else:
+        prepare_output_dir(out, ckpt_path)
     from fedrec.trainer import FederatedTrainer, torch_threads
+    from fedrec.trainer.distributed import check_distribution
 
+    tr = cfg.trainer
+    devices = check_distribution(tr.get("accelerator", "cpu"), tr.get("devices", 1), tr.get("strategy", "auto"))[1]
     with torch_threads(cfg.get("num_threads")):  # the build (data, environment, model) as the rounds
         task = build_task_fetching_data(cfg)
+    if devices > 1 and not getattr(task, "supports_sharding", False):  # before launching any process
+        raise ConfigError(f"trainer.devices={devices}: {type(task).__name__} runs in one process (only "
+                          "recommendation runs, data=..., shard their clients across processes)")
     is_private = getattr(task, "is_private_metric", None)  # tasks whose metrics may come from clients' raw data
     planner = _build(cfg.planner, "planner") if cfg.get("planner") is not None else None
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []  # none without Hydra's CLI
     results = RunResults(cfg, out, planner, is_private, run_title(str(cfg.name), overrides))
     trainer = FederatedTrainer(
-        default_root_dir=out, loggers=build_loggers(cfg.logger, out, is_private),
+        default_root_dir=out, loggers=[] if secondary else build_loggers(cfg.logger, out, is_private),
         callbacks=[planner, results] if planner else [results], run_config=identity_config(cfg),
         allow_changes=allowed_changes(cfg), num_threads=cfg.get("num_threads"),
         **OmegaConf.to_container(cfg.trainer),
@@ -446,8 +471,10 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     if ckpt_path is not None:  # before writing anything: a checkpoint of another run is refused
         trainer.restore(task, ckpt_path)
     with output_errors():
-        if resumes_in_place(out, ckpt_path) and cfg.logger.get("tensorboard", True):
-            _clear_tensorboard(out)
-        atomic_write(out / "config_resolved.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)), mode="w")
+        if trainer.is_global_zero:
+            if resumes_in_place(out, ckpt_path) and cfg.logger.get("tensorboard", True):
+                _clear_tensorboard(out)
+            atomic_write(out / "config_resolved.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)),
+                         mode="w")
         trainer.fit(task)
     return results.summary

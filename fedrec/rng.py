@@ -72,3 +72,134 @@ def normals(seed: int, rows: np.ndarray, draws: np.ndarray, dim: int) -> np.ndar
     for m in range(rows.shape[0]):
         fill_normals(seed, rows[m], draws[m], out[m])
     return out
+
+
+# ---- draws keyed by (key, owner, counter): the same numbers whichever process or batch computes an owner's rows
+
+#: what a keyed block draws: :class:`KeyedRows` ``distribution`` names and the kernel's codes
+DISTRIBUTIONS = {"uniform": 0, "normal": 1, "laplace": 2}
+
+
+@jit
+def _owner_state(key: np.uint64, owner: np.int64) -> np.uint64:
+    """The hash state of owner ``owner``'s stream under ``key``."""
+    return _mix(key ^ _mix(np.uint64(owner) + GOLDEN))
+
+
+@jit
+def _keyed_unit(state: np.uint64, counter: np.int64) -> float:
+    """Uniform in (0, 1) number ``counter`` of the stream whose state is ``state`` (53 bits, never 0 or 1)."""
+    bits = _mix(state + np.uint64(counter + 1) * GOLDEN)
+    return (np.float64(bits >> S11) + 0.5) * TWO_M53
+
+
+@jit
+def _keyed_fill(key: np.uint64, owner: np.ndarray, start: np.ndarray, kind: int, out: np.ndarray) -> None:
+    """Row ``i`` of ``out`` gets draws ``start[i]``, ``start[i] + 1``, ... of owner ``owner[i]``'s stream: uniform
+    (kind 0), standard normal (1: draws 2p and 2p+1 are Box–Muller's cosine and sine of uniforms 2p and 2p+1) or
+    Laplace(0, 1) by its inverse CDF (2)."""
+    radius, angle = 0.0, 0.0
+    for i in range(out.shape[0]):
+        state = _owner_state(key, owner[i])
+        for j in range(out.shape[1]):
+            c = start[i] + j
+            if kind == 0:
+                out[i, j] = _keyed_unit(state, c)
+            elif kind == 1:
+                if j == 0 or c % 2 == 0:  # a new pair
+                    pair = c - c % 2
+                    radius = np.sqrt(-2.0 * np.log(_keyed_unit(state, pair)))
+                    angle = 2.0 * np.pi * _keyed_unit(state, pair + 1)
+                out[i, j] = radius * (np.cos(angle) if c % 2 == 0 else np.sin(angle))
+            else:
+                u = _keyed_unit(state, c) - 0.5  # in (-1/2, 1/2): the log stays finite
+                out[i, j] = -np.sign(u) * np.log(1.0 - 2.0 * np.abs(u))
+
+
+@jit
+def keyed_sample_excluding(key: np.uint64, owner: np.ndarray, indptr: np.ndarray, excluded: np.ndarray, n: int,
+                           count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per owner ``owner[i]``, ``count`` distinct values drawn uniformly from ``range(n)`` minus the sorted
+    ``excluded[indptr[i]:indptr[i+1]]``, by rejection from its stream (counter c proposes ``⌊u_c·n⌋``); an owner
+    with fewer than ``count`` such values gets all of them. Returns ``(values (m, count), valid (m, count))``."""
+    m = owner.shape[0]
+    values = np.zeros((m, count), dtype=np.int64)
+    valid = np.zeros((m, count), dtype=np.bool_)
+    taken = np.zeros(n, dtype=np.bool_)
+    for i in range(m):
+        lo, hi = indptr[i], indptr[i + 1]
+        for e in range(lo, hi):
+            taken[excluded[e]] = True
+        free = n - (hi - lo)
+        if free <= count:  # too few values to choose from: all of them, in increasing order
+            k = 0
+            for v in range(n):
+                if not taken[v]:
+                    values[i, k] = v
+                    valid[i, k] = True
+                    k += 1
+        else:
+            state = _owner_state(key, owner[i])
+            k, c = 0, 0
+            while k < count:
+                v = min(np.int64(_keyed_unit(state, c) * n), n - 1)
+                c += 1
+                if not taken[v]:
+                    taken[v] = True
+                    values[i, k] = v
+                    valid[i, k] = True
+                    k += 1
+        for e in range(lo, hi):
+            taken[excluded[e]] = False
+        for k in range(count):
+            if valid[i, k]:
+                taken[values[i, k]] = False
+    return values, valid
+
+
+@jit
+def keyed_group_shuffle(key: np.uint64, owner: np.ndarray, indptr: np.ndarray, order: np.ndarray) -> None:
+    """Shuffle each group ``order[indptr[g]:indptr[g+1]]`` in place, uniformly and independently, by Fisher–Yates
+    on owner ``owner[g]``'s stream (position i swaps with ⌊u_i·(i+1)⌋): the same permutation of a group's members
+    whichever other groups are shuffled with it."""
+    for g in range(owner.shape[0]):
+        state = _owner_state(key, owner[g])
+        lo = indptr[g]
+        for i in range(indptr[g + 1] - lo - 1, 0, -1):
+            j = min(np.int64(_keyed_unit(state, i) * (i + 1)), i)
+            order[lo + i], order[lo + j] = order[lo + j], order[lo + i]
+
+
+def rank_within(group: np.ndarray) -> np.ndarray:
+    """Each element's position among the elements of its group, in order (``[0, 0, 1, 0, 1, 2]`` for groups
+    ``[a, b, b, c, c, c]``, in any arrangement): the counters of rows that draw from their group's stream."""
+    group = np.asarray(group)
+    perm = np.argsort(group, kind="stable")
+    ordered = group[perm]
+    rank = np.empty(len(group), dtype=np.int64)
+    rank[perm] = np.arange(len(group)) - np.searchsorted(ordered, ordered)  # minus the group's first index
+    return rank
+
+
+class KeyedRows:
+    """Counter-based draws for a block of rows: row ``i`` reads draws ``start[i]``, ``start[i] + 1``, ... of the
+    stream of owner ``owner[i]`` (e.g. a client) under ``key`` (e.g. of a run seed, a draw's name and a round).
+
+    A row's numbers depend on the key, its owner and its counters alone, so an owner's draws are the same whichever
+    process, batch or set of other owners computes them (a sharded run draws what a one-process run draws).
+    """
+
+    def __init__(self, key: int | np.uint64, owner: np.ndarray | Sequence[int], start: np.ndarray | Sequence[int] | int = 0):
+        self.key = np.uint64(key)
+        self.owner = np.ascontiguousarray(owner, dtype=np.int64).reshape(-1)
+        start_arr = np.asarray(start, dtype=np.int64)
+        self.start = np.ascontiguousarray(np.broadcast_to(start_arr, self.owner.shape))
+
+    def draw(self, distribution: str, width: int) -> np.ndarray:
+        """``(rows, width)`` float64 draws of ``distribution`` (``"uniform"`` in (0, 1), ``"normal"`` standard,
+        ``"laplace"`` with scale 1)."""
+        if distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {list(DISTRIBUTIONS)}, got {distribution!r}")
+        out = np.empty((self.owner.shape[0], int(width)))
+        _keyed_fill(self.key, self.owner, self.start, DISTRIBUTIONS[distribution], out)
+        return out

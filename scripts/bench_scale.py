@@ -11,6 +11,14 @@ Cases (``--cases``, comma-separated):
   load and its measured room for parallel work (``parallel_capacity``: 2.0 on two idle cores), since a loaded
   machine leaves less to gain.
 
+* ``shard``: one FedGNN run on synthetic ratings (``--shard``; default MovieLens-1M's size, 6,040 users in 605
+  clients, 3,706 items, 1,000,209 ratings, a few rounds) in one process and sharded over ``--devices`` processes
+  (``trainer.devices=N``, Lightning Fabric's gloo DDP), each timed per round by the trainer (``wall_seconds`` /
+  rounds: start-up and data generation excluded) with the peak resident memory of all its processes together
+  (sampled every 0.1 s). Both runs must give the same metrics (1e-6) before the ratio is reported. Target: the
+  sharded run at least 1.5x faster per round with 2 processes. ``--shard-only`` runs one setting alone (e.g. at
+  MovieLens-10M's size, ``--shard "data.users=69878 data.items=10677 data.ratings=10000054 data.num_clients=6988"``).
+
 A new case is a function of the parsed arguments returning the dict to print, registered in ``CASES``.
 
     FEDREC_DATA_DIR=../shared/data .venv/bin/python scripts/bench_scale.py --cases sweep
@@ -35,6 +43,7 @@ from fedrec.sweeps import job_folders, without_timings
 ROOT = Path(__file__).resolve().parents[1]
 
 SWEEP = "+experiment=fedgnn_ml100k seed=0,1,2,3"
+SHARD = "task.rounds=5"
 
 
 def run_sweep(overrides: list[str], launcher: list[str], folder: Path) -> tuple[float, float]:
@@ -103,7 +112,65 @@ def case_sweep(args: argparse.Namespace) -> dict[str, Any]:
             "parallel_capacity": [round(c, 2) for c in capacity]}
 
 
-CASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"sweep": case_sweep}
+def run_measured(cmd: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
+    """Run ``cmd``; the peak of the summed resident memory (MiB) of it and its descendants, and its result."""
+    import psutil
+
+    peak = 0.0
+    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            try:
+                tree = [root, *root.children(recursive=True)]
+                peak = max(peak, sum(p.memory_info().rss for p in tree) / 2 ** 20)
+            except psutil.Error:  # a process ended while being read
+                pass
+            time.sleep(0.1)
+        out, err = proc.communicate()
+    return peak, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def shard_run(overrides: list[str], devices: int, folder: Path) -> dict[str, Any]:
+    """One ``fedgnn_synthetic`` run on ``devices`` processes: seconds per round, peak memory, its summary."""
+    cmd = [sys.executable, str(ROOT / "train.py"), "+experiment=fedgnn_synthetic", *overrides, "plots=false",
+           "logger.tensorboard=false", f"trainer.devices={devices}", f"hydra.run.dir={folder}"]
+    peak, proc = run_measured(cmd, folder.parent)
+    if proc.returncode != 0:
+        raise SystemExit(f"{shlex.join(cmd[2:])} failed (exit code {proc.returncode}):\n{proc.stderr[-3000:]}")
+    summary = json.loads((folder / "summary.json").read_text())
+    return {"per_round_s": summary["wall_seconds"] / summary["rounds_run"], "peak_mib": peak, "summary": summary}
+
+
+def case_shard(args: argparse.Namespace) -> dict[str, Any]:
+    """The same run in one process and sharded over ``--devices`` (alternating which goes first over
+    ``--repeats``); the fastest of each is compared, and their results must agree."""
+    overrides = shlex.split(args.shard)
+    settings = [args.devices] if args.shard_only else [1, args.devices]
+    runs: dict[int, list[dict[str, Any]]] = {d: [] for d in settings}
+    with tempfile.TemporaryDirectory(prefix="bench_shard_") as tmp:
+        for repeat in range(args.repeats):
+            for devices in (settings if repeat % 2 == 0 else settings[::-1]):
+                runs[devices].append(shard_run(overrides, devices, Path(tmp) / f"d{devices}_{repeat}"))
+    best = {d: min(r, key=lambda x: x["per_round_s"]) for d, r in runs.items()}
+    out: dict[str, Any] = {"case": "shard", "overrides": args.shard, "cores": len(os.sched_getaffinity(0)),
+                           "final_test_rmse": {d: b["summary"].get("final_test_rmse") for d, b in best.items()}}
+    for d, b in best.items():
+        out[f"devices{d}_per_round_s"] = round(b["per_round_s"], 3)
+        out[f"devices{d}_peak_mib"] = round(b["peak_mib"])
+        out[f"devices{d}_all_per_round_s"] = [round(x["per_round_s"], 3) for x in runs[d]]
+    if not args.shard_only:
+        one, many = best[1]["summary"], best[args.devices]["summary"]
+        same = all(abs(one[k] - many[k]) <= 1e-6 * max(1.0, abs(one[k])) for k in one
+                   if k.startswith(("final_", "best_")) and isinstance(one[k], float))
+        if not same:
+            raise SystemExit(f"the sharded run's metrics differ from the one-process run's: {one} vs {many}")
+        speedup = best[1]["per_round_s"] / best[args.devices]["per_round_s"]
+        out.update({"speedup": round(speedup, 3), "target": 1.5, "met": speedup >= 1.5, "same_metrics": True,
+                    "load_after": [round(x, 2) for x in os.getloadavg()]})
+    return out
+
+
+CASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"sweep": case_sweep, "shard": case_shard}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,14 +178,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", default="sweep", help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--sweep", default=SWEEP, help="the sweep's overrides (default: %(default)s)")
     parser.add_argument("--n-jobs", type=int, default=2, help="jobs the joblib launcher runs at once")
+    parser.add_argument("--shard", default=SHARD, help="overrides of the shard case's run (default: %(default)s)")
+    parser.add_argument("--devices", type=int, default=2, help="processes of the shard case's sharded run")
+    parser.add_argument("--shard-only", action="store_true", help="the shard case runs the sharded setting alone")
     parser.add_argument("--repeats", type=int, default=1, help="times each sweep is run (the fastest is reported)")
     args = parser.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
     if unknown or not cases:
         parser.error(f"--cases: unknown case {', '.join(unknown) or '(none given)'}; one of {', '.join(CASES)}")
-    if args.n_jobs < 1 or args.repeats < 1:
-        parser.error("--n-jobs and --repeats must be >= 1")
+    if args.n_jobs < 1 or args.repeats < 1 or args.devices < 1:
+        parser.error("--n-jobs, --repeats and --devices must be >= 1")
     for case in cases:
         print(json.dumps(CASES[case](args)), flush=True)
 

@@ -22,6 +22,7 @@ from fedrec.federation.aggregators import FedSGD
 from fedrec.models import FedGNN
 from fedrec.privacy import ClientDP
 from fedrec.privacy.client_dp import rdp_conversion_cost
+from fedrec.rng import KeyedRows
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
 
@@ -51,7 +52,7 @@ def test_noise_is_there_at_the_authors_scale(mechanism: str) -> None:
     dp = ClientDP(4, mechanism, epsilon=10.0, clip=CLIP, conventions="authors")
     budget = torch.full((4,), 0.1, dtype=torch.float64)
     shared, rows = dp.privatize(torch.zeros(4, 3000), [1000, 2000], torch.zeros(4000, 8),
-                                torch.arange(4).repeat_interleave(1000), budget, torch.Generator().manual_seed(0))
+                                torch.arange(4).repeat_interleave(1000), budget, torch.arange(4), key=0)
     noise = torch.cat([shared.flatten(), rows.flatten()]).double().numpy()
     if mechanism == "gaussian":
         scale = math.sqrt(0.4)
@@ -77,7 +78,8 @@ def test_every_tensor_is_clipped_alone(mechanism: str) -> None:
     row_client = torch.tensor([0, 0, 1, 2, 2, 2, 1])
     dp = ClientDP(3, mechanism, epsilon=10.0, clip=CLIP, conventions="authors")
     budget = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
-    got_shared, got_rows = dp.privatize(shared, sizes, rows, row_client, budget, torch.Generator().manual_seed(5))
+    clients = torch.tensor([4, 9, 2])  # global ids: each client's noise comes from its own stream
+    got_shared, got_rows = dp.privatize(shared, sizes, rows, row_client, budget, clients, key=5)
     order = 2 if mechanism == "gaussian" else 1
 
     def clip(v: torch.Tensor) -> torch.Tensor:
@@ -85,13 +87,18 @@ def test_every_tensor_is_clipped_alone(mechanism: str) -> None:
 
     ref_shared = torch.stack([torch.cat([clip(piece) for piece in row.split(sizes)]) for row in shared])
     ref_rows = torch.stack([clip(r) for r in rows])
-    gen = torch.Generator().manual_seed(5)
-    noise = lambda shape: (torch.randn(shape, generator=gen) if mechanism == "gaussian"  # noqa: E731
-                           else torch.empty(shape).exponential_(generator=gen) - torch.empty(shape).exponential_(
-                               generator=gen))
+    dist = "normal" if mechanism == "gaussian" else "laplace"
+
+    def noise(client: int, start: int, width: int) -> torch.Tensor:  # draws start.. of the client's stream
+        return torch.from_numpy(KeyedRows(5, [int(clients[client])], start).draw(dist, width)[0]).float()
+
     scale = dp.mechanism.noise_scale(dp.levels(budget)).float()
-    ref_shared = ref_shared + noise(shared.shape) * scale[:, None]
-    ref_rows = ref_rows + noise(rows.shape) * scale[row_client][:, None]
+    P, k = shared.shape[1], rows.shape[1]
+    ref_shared = torch.stack([ref_shared[c] + noise(c, 0, P) * scale[c] for c in range(3)])
+    seen = [0, 0, 0]  # the client's j-th row takes draws P + j·k onwards
+    for j, c in enumerate(row_client.tolist()):
+        ref_rows[j] = ref_rows[j] + noise(c, P + seen[c] * k, k) * scale[c]
+        seen[c] += 1
     assert torch.allclose(got_shared, ref_shared, atol=1e-6) and torch.allclose(got_rows, ref_rows, atol=1e-6)
 
 

@@ -142,7 +142,7 @@ def test_pseudo_items_avoid_real_items_and_are_resampled(ml100k_small: RatingDat
     d = _round(ml100k_small, 0)
     draws = []
     for r in range(2):
-        items, valid = sample_pseudo_items(d, ml100k_small.num_items, 50, torch.Generator().manual_seed(r))
+        items, valid = sample_pseudo_items(d, ml100k_small.num_items, 50, key=r)
         assert items.shape == (d.num_clients, 50) and bool(valid.all())
         real = set(zip(d.row_client.tolist(), d.row_item.tolist()))
         assert not any((c, i) in real for c, row in enumerate(items.tolist()) for i in row)
@@ -153,7 +153,7 @@ def test_pseudo_items_avoid_real_items_and_are_resampled(ml100k_small: RatingDat
 
 def test_pseudo_items_when_a_client_has_few_unrated_items(grouped: RatingData) -> None:
     d = _round(grouped)
-    items, valid = sample_pseudo_items(d, grouped.num_items, grouped.num_items, torch.Generator().manual_seed(0))
+    items, valid = sample_pseudo_items(d, grouped.num_items, grouped.num_items, key=0)
     n_real = d.rows_per_client()
     assert torch.equal(valid.sum(1), grouped.num_items - n_real)
     real = set(zip(d.row_client.tolist(), d.row_item.tolist()))
@@ -166,7 +166,7 @@ def test_pseudo_rows_follow_the_clients_real_row_statistics() -> None:
     row_client = torch.cat([torch.zeros(400, dtype=torch.long), torch.ones(300, dtype=torch.long)])
     valid = torch.ones(2, 5000, dtype=torch.bool)
     valid[1, 10:] = False
-    fake = pseudo_item_rows(rows, row_client, 2, valid, g)
+    fake = pseudo_item_rows(rows, row_client, torch.tensor([3, 8]), valid, key=0)
     assert fake.shape == (2, 5000, 4)
     real = rows[:400]
     # 20,000 draws: the sample mean and std are within ~0.03 and ~0.02 of the real rows' (3 standard errors)

@@ -28,7 +28,7 @@ from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP, GaussianMechanism, LaplaceMechanism
 from fedrec.privacy.mechanisms import check_sensitivity
 from fedrec.protocols import AsyncLinUCB, paper_linucb
-from fedrec.seeding import torch_generator
+from fedrec.rng import KeyedRows, stream_key
 from fedrec.tasks import FedRecTask
 
 #: significance level of the uniformity tests (their seeds are fixed, so each outcome is deterministic)
@@ -77,7 +77,7 @@ def test_upload_order_groups_clients_and_shuffles_each_uniformly() -> None:
     real_of_client0[:3] = True
     counts = torch.zeros(10)
     for r in range(2000):
-        order = upload_order(row_client, torch_generator(7, "upload_order", r))
+        order = upload_order(row_client, torch.arange(3), key=int(stream_key(7, "upload_order", r)))
         assert sorted(order.tolist()) == list(range(row_client.numel()))  # a permutation
         assert torch.equal(row_client[order], torch.sort(row_client).values)  # grouped by client, in client order
         counts += real_of_client0[order][:10].float()  # client 0's 10 rows come first
@@ -318,7 +318,9 @@ def test_secure_noise_has_the_calibrated_std(mechanism: str) -> None:
     noise = []
     for r in range(20):  # one fresh secure generator per round
         u = torch.randn(100, 500, generator=torch.Generator().manual_seed(r))
-        noisy, clipped = dp.mechanism.privatize(u, level, dp.generator(0, "privacy", r))
+        noisy, clipped = dp.mechanism.privatize_parts([u], [None], 100, level,
+                                                      [KeyedRows(dp.draw_key(0, "privacy", r), np.arange(100))])
+        noisy, clipped = noisy[0], clipped[0]
         noise.append((noisy - clipped).double())
     noise = torch.cat(noise)
     assert abs(float(noise.std()) / float(dp.mechanism.noise_std(level)) - 1) < 0.05

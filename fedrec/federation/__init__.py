@@ -10,6 +10,8 @@ from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
 
 _LAZY, __getattr__ = lazy_exports(__name__, {
+    "AggregateSums": "aggregators",
+    "Collective": "collective",
     "Aggregator": "aggregators",
     "FedAvg": "aggregators",
     "FedSGD": "aggregators",

@@ -30,6 +30,28 @@ class Uploads:
     num_ratings: Tensor | None  # (C,) ratings each client trained on; None under DP (it is private)
 
 
+@dataclass
+class AggregateSums:
+    """Weighted sums of uploads (float64), additive over disjoint sets of clients."""
+
+    shared: Tensor  # (P,) Σ_c w_c ω_c
+    weight: Tensor  # (1,) Σ_c w_c
+    rows: Tensor  # (I, k) Σ w_c · row, per item
+    row_weight: Tensor  # (I,) Σ w_c over the item's uploaders
+    row_count: Tensor  # (I,) the item's uploaders
+
+    @classmethod
+    def zeros(cls, num_shared: int, num_items: int, dim: int, device: torch.device | str = "cpu") -> AggregateSums:
+        """The sums of no uploads."""
+        def z(*shape: int) -> Tensor:
+            return torch.zeros(*shape, dtype=torch.float64, device=device)
+        return cls(z(num_shared), z(1), z(num_items, dim), z(num_items), z(num_items))
+
+    def tensors(self) -> list[Tensor]:
+        """The fields, in order (what an all-reduce adds up in place)."""
+        return [self.shared, self.weight, self.rows, self.row_weight, self.row_count]
+
+
 class Aggregator:
     """Weighted mean of ω over clients and item-wise weighted mean of embedding rows over uploaders.
 
@@ -60,14 +82,30 @@ class Aggregator:
 
     def __call__(self, up: Uploads) -> tuple[Tensor, Tensor, Tensor]:
         """``(ω update (P,), item ids (I_t,), item-row updates (I_t, k))`` for the items in X^t."""
-        w = self.client_weights(up)
-        shared = (w.unsqueeze(1) * up.shared.double()).sum(0) / w.sum()
-        items, inverse = torch.unique(up.row_item, return_inverse=True)
-        rw = w[up.row_client]
-        num = torch.zeros(items.numel(), up.rows.shape[1], dtype=torch.float64).index_add(
-            0, inverse, rw.unsqueeze(1) * up.rows.double())
-        den = torch.zeros(items.numel(), dtype=torch.float64).index_add(0, inverse, rw)
-        return shared.to(up.shared.dtype), items, (num / den.unsqueeze(1)).to(up.rows.dtype)
+        num_items = int(up.row_item.max()) + 1 if up.row_item.numel() else 0
+        return self.finish(self.partial(up, num_items), up.shared.dtype)
+
+    def partial(self, up: Uploads, num_items: int) -> AggregateSums:
+        """The weighted sums of these uploads, which add up over disjoint sets of clients (a sharded run adds its
+        processes' with an all-reduce)."""
+        device = up.rows.device
+        w = self.client_weights(up).to(device)
+        rw, row_item = w[up.row_client.to(device)], up.row_item.to(device)
+        zeros = torch.zeros(num_items, dtype=torch.float64, device=device)
+        return AggregateSums(
+            shared=(w.unsqueeze(1) * up.shared.double()).sum(0),
+            weight=w.sum().reshape(1),
+            rows=torch.zeros(num_items, up.rows.shape[1], dtype=torch.float64, device=device).index_add(
+                0, row_item, rw.unsqueeze(1) * up.rows.double()),
+            row_weight=zeros.index_add(0, row_item, rw),
+            row_count=torch.bincount(row_item, minlength=num_items).double(),
+        )
+
+    def finish(self, sums: AggregateSums, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
+        """The weighted means of all clients' summed uploads: ``(ω update, item ids, item-row updates)``."""
+        items = torch.nonzero(sums.row_count > 0).reshape(-1)
+        rows = sums.rows[items] / sums.row_weight[items].unsqueeze(1)
+        return (sums.shared / sums.weight).to(dtype), items, rows.to(dtype)
 
 
 class FedSGD(Aggregator):

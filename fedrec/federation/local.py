@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from fedrec.models.recommender import FederatedRecommender
+from fedrec.rng import KeyedRows, keyed_group_shuffle, keyed_sample_excluding
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,41 @@ class RoundData:
     def rows_per_client(self) -> Tensor:
         return torch.bincount(self.row_client, minlength=self.num_clients)
 
+    def to(self, device: torch.device | str) -> RoundData:
+        """The same data on ``device`` (itself when it is there already)."""
+        if self.clients.device == torch.device(device):
+            return self
+        return RoundData(**{f: getattr(self, f).to(device) for f in self.__dataclass_fields__})
+
+    def select(self, lo: int, hi: int) -> RoundData:
+        """The data of clients ``clients[lo:hi]`` alone (a shard), with local indices renumbered: entries and rows
+        are sorted by client, so theirs are slices; each client's rows keep their order."""
+        e0, e1 = (int(v) for v in torch.searchsorted(self.entry_client, torch.tensor([lo, hi])))
+        r0, r1 = (int(v) for v in torch.searchsorted(self.row_client, torch.tensor([lo, hi])))
+        keep = (self.user_client >= lo) & (self.user_client < hi)
+        new_user = torch.cumsum(keep.long(), 0) - 1
+        return RoundData(
+            clients=self.clients[lo:hi],
+            users=self.users[keep],
+            user_client=self.user_client[keep] - lo,
+            entry_user=new_user[self.entry_user[e0:e1]],
+            entry_row=self.entry_row[e0:e1] - r0,
+            entry_rating=self.entry_rating[e0:e1],
+            row_client=self.row_client[r0:r1] - lo,
+            row_item=self.row_item[r0:r1],
+        )
+
+
+def _unique_inverse(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_inverse=True)`` for keys in ``[0, bound)``: by a table over the key range when it is
+    small next to the keys (linear time), else by sorting."""
+    if bound > 8 * len(keys) + 4096:
+        return np.unique(keys, return_inverse=True)
+    present = np.bincount(keys, minlength=bound) > 0
+    unique = np.flatnonzero(present)
+    position = np.cumsum(present) - 1
+    return unique, position[keys]
+
 
 def round_data(
     user: np.ndarray, item: np.ndarray, rating: np.ndarray, client_of_user: np.ndarray, num_items: int,
@@ -63,11 +99,18 @@ def round_data(
     if keep_client is not None:
         keep = np.asarray(keep_client, dtype=bool)[client]
         user, item, rating, client = user[keep], np.asarray(item)[keep], np.asarray(rating)[keep], client[keep]
-    order = np.lexsort((item, user, client))
-    user, item, client = user[order], np.asarray(item, dtype=np.int64)[order], client[order]
-    clients, entry_client = np.unique(client, return_inverse=True)
-    users, entry_user = np.unique(user, return_inverse=True)
-    rows, entry_row = np.unique(entry_client * num_items + item, return_inverse=True)
+    item = np.asarray(item, dtype=np.int64)
+    num_users = len(client_of_user)
+    key = torch.from_numpy((client * num_users + user) * num_items + item)  # (client, user, item) as one number
+    order = torch.sort(key, stable=True).indices.numpy()  # torch's stable sort: about twice numpy's speed
+    user, item, client = user[order], item[order], client[order]
+    first = np.r_[True, client[1:] != client[:-1]] if len(client) else np.zeros(0, dtype=bool)
+    clients, entry_client = client[first], np.cumsum(first) - 1  # clients are sorted: their runs give the ids
+    users = np.flatnonzero(np.bincount(user, minlength=num_users))  # the users present, by id
+    position = np.zeros(num_users, dtype=np.int64)
+    position[users] = np.arange(len(users))
+    entry_user = position[user]
+    rows, entry_row = _unique_inverse(entry_client * num_items + item, len(clients) * num_items)
     t = torch.from_numpy
     return RoundData(
         clients=t(clients),
@@ -104,7 +147,7 @@ def client_losses(
     pred = torch.sigmoid((h[data.entry_user] * item_vecs).sum(-1))
     sq = (pred - data.entry_rating.to(pred.dtype)) ** 2
     entry_client = data.entry_client
-    sse = torch.zeros(data.num_clients, dtype=sq.dtype).index_add(0, entry_client, sq)
+    sse = torch.zeros(data.num_clients, dtype=sq.dtype, device=sq.device).index_add(0, entry_client, sq)
     count = torch.bincount(entry_client, minlength=data.num_clients).to(sq.dtype)
     mse = sse / count
     # sqrt has an infinite slope at 0: a client predicted perfectly (sigmoid saturated at a rating of exactly
@@ -147,41 +190,49 @@ def local_updates(
         )
 
 
-def sample_pseudo_items(data: RoundData, num_items: int, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def sample_pseudo_items(data: RoundData, num_items: int, count: int, key: int) -> tuple[Tensor, Tensor]:
     """``count`` items per client drawn uniformly without replacement from the items it has no rating of this
-    round. Returns ``(items (C, count), valid (C, count))``; ``valid`` is False where a client has fewer than
-    ``count`` such items."""
-    C = data.num_clients
+    round, from the client's own stream under ``key`` (:func:`fedrec.rng.keyed_sample_excluding`), so a client draws
+    the same items in any shard. Returns ``(items (C, count), valid (C, count))``; ``valid`` is False where a
+    client has fewer than ``count`` such items."""
     count = min(count, num_items)
-    scores = torch.rand(C, num_items, generator=generator)
-    scores[data.row_client, data.row_item] = 2.0  # never drawn: real items of the client
-    values, items = torch.topk(scores, count, dim=1, largest=False)
-    return items, values < 1.5
+    indptr = np.zeros(data.num_clients + 1, dtype=np.int64)
+    np.cumsum(data.rows_per_client().numpy(), out=indptr[1:])
+    items, valid = keyed_sample_excluding(np.uint64(key), data.clients.numpy(), indptr, data.row_item.numpy(),
+                                          num_items, count)
+    return torch.from_numpy(items), torch.from_numpy(valid)
 
 
-def pseudo_item_rows(rows: Tensor, row_client: Tensor, num_clients: int, valid: Tensor, generator: torch.Generator) -> Tensor:
+def pseudo_item_rows(rows: Tensor, row_client: Tensor, clients: Tensor, valid: Tensor, key: int) -> Tensor:
     """FedGNN's synthesised gradient rows for pseudo items: i.i.d. ``N(mean, std)`` of the non-zero entries of
     the client's real item rows ``rows`` (whatever the client uploads for them), so pseudo rows look like real
-    ones. Returns ``(C, count, k)``, zero where not ``valid``."""
+    ones; client ``clients[c]`` draws from its own stream under ``key``. Returns ``(C, count, k)``, zero where not
+    ``valid``."""
+    num_clients, device = clients.numel(), rows.device
     flat = rows.reshape(rows.shape[0], -1).double()
     nz = (flat != 0).double()
-    n = torch.zeros(num_clients, dtype=torch.float64).index_add(0, row_client, nz.sum(1))
-    s1 = torch.zeros(num_clients, dtype=torch.float64).index_add(0, row_client, flat.sum(1))
-    s2 = torch.zeros(num_clients, dtype=torch.float64).index_add(0, row_client, (flat * flat).sum(1))
+    row_client = row_client.to(device)
+    n = torch.zeros(num_clients, dtype=torch.float64, device=device).index_add(0, row_client, nz.sum(1))
+    s1 = torch.zeros(num_clients, dtype=torch.float64, device=device).index_add(0, row_client, flat.sum(1))
+    s2 = torch.zeros(num_clients, dtype=torch.float64, device=device).index_add(0, row_client, (flat * flat).sum(1))
     mean = s1 / n.clamp_min(1)
     std = (s2 / n.clamp_min(1) - mean * mean).clamp_min(0).sqrt()
     shape = (num_clients, valid.shape[1], rows.shape[-1])
-    draw = torch.randn(shape, generator=generator, dtype=torch.float64)
-    out = mean.view(-1, 1, 1) + std.view(-1, 1, 1) * draw
-    return (out * valid.unsqueeze(-1)).to(rows.dtype)
+    draw = torch.from_numpy(KeyedRows(key, clients.cpu().numpy()).draw("normal", shape[1] * shape[2]))
+    out = mean.view(-1, 1, 1) + std.view(-1, 1, 1) * draw.view(shape).to(device)
+    return (out * valid.to(device).unsqueeze(-1)).to(rows.dtype)
 
 
-def upload_order(row_client: Tensor, generator: torch.Generator) -> Tensor:
+def upload_order(row_client: Tensor, clients: Tensor, key: int) -> Tensor:
     """A permutation of upload rows that groups them by client (in client order) and puts each client's rows in a
     uniformly random order, independently across clients, so a row's position in an upload says nothing about it.
 
-    It ranks the rows by a uniform random permutation of all of them and sorts that stably by client: the rows of
-    one client keep the permutation's relative order, which is uniform over that client's orderings.
+    The rows are grouped stably by client, then each client's group is shuffled by Fisher–Yates on the client's
+    stream under ``key`` (:func:`fedrec.rng.keyed_group_shuffle`): the same order in any shard.
     """
-    perm = torch.randperm(row_client.numel(), generator=generator)
-    return perm[torch.sort(row_client[perm], stable=True).indices]
+    rc = row_client.numpy()
+    order = np.argsort(rc, kind="stable")
+    indptr = np.zeros(clients.numel() + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rc, minlength=clients.numel()), out=indptr[1:])
+    keyed_group_shuffle(np.uint64(key), clients.numpy(), indptr, order)
+    return torch.from_numpy(order)

@@ -26,16 +26,20 @@ Whatever the per-round budgets are, the reported ε comes from the accountant (O
 PRV), which is never larger than the fixed-order bound, and a round that would take a client past ε_total does
 not run for that client.
 
-Randomness (``rng``): ``"reproducible"`` (the default, for research) derives every privacy draw from the run's seed
-with :func:`fedrec.seeding.torch_generator`, so a run and its resume repeat the same noise, and anyone who knows
-the seed can recompute it. ``"secure"`` (for deployment-grade runs) makes every draw that protects clients (the
-DP noise, and the pseudo items, pseudo rows and upload order of federated recommendation) with a fresh generator
-seeded from the operating system's cryptographic source (:func:`fedrec.privacy.mechanisms.secure_generator`):
-not reproducible, and a resumed run restores the accountant's state, not the draws.
+Randomness (``rng``): every draw that protects clients (the DP noise, and the pseudo items, pseudo rows and upload
+order of federated recommendation) comes from counter-based streams keyed by (key, client, counter)
+(:class:`fedrec.rng.KeyedRows`), so a client draws the same numbers in whichever process computes it. The key of
+a draw in a round (:meth:`ClientDP.draw_key`) is, under ``"reproducible"`` (the default, for research), derived
+from the run's seed, the draw's name and the round, so a run and its resume repeat the same noise, and anyone who
+knows the seed can recompute it; under ``"secure"`` (for deployment-grade runs) it is 64 fresh bits from the
+operating system's cryptographic source (``secrets``): not reproducible, and a resumed run restores the
+accountant's state, not the draws. The streams are splitmix64 hashes, statistically sound but not a cryptographic
+generator (neither is the Mersenne Twister torch's generators use).
 """
 from __future__ import annotations
 
 import math
+import secrets
 import warnings
 from typing import Any
 
@@ -50,9 +54,8 @@ from fedrec.privacy.mechanisms import (
     NoiseMechanism,
     check_sensitivity,
     rdp_noise_multiplier,
-    secure_generator,
 )
-from fedrec.seeding import torch_generator
+from fedrec.rng import KeyedRows, rank_within, stream_key
 
 #: where privacy draws come from (see the module docstring)
 RNGS = ("reproducible", "secure")
@@ -185,10 +188,10 @@ class ClientDP:
     def budget_unit(self) -> str:
         return "epsilon" if self.rdp_alpha is None else f"rdp_epsilon(alpha={self.rdp_alpha:g})"
 
-    def generator(self, seed: int, name: str, round_idx: int) -> torch.Generator:
-        """The generator of privacy draw ``name`` in round ``round_idx``: counter based on ``seed``
-        (``rng="reproducible"``) or freshly seeded from the OS's cryptographic source (``rng="secure"``)."""
-        return torch_generator(seed, name, round_idx) if self.rng == "reproducible" else secure_generator()
+    def draw_key(self, seed: int, name: str, round_idx: int) -> int:
+        """The 64-bit key of draw ``name`` in round ``round_idx``: derived from ``seed`` (``rng="reproducible"``)
+        or fresh from the OS's cryptographic source (``rng="secure"``)."""
+        return int(stream_key(seed, name, round_idx)) if self.rng == "reproducible" else secrets.randbits(64)
 
     def uniform_budget(self, rounds: int) -> float:
         """The uniform split of a client's total budget over ``rounds`` rounds (the default schedule)."""
@@ -218,21 +221,26 @@ class ClientDP:
         return bool(self.admissible(b, participating)[participating].all())
 
     def privatize(self, shared: Tensor, tensor_sizes: list[int], rows: Tensor, row_client: Tensor,
-                  budget: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+                  budget: Tensor, clients: Tensor, key: int) -> tuple[Tensor, Tensor]:
         """Clip and noise a round's uploads: ``shared`` (one row per client: its ω tensors of ``tensor_sizes``
-        values each, concatenated) and ``rows`` (real item rows, row ``j`` of client ``row_client[j]``), at each
-        client's ``budget``. Paper: each client's whole upload clipped once; authors: every tensor clipped
-        alone, all noised at the full level."""
+        values each, concatenated) and ``rows`` (real item rows, row ``j`` of client ``row_client[j]``, each
+        client's rows in a fixed order), at each client's ``budget``. Paper: each client's whole upload clipped
+        once; authors: every tensor clipped alone, all noised at the full level. Client ``clients[c]`` draws its
+        noise from its stream under ``key``: ω takes draws 0..P−1, its j-th row the next k."""
         levels = self.levels(budget)
         mech = self.mechanism
+        P, k = shared.shape[1], (rows.shape[1] if rows.dim() > 1 else 1)
+        ids = clients.cpu().numpy()
+        sources = [KeyedRows(key, ids, 0),
+                   KeyedRows(key, ids[row_client.cpu().numpy()], P + k * rank_within(row_client.cpu().numpy()))]
         if self.nominal is None:
             (shared, rows), _ = mech.privatize_parts([shared, rows], [None, row_client], shared.shape[0], levels,
-                                                     generator)
+                                                     sources)
             return shared, rows
         pieces = [mech.clip_rows(p) for p in shared.split(list(tensor_sizes), dim=1) if p.shape[1]]
         shared = torch.cat(pieces, 1) if pieces else shared
-        return (mech.add_noise(shared, levels, generator),
-                mech.add_noise(mech.clip_rows(rows), levels[row_client], generator) if rows.numel() else rows)
+        return (mech.add_noise(shared, levels, sources[0]),
+                mech.add_noise(mech.clip_rows(rows), levels[row_client.cpu()], sources[1]) if rows.numel() else rows)
 
     def record(self, budget: Tensor, run: Tensor, tensors: Tensor | None = None) -> None:
         """Account a round at per-client ``budget`` for the clients in ``run``; ``tensors`` (authors'

@@ -58,6 +58,7 @@ from scipy.special import log_ndtr
 from torch import Tensor
 
 from fedrec.errors import ConfigError, check_float
+from fedrec.rng import KeyedRows
 
 __all__ = [
     "ADJACENCIES",
@@ -307,6 +308,8 @@ class NoiseMechanism(Mechanism):
 
     #: order of the clipping norm (2 for Gaussian, 1 for Laplace)
     norm_ord: float
+    #: the unit noise's :class:`~fedrec.rng.KeyedRows` distribution
+    distribution: str
 
     def __init__(self, clip: float, sensitivity_factor: float = 2.0, adjacency: str = "replace_one") -> None:
         self.clip = check_float("clip", clip, low=0.0, low_open=True)
@@ -459,14 +462,15 @@ class NoiseMechanism(Mechanism):
         owners: Sequence[Tensor | None],
         num_clients: int,
         level: Tensor | float,
-        generator: torch.Generator,
+        generator: torch.Generator | Sequence[KeyedRows],
     ) -> tuple[list[Tensor], list[Tensor]]:
         """Clip and noise uploads whose rows are spread over several tensors; returns ``(noisy, clipped)`` lists.
 
         A client's upload is every row of ``parts`` it owns (``owners[p]`` maps the rows of ``parts[p]`` to
         clients; ``None``: row ``j`` is client ``j``'s). The whole upload is clipped to ``clip`` in the
         mechanism's norm and every coordinate gets noise at its owner's level, drawn from ``generator`` part by
-        part, so the result depends only on the generator's seed.
+        part, so the result depends only on the generator's seed; or, given one :class:`~fedrec.rng.KeyedRows`
+        per part, from each row's keyed stream, so it depends only on the keys, owners and counters.
         """
         if len(parts) != len(owners) or not parts:
             raise ValueError("parts and owners must be non-empty sequences of the same length")
@@ -478,12 +482,16 @@ class NoiseMechanism(Mechanism):
                 raise ValueError("updates contain non-finite values; clipping cannot bound them")
         scale = self.noise_scale(self.check_level(level, num_clients))
         clipped = self._clip_parts(parts, owners, num_clients)
-        noisy = [self._noised(part, scale if owner is None else scale[owner.cpu()], generator)
-                 for part, owner in zip(clipped, owners)]
+        sources = [generator] * len(parts) if isinstance(generator, torch.Generator) else list(generator)
+        if len(sources) != len(parts):
+            raise ValueError(f"one keyed noise source per part: got {len(sources)} for {len(parts)} parts")
+        noisy = [self._noised(part, scale if owner is None else scale[owner.cpu()], source)
+                 for part, owner, source in zip(clipped, owners, sources)]
         return noisy, clipped
 
-    def add_noise(self, statistic: Tensor, level: Tensor | float, generator: torch.Generator) -> Tensor:
-        """``statistic`` (one row per client, bounded by the caller) plus noise at each row's level, unclipped."""
+    def add_noise(self, statistic: Tensor, level: Tensor | float, generator: torch.Generator | KeyedRows) -> Tensor:
+        """``statistic`` (one row per client, bounded by the caller) plus noise at each row's level, unclipped,
+        drawn from ``generator`` or from each row's keyed stream."""
         if statistic.dim() < 1 or not statistic.is_floating_point():
             raise ValueError(f"statistic must be a floating tensor with a row dimension, got "
                              f"{tuple(statistic.shape)} {statistic.dtype}")
@@ -491,10 +499,17 @@ class NoiseMechanism(Mechanism):
             raise ValueError("statistic contains non-finite values")
         return self._noised(statistic, self.noise_scale(self.check_level(level, statistic.shape[0])), generator)
 
-    def _noised(self, part: Tensor, scale: Tensor, generator: torch.Generator) -> Tensor:
+    def _noised(self, part: Tensor, scale: Tensor, generator: torch.Generator | KeyedRows) -> Tensor:
         """``part`` plus unit noise times each row's ``scale``."""
         s = scale.to(device=part.device, dtype=part.dtype)
-        noise = self._unit_noise(tuple(part.shape), part, generator)
+        if isinstance(generator, KeyedRows):
+            if generator.owner.shape[0] != part.shape[0]:
+                raise ValueError(f"the keyed noise source has {generator.owner.shape[0]} rows, the part "
+                                 f"{part.shape[0]}")
+            width = math.prod(part.shape[1:])
+            noise = torch.from_numpy(generator.draw(self.distribution, width)).view(part.shape).to(part)
+        else:
+            noise = self._unit_noise(tuple(part.shape), part, generator)
         return part + noise * s.view(-1, *([1] * (part.dim() - 1)))
 
 
@@ -502,6 +517,7 @@ class GaussianMechanism(NoiseMechanism):
     """L2 clipping and ``N(0, σ²)`` noise with ``σ = noise_multiplier · Δ``; level = noise multiplier."""
 
     norm_ord = 2.0
+    distribution = "normal"
     level_name = "noise_multiplier"
     name = "gaussian"
 
@@ -535,6 +551,7 @@ class LaplaceMechanism(NoiseMechanism):
     """L1 clipping and ``Laplace(0, b)`` noise with ``b = Δ / ε_t``; level = the round's ε_t (pure DP, δ = 0)."""
 
     norm_ord = 1.0
+    distribution = "laplace"
     level_name = "epsilon"
     name = "laplace"
 

@@ -54,20 +54,27 @@ class BanditTask(FederatedTask):
         self.cum_random = torch.zeros(R, dtype=torch.float64)
         self.matched = torch.zeros(R, dtype=torch.float64)  # replay: steps that counted
 
+    def setup(self, trainer: Any) -> None:
+        """Put the protocol on the trainer's device (``trainer.accelerator``): off the CPU it plays its torch
+        path; the environment and the task's bookkeeping stay on the CPU."""
+        collective = getattr(trainer, "collective", None)
+        if collective is not None and collective.device.type != "cpu":
+            self.protocol.to(collective.device)
+
     def run_round(self, round_idx: int) -> dict[str, float]:
         """Play the round's steps; log each metric's mean over replicates (and the spread of the main ones)."""
         start, stop = self.t, min(self.t + self.steps_per_round, self.steps)
         batch = self.env.interactions(start, stop)
         rewards, expected = batch.rewards, batch.expected
         if batch.logged is not None:
-            arms = self.protocol.replay(batch.clients, batch.contexts, rewards, batch.logged)
+            arms = self.protocol.replay(batch.clients, batch.contexts, rewards, batch.logged).cpu()
             clicks = rewards.gather(2, batch.logged.unsqueeze(-1)).squeeze(-1)
             hit = arms == batch.logged
             self.matched += hit.sum(1)
             self.cum_reward += (clicks * hit).sum(1)
             self.cum_random += clicks.sum(1)
         else:
-            arms = self.protocol.run(batch.clients, batch.contexts, rewards)
+            arms = self.protocol.run(batch.clients, batch.contexts, rewards).cpu()
             chosen = expected.gather(2, arms.unsqueeze(-1)).squeeze(-1)
             self.cum_regret += (expected.max(-1).values - chosen).sum(1)
             self.cum_reward += rewards.gather(2, arms.unsqueeze(-1)).squeeze(-1).sum(1)

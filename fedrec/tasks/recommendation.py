@@ -33,8 +33,9 @@ from torch import Tensor
 
 from fedrec.data.ratings import RatingData, Ratings
 from fedrec.errors import ConfigError, check_float, check_int
-from fedrec.federation.aggregators import Aggregator, Uploads
+from fedrec.federation.aggregators import AggregateSums, Aggregator, Uploads
 from fedrec.federation.channel import Channel
+from fedrec.federation.collective import Collective
 from fedrec.federation.local import (
     RoundData,
     local_updates,
@@ -43,10 +44,10 @@ from fedrec.federation.local import (
     sample_pseudo_items,
     upload_order,
 )
-from fedrec.metrics import rating_metrics
+from fedrec.metrics import metrics_from_sums, rating_sums
 from fedrec.models.recommender import FederatedRecommender
 from fedrec.privacy.client_dp import ClientDP
-from fedrec.seeding import torch_generator
+from fedrec.rng import stream_key
 from fedrec.tasks.base import FederatedTask
 
 OPTIMIZERS = ("adam", "sgd")
@@ -82,6 +83,9 @@ class FedRecTask(FederatedTask):
             step is then a sign-like step of size ``lr``); ``"persistent"`` keeps its moments across rounds.
         seed: the run seed.
     """
+
+    #: a run of several processes shards the clients (``trainer.devices``)
+    supports_sharding = True
 
     def __init__(
         self,
@@ -130,10 +134,17 @@ class FedRecTask(FederatedTask):
         self._prepared: dict[int, _Prepared] = {}
         self._server_opt: torch.optim.Optimizer | None = None
         self._user_opt: torch.optim.Optimizer | None = None
+        self.collective = Collective()  # the trainer's, once set up (several processes shard the clients)
 
     # ------------------------------------------------------------------------------------------------ hooks
     def setup(self, trainer: Any) -> None:
         self.trainer = trainer
+        self.collective = getattr(trainer, "collective", None) or Collective()
+        self.model.to(self.collective.device)  # the trainer's accelerator; round data is moved where it is used
+        if self.collective.world_size > 1 and type(self.aggregator).__call__ is not Aggregator.__call__:
+            raise ConfigError(f"trainer.devices={self.collective.world_size}: {type(self.aggregator).__name__} "
+                              "combines uploads in its own __call__, which cannot be summed over processes; run it "
+                              "in one process or implement Aggregator.partial/finish")
 
     def set_round_budget(self, budget: float | Tensor) -> None:
         """Set the next round's per-client privacy budget in :attr:`ClientDP.budget_unit` (ε_t for Laplace, an RDP
@@ -152,19 +163,19 @@ class FedRecTask(FederatedTask):
 
         prep = self._prepare(round_idx)
         d, I, U = prep.data, self.data.num_items, self.data.num_clients
+        clients, valid = d.clients.numpy(), prep.pseudo_valid.numpy()
         # keys client·I + item, sorted: the real rows' already are (round_data's rows are sorted unique keys); the
         # pseudo ones are once each client's row is sorted (clients ascend); merging the two runs sorts them all
         # (a client's real and pseudo items differ)
-        real = (d.clients[d.row_client] * I + d.row_item).numpy()
-        absent = torch.iinfo(torch.int64).max
-        pseudo = torch.where(prep.pseudo_valid, d.clients.unsqueeze(1) * I + prep.pseudo, absent)
-        pseudo = torch.sort(pseudo, dim=1).values.flatten()
-        key = np.concatenate([real, pseudo[pseudo != absent].numpy()])
+        real = clients[d.row_client.numpy()] * I + d.row_item.numpy()
+        absent = np.iinfo(np.int64).max
+        pseudo = np.sort(np.where(valid, clients[:, None] * I + prep.pseudo.numpy(), absent), axis=1)
+        key = np.concatenate([real, pseudo[pseudo != absent]])
         key.sort(kind="stable")  # timsort: a linear merge of the two sorted runs
-        owner, items = np.divmod(key, I)
         indptr = np.zeros(U + 1, dtype=np.int64)
-        np.cumsum(np.bincount(owner, minlength=U), out=indptr[1:])
-        X = sp.csr_matrix((np.ones(len(key)), items, indptr), shape=(U, I))
+        indptr[clients + 1] = d.rows_per_client().numpy() + valid.sum(1)
+        np.cumsum(indptr, out=indptr)
+        X = sp.csr_matrix((np.ones(len(key)), key % I, indptr), shape=(U, I))
         X.has_sorted_indices = True
         return X
 
@@ -187,12 +198,31 @@ class FedRecTask(FederatedTask):
         return base.startswith(PRIVATE_METRIC_PREFIXES)
 
     # ------------------------------------------------------------------------------------------------ round
-    def _generator(self, name: str, round_idx: int) -> torch.Generator:
-        """The generator of draw ``name`` in round ``round_idx``: counter based on the run seed, or the privacy
-        setting's (``privacy.rng=secure`` draws from the operating system's cryptographic source)."""
+    def _key(self, name: str, round_idx: int) -> int:
+        """The key of draw ``name`` in round ``round_idx`` (every client draws from its own stream under it):
+        derived from the run seed, or the privacy setting's (``privacy.rng=secure``: fresh from the operating
+        system's cryptographic source, rank 0's in a sharded run)."""
         if self.privacy is None:
-            return torch_generator(self.seed, name, round_idx)
-        return self.privacy.generator(self.seed, name, round_idx)
+            return int(stream_key(self.seed, name, round_idx))
+        key = self.privacy.draw_key(self.seed, name, round_idx)
+        return key if self.privacy.rng == "reproducible" else int(self.collective.broadcast(key))
+
+    def _bounds(self, d: RoundData) -> list[tuple[int, int]]:
+        """Each process's clients of ``d``: contiguous ranges of its clients with about equal work, counted as
+        ratings (the local graphs) plus uploaded rows, real and pseudo."""
+        world = self.collective.world_size
+        if world == 1:
+            return [(0, d.num_clients)]
+        cum = torch.cumsum(d.ratings_per_client() + d.rows_per_client() + self.pseudo_items, 0)
+        total = int(cum[-1]) if d.num_clients else 0
+        cuts = [0, *(int(torch.searchsorted(cum, total * r // world)) for r in range(1, world)), d.num_clients]
+        cuts = [min(max(c, lo), d.num_clients) for c, lo in zip(cuts, [0] + cuts[:-1])]
+        return list(zip(cuts[:-1], cuts[1:]))
+
+    def _shard(self, d: RoundData) -> tuple[RoundData, int, int]:
+        """This process's part of ``d`` and its client range."""
+        lo, hi = self._bounds(d)[self.collective.global_rank]
+        return (d if (lo, hi) == (0, d.num_clients) else d.select(lo, hi)), lo, hi
 
     def _prepare(self, round_idx: int) -> _Prepared:
         prep = self._prepared.get(round_idx)
@@ -200,8 +230,8 @@ class FedRecTask(FederatedTask):
             self._prepared = {}  # only the current round is ever needed again
             tr = self.data.training_until(round_idx)
             d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items)
-            gen = self._generator("pseudo_items", round_idx)
-            pseudo, valid = sample_pseudo_items(d, self.data.num_items, self.pseudo_items, gen)
+            pseudo, valid = sample_pseudo_items(d, self.data.num_items, self.pseudo_items,
+                                                self._key("pseudo_items", round_idx))
             prep = self._prepared[round_idx] = _Prepared(tr, d, pseudo, valid)
         return prep
 
@@ -241,45 +271,71 @@ class FedRecTask(FederatedTask):
                         if k in ("comm_upload_scalars", "comm_download_scalars", "comm_messages")})
         return metrics
 
-    def _train(self, round_idx: int, d: RoundData, pseudo: Tensor, valid: Tensor, budget: Tensor | None) -> float:
-        model, C, k = self.model, d.num_clients, self.model.embed_dim
-        upd = local_updates(model, d, self.aggregator.local_steps, self.aggregator.local_lr)
-        shared_names = list(upd.shared)
-        shared = torch.cat([upd.shared[n].reshape(C, -1) for n in shared_names], 1) if shared_names \
-            else torch.zeros(C, 0)
-        rows = upd.rows
-        if not (bool(torch.isfinite(shared).all()) and bool(torch.isfinite(rows).all())):
-            raise FloatingPointError(f"round {round_idx}: a client's update is not finite (training diverged; "
-                                     f"try a smaller task.lr)")
+    def _train(self, round_idx: int, full: RoundData, pseudo: Tensor, valid: Tensor, budget: Tensor | None) -> float:
+        """One round of training: this process computes and privatises its shard's uploads (every client, in a
+        one-process run), the sums are added up over processes, and every process takes the same server and user
+        steps, so all hold the same model."""
+        model, k, I = self.model, self.model.embed_dim, self.data.num_items
+        names = list(model.shared_parameters())
+        sizes = [p.numel() for p in model.shared_parameters().values()]
+        privacy_key = self._key("privacy", round_idx) if self.privacy is not None else 0
+        rows_key, order_key = self._key("pseudo_rows", round_idx), self._key("upload_order", round_idx)
+        d, lo, hi = self._shard(full)
+        device = model.user_emb.device
+        user_grad = torch.zeros_like(model.user_emb.detach())
+        loss_sum, finite = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+        single = self.collective.world_size == 1
+        if d.num_clients:
+            upd = local_updates(model, d.to(device), self.aggregator.local_steps, self.aggregator.local_lr)
+            shared = torch.cat([upd.shared[n].reshape(d.num_clients, -1) for n in names], 1) if names \
+                else torch.zeros(d.num_clients, 0, device=device)
+            rows = upd.rows
+            finite[0] = float(bool(torch.isfinite(shared).all()) and bool(torch.isfinite(rows).all()))
+            if finite[0] and self.privacy is not None:
+                shared, rows = self.privacy.privatize(shared, sizes, rows, d.row_client.to(device),
+                                                      budget[d.clients], d.clients, privacy_key)
+            uploads = self._uploads(d, shared, rows, pseudo[lo:hi], valid[lo:hi], rows_key, order_key)
+            self.last_uploads = uploads
+            user_grad.index_put_((d.users,), upd.users)
+            loss_sum[0] = upd.loss.double().sum()
+        else:  # more processes than clients this round: this one contributes nothing
+            uploads = None
+        # every client's upload size, known to all processes: ω, and its real and pseudo rows with their item ids
+        per_client = sum(sizes) + (full.rows_per_client() + valid.sum(1)) * (k + 1)
+        uploads = self.channel.send("upload", ("client", full.clients), ("server", 0), uploads, per_client)
+        if single:
+            if not finite[0]:
+                raise FloatingPointError(f"round {round_idx}: a client's update is not finite (training diverged; "
+                                         f"try a smaller task.lr)")
+            g_shared, items, g_items = self.aggregator(uploads)
+        else:
+            sums = self.aggregator.partial(uploads, I) if uploads is not None else AggregateSums.zeros(
+                sum(sizes), I, k, device)
+            self.collective.all_reduce([*sums.tensors(), user_grad, loss_sum, finite])
+            if int(finite[0]) != self.collective.world_size:
+                raise FloatingPointError(f"round {round_idx}: a client's update is not finite (training diverged; "
+                                         f"try a smaller task.lr)")
+            g_shared, items, g_items = self.aggregator.finish(sums, model.item_emb.dtype)
         if self.privacy is not None:
-            sizes = [upd.shared[n][0].numel() for n in shared_names]
-            shared, rows = self.privacy.privatize(shared, sizes, rows, d.row_client, budget[d.clients],
-                                                  self._generator("privacy", round_idx))
             run = torch.zeros(self.data.num_clients, dtype=torch.bool)
-            run[d.clients] = True
+            run[full.clients] = True
             tensors = torch.zeros(self.data.num_clients, dtype=torch.long)  # noised tensors per client
-            tensors[d.clients] = len(sizes) + torch.bincount(d.row_client, minlength=C)
+            tensors[full.clients] = len(sizes) + full.rows_per_client()
             self.privacy.record(budget, run, tensors)
-        uploads = self._uploads(round_idx, d, shared, rows, pseudo, valid)
-        per_client = shared.shape[1] + torch.bincount(uploads.row_client, minlength=C) * (k + 1)  # rows + item ids
-        uploads = self.channel.send("upload", ("client", d.clients), ("server", 0), uploads, per_client)
-        self.last_uploads = uploads
-        g_shared, items, g_items = self.aggregator(uploads)
-        self._server_step(shared_names, g_shared, items, g_items)
-        self._user_step(d.users, upd.users)
-        broadcast = shared.shape[1] + self.data.num_items * k
-        self.channel.send("download", ("server", 0), ("client", d.clients), None, broadcast)
-        return float(upd.loss.mean())
+        self._server_step(names, g_shared, items, g_items)
+        self._user_step(full.users, user_grad[full.users])
+        broadcast = sum(sizes) + I * k
+        self.channel.send("download", ("server", 0), ("client", full.clients), None, broadcast)
+        return float(loss_sum[0]) / full.num_clients
 
-    def _uploads(self, round_idx: int, d: RoundData, shared: Tensor, rows: Tensor, pseudo: Tensor,
-                 valid: Tensor) -> Uploads:
-        """What the clients send: ω, and their real item rows with FedGNN's synthesised pseudo rows appended and
-        every client's rows shuffled (so real rows are not told apart by position)."""
-        fake = pseudo_item_rows(rows.detach(), d.row_client, d.num_clients, valid,
-                                self._generator("pseudo_rows", round_idx))
+    def _uploads(self, d: RoundData, shared: Tensor, rows: Tensor, pseudo: Tensor, valid: Tensor, rows_key: int,
+                 order_key: int) -> Uploads:
+        """What the clients of ``d`` send: ω, and their real item rows with FedGNN's synthesised pseudo rows
+        appended and every client's rows shuffled (so real rows are not told apart by position)."""
+        fake = pseudo_item_rows(rows.detach(), d.row_client, d.clients, valid, rows_key)
         pc = torch.arange(d.num_clients).unsqueeze(1).expand_as(pseudo)[valid]
         row_client = torch.cat([d.row_client, pc])
-        order = upload_order(row_client, self._generator("upload_order", round_idx))
+        order = upload_order(row_client, d.clients, order_key)
         return Uploads(
             clients=d.clients,
             shared=shared,
@@ -329,22 +385,31 @@ class FedRecTask(FederatedTask):
 
     # ------------------------------------------------------------------------------------------------ metrics
     @torch.no_grad()
-    def predict(self, prep: _Prepared, user: np.ndarray, item: np.ndarray) -> Tensor:
-        """Predicted ratings of (user, item) pairs, each user represented from its current local graph."""
-        m, d = self.model, prep.data
+    def predict(self, prep: _Prepared, user: np.ndarray, item: np.ndarray, data: RoundData | None = None) -> Tensor:
+        """Predicted ratings of (user, item) pairs, each user represented from its current local graph (that of
+        ``data``, a shard of the round's, if given: enough for its clients' users and those without ratings)."""
+        m = self.model
+        d = (prep.data if data is None else data).to(m.user_emb.device)
         h = m.represent(m.shared_parameters(), m.user_emb, m.item_emb[d.row_item][d.entry_row], d.users[d.entry_user])
         u, i = torch.from_numpy(np.asarray(user)), torch.from_numpy(np.asarray(item))
         return torch.sigmoid((h[u] * m.item_emb[i]).sum(-1))
 
     def evaluate(self, prep: _Prepared) -> dict[str, float]:
-        out = {}
-        for split in ("test", "val"):
-            r: Ratings = getattr(self.data, split)
-            if len(r):
-                pred = self.predict(prep, r.user, r.item)
-                for name, v in rating_metrics(pred, torch.from_numpy(r.rating)).items():
-                    out[f"{split}_{name}"] = v
-        return out
+        """Test (and validation) metrics: each process scores the ratings of its shard's users (rank 0 also those
+        of clients without training ratings) and the metrics' sums are added up over processes."""
+        splits = [(name, r) for name, r in (("test", self.data.test), ("val", self.data.val)) if len(r)]
+        shard = self._shard(prep.data)[0]
+        owner = np.zeros(self.data.num_clients, dtype=np.int64)  # the rank scoring each client's users
+        for rank, (a, b) in enumerate(self._bounds(prep.data)):
+            owner[prep.data.clients[a:b].numpy()] = rank
+        sums = []
+        for _, r in splits:
+            mine = owner[self.data.client_of_user[r.user]] == self.collective.global_rank
+            pred = self.predict(prep, r.user[mine], r.item[mine], shard)
+            sums.append(rating_sums(pred, torch.from_numpy(r.rating[mine])))
+        self.collective.all_reduce(sums)
+        return {f"{name}_{metric}": v for (name, _), total in zip(splits, sums)
+                for metric, v in metrics_from_sums(total).items()}
 
     def _track_best(self, round_idx: int, metrics: dict[str, float]) -> None:
         for name, v in metrics.items():

@@ -17,6 +17,8 @@ from fedrec.io import writing
 from fedrec.tasks.base import FederatedTask
 from fedrec.trainer.callbacks import Callback, ProgressBar, progress_enabled
 from fedrec.trainer.checkpoint import check_same_run, load_checkpoint, run_identity, save_checkpoint
+from fedrec.federation.collective import Collective
+from fedrec.trainer.distributed import check_distribution, launch
 
 
 def check_num_threads(value: object) -> int | None:
@@ -73,6 +75,13 @@ class FederatedTrainer:
             the other processes: on a busy 2-core machine the README's 100-round FedGNN example took 146 s on
             torch's default 2 threads against 31 s on one, as ``train.py`` runs it (``num_threads`` in
             conf/config.yaml; ``scripts/bench_library.py``).
+        accelerator: ``"cpu"`` (the default), ``"cuda"`` or ``"auto"`` (CUDA when present).
+        devices: processes of the run (default 1). Several shard the clients of a task that supports it
+            (``supports_sharding``, e.g. federated recommendation) across processes launched by Lightning Fabric's
+            DDP strategy (gloo on CPU, NCCL on GPUs): from here on the script runs in every process, each computes
+            its clients' updates, sums are all-reduced, and only rank 0 logs and writes checkpoints
+            (:mod:`fedrec.trainer.distributed`).
+        strategy: ``"auto"`` (DDP with several devices) or ``"ddp"`` (needs ``devices >= 2``).
     """
 
     def __init__(
@@ -87,7 +96,11 @@ class FederatedTrainer:
         run_config: Mapping[str, Any] | None = None,
         allow_changes: Sequence[str] = (),
         num_threads: int | None = 1,
+        accelerator: str = "cpu",
+        devices: int = 1,
+        strategy: str = "auto",
     ) -> None:
+        self.collective: Collective = launch(*check_distribution(accelerator, devices, strategy))
         self.root = None if default_root_dir is None else Path(default_root_dir)
         # kept private: a task that holds its trainer would otherwise report it among its sizes (checkpoint.task_sizes)
         self._num_threads = check_num_threads(num_threads)
@@ -96,7 +109,7 @@ class FederatedTrainer:
         self.checkpoint_every = check_int("trainer.checkpoint_every", checkpoint_every, minimum=0)
         if self.checkpoint_every and self.root is None:
             raise ConfigError("trainer.checkpoint_every > 0 needs a default_root_dir to write checkpoints to")
-        show_bar = progress_enabled() if enable_progress_bar is None else enable_progress_bar
+        show_bar = (progress_enabled() if enable_progress_bar is None else enable_progress_bar) and self.is_global_zero
         self.callbacks: list[Callback] = list(callbacks) + ([ProgressBar()] if show_bar else [])
         keys = [cb.state_key for cb in self.callbacks]
         if len(set(keys)) != len(keys):
@@ -105,7 +118,7 @@ class FederatedTrainer:
             raise ConfigError(f"allow_changes must be a list of field names, got {allow_changes!r}")
         self.run_config = run_config
         self.allow_changes = tuple(allow_changes)
-        self.loggers = list(loggers)
+        self.loggers = list(loggers) if self.is_global_zero else []  # rank 0 alone logs
         self.round = 0
         self.history: list[dict[str, float]] = []
         self.should_stop = False
@@ -115,6 +128,11 @@ class FederatedTrainer:
     def num_threads(self) -> int | None:
         """torch's intra-op thread count while :meth:`fit` runs (None: torch's setting is left alone)."""
         return self._num_threads
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this process writes the run's files (always, in a one-process run)."""
+        return self.collective.is_global_zero
 
     @property
     def checkpoint_path(self) -> Path | None:
@@ -132,6 +150,10 @@ class FederatedTrainer:
             return self._fit(task, ckpt_path)
 
     def _fit(self, task: FederatedTask, ckpt_path: str | Path | None) -> list[dict[str, float]]:
+        if self.collective.world_size > 1 and not getattr(task, "supports_sharding", False):
+            raise ConfigError(f"trainer.devices={self.collective.world_size}: {type(task).__name__} runs in one "
+                              "process (only tasks with supports_sharding, e.g. federated recommendation, shard "
+                              "their clients across processes)")
         if ckpt_path is not None:
             self.restore(task, ckpt_path)
         total = task.num_rounds if self.max_rounds is None else min(self.max_rounds, task.num_rounds)
@@ -180,9 +202,13 @@ class FederatedTrainer:
                 lg.save()
 
     def save(self, task: FederatedTask) -> Path:
-        """Write the full run state to ``checkpoints/last.ckpt`` atomically (needs a ``default_root_dir``)."""
+        """Write the full run state to ``checkpoints/last.ckpt`` atomically (needs a ``default_root_dir``); in a
+        run of several processes rank 0 writes it (every process holds the same state) and the others return its
+        path."""
         if self.checkpoint_path is None:
             raise ConfigError("FederatedTrainer.save needs a default_root_dir to write the checkpoint to")
+        if not self.is_global_zero:
+            return self.checkpoint_path
         ckpt: dict[str, Any] = {
             "identity": run_identity(self.run_config, task),
             "round": self.round,

@@ -1,0 +1,88 @@
+"""One run across processes: the trainer's ``accelerator``/``devices``/``strategy`` and what a task needs of them.
+
+A run with ``devices > 1`` is launched by Lightning Fabric's DDP strategy (gloo on CPU, NCCL on GPUs): the script
+runs once per process from the point the trainer is built, as with Fabric's ``launch()``. Tasks see the processes
+through a :class:`Collective`: its rank and size, an in-place sum over processes and a broadcast from rank 0. A
+one-process run gets the trivial :class:`Collective` and never imports Lightning.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedrec.errors import ConfigError
+from fedrec.federation.collective import Collective
+
+ACCELERATORS = ("cpu", "cuda", "auto")
+STRATEGIES = ("auto", "ddp")
+
+
+class FabricCollective(Collective):
+    """The processes of a Lightning Fabric run (after ``Fabric.launch``)."""
+
+    def __init__(self, fabric: Any) -> None:
+        super().__init__(fabric.device)
+        self.fabric = fabric
+        self.global_rank, self.world_size = int(fabric.global_rank), int(fabric.world_size)
+
+    def all_reduce(self, tensors: list[Tensor]) -> None:
+        """One all-reduce of the tensors packed into a float64 buffer (exact for the counts and float64 sums the
+        tasks reduce), unpacked in place."""
+        if not tensors:
+            return
+        flat = torch.cat([t.reshape(-1).to(self.device, torch.float64) for t in tensors])
+        total = self.fabric.all_reduce(flat, reduce_op="sum")
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(total[offset:offset + n].view_as(t).to(t.dtype))
+            offset += n
+
+    def broadcast(self, obj: Any) -> Any:
+        return self.fabric.broadcast(obj, src=0)
+
+
+def check_distribution(accelerator: object, devices: object, strategy: object) -> tuple[str, int, str]:
+    """``(accelerator, devices, strategy)`` validated, with errors naming the ``trainer.*`` field: devices an
+    integer >= 1, the accelerator present, ``ddp`` only with several devices (``auto`` with several means ddp)."""
+    if accelerator not in ACCELERATORS:
+        raise ConfigError(f"trainer.accelerator must be one of {list(ACCELERATORS)}, got {accelerator!r}")
+    if isinstance(devices, bool) or not isinstance(devices, numbers.Integral) or devices < 1:
+        raise ConfigError(f"trainer.devices must be an integer >= 1 (processes of the run), got {devices!r}")
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"trainer.strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
+    if accelerator == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("trainer.accelerator=cuda: no CUDA device is present (torch.cuda.is_available() is "
+                              "False); use trainer.accelerator=cpu or auto")
+        if devices > torch.cuda.device_count():
+            raise ConfigError(f"trainer.devices={devices} with trainer.accelerator=cuda: only "
+                              f"{torch.cuda.device_count()} CUDA devices are present")
+    if accelerator == "auto":
+        accelerator = "cuda" if torch.cuda.is_available() and devices <= torch.cuda.device_count() else "cpu"
+    if strategy == "ddp" and devices == 1:
+        raise ConfigError("trainer.strategy=ddp shards a run across processes: set trainer.devices >= 2 (or "
+                          "strategy=auto for one process)")
+    return str(accelerator), int(devices), "ddp" if devices > 1 else "single"
+
+
+def launched_as_secondary() -> bool:
+    """Whether this process was started by a multi-process launcher as a rank other than 0 (Lightning's launcher
+    sets ``LOCAL_RANK``/``NODE_RANK`` before the script starts): such a process writes no files."""
+    return int(os.environ.get("LOCAL_RANK", "0") or 0) > 0 or int(os.environ.get("NODE_RANK", "0") or 0) > 0
+
+
+def launch(accelerator: str, devices: int, strategy: str) -> Collective:
+    """The :class:`Collective` of a run on ``devices`` processes (from :func:`check_distribution`): several are
+    launched with Lightning Fabric's DDP strategy (this script then runs on in every process); one needs nothing."""
+    if strategy == "single":
+        return Collective("cuda:0" if accelerator == "cuda" else "cpu")
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator=accelerator, devices=devices, strategy="ddp")
+    fabric.launch()
+    return FabricCollective(fabric)
