@@ -370,3 +370,22 @@ def test_a_schedule_runs_without_a_validation_split_and_a_reward_planner_does_no
     for planner in (ADAPPlanner(), BGTPlanner(num_actions=3, initial_rounds=2, min_rounds=8)):
         with pytest.raises(ConfigError, match="data.val_fraction"):
             FederatedTrainer(callbacks=[planner], enable_progress_bar=False).fit(make_task(data))
+
+
+# ------------------------------------------------------------------------------------------------ Gram operator
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 80), m=st.integers(1, 80), density=st.floats(0.0, 0.6), seed=st.integers(0, 10**6),
+       weighted=st.booleans())
+def test_gram_operator_equals_scipys_products(n, m, density, seed, weighted) -> None:
+    """The compiled 0/1 kernel (both orientations) and the scipy route for other entries equal X(Xᵀv) or Xᵀ(Xv)."""
+    from fedrec.planners.gram import gram_operator
+
+    rng = np.random.default_rng(seed)
+    X = binary(rng, n, m, density).astype(np.float64)
+    if weighted and X.nnz:
+        X.data = rng.random(X.nnz) + 0.5  # not 0/1: the scipy route
+    v = rng.standard_normal(min(n, m))
+    want = X @ (X.T @ v) if n <= m else X.T @ (X @ v)
+    out = np.empty(min(n, m))
+    gram_operator(X.tocsr())(v, out)
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12 * max(1.0, float(np.abs(want).max(initial=0))))

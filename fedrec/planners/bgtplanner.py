@@ -30,6 +30,7 @@ from torch import Tensor
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.privacy.client_dp import BUDGET_MARGIN
 from fedrec.planners.base import BudgetPlanner
+from fedrec.planners.gram import gram_operator, load_kernels
 from fedrec.seeding import numpy_generator
 from fedrec.trainer import torch_threads
 
@@ -98,15 +99,22 @@ def upload_context(X: Any, dim: int) -> np.ndarray:
 
 def gram_top_eigenvalues(X: Any, k: int, tol: float = GRAM_TOL) -> np.ndarray:
     """The top ``k`` eigenvalues (descending) of the Gram matrix on the smaller side of the sparse float64 ``X``
-    (X Xᵀ or Xᵀ X), by ARPACK's implicitly restarted Lanczos (``scipy.sparse.linalg.eigsh``) on an operator that
-    applies it as two sparse products: the Gram matrix is never formed. The start vector is fixed, so the result
-    is a function of X alone. Like every single-vector Krylov method it finds a second copy of a repeated
-    eigenvalue only through rounding; upload matrices with random pseudo items have no exact symmetry."""
+    (X Xᵀ or Xᵀ X), by ARPACK's implicitly restarted Lanczos (``scipy.sparse.linalg.eigsh``) on
+    :func:`fedrec.planners.gram.gram_operator`, two passes over X: the Gram matrix is never formed. The start
+    vector is fixed, so the result is a function of X alone. Like every single-vector Krylov method it finds a
+    second copy of a repeated eigenvalue only through rounding; upload matrices with random pseudo items have no
+    exact symmetry."""
     from scipy.sparse.linalg import LinearOperator, eigsh
 
-    left, right = (X, X.T) if X.shape[0] <= X.shape[1] else (X.T, X)  # X.T: a CSC view, as fast, no copy
-    n = left.shape[0]
-    gram = LinearOperator((n, n), matvec=lambda v: left @ (right @ v), dtype=np.float64)
+    product = gram_operator(X)
+    n = min(X.shape)
+
+    def matvec(v: np.ndarray) -> np.ndarray:
+        out = np.empty(n)
+        product(np.ascontiguousarray(v, dtype=np.float64).reshape(-1), out)
+        return out
+
+    gram = LinearOperator((n, n), matvec=matvec, dtype=np.float64)
     v0 = np.random.default_rng(0).standard_normal(n)
     lam = eigsh(gram, k=k, which="LA", v0=v0, tol=tol, return_eigenvectors=False)
     return np.maximum(np.sort(lam)[::-1], 0.0)
@@ -387,6 +395,7 @@ class BGTPlanner(BudgetPlanner):
         self.eta = 2.0 * math.log(U) / math.sqrt(T) if self.eta_arg is None else self.eta_arg
         self.num_clients = U
         _blas_controller()  # list the BLAS libraries once, before the rounds
+        load_kernels()  # and compile (or load) the Gram kernel
         if self.dual is None:
             self.dual = torch.full((U + 1,), 1.0 / (U + 1), dtype=torch.float64)  # slack coordinate last
 
