@@ -449,15 +449,13 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     else:
         prepare_output_dir(out, ckpt_path)
     from fedrec.trainer import FederatedTrainer, torch_threads
-    from fedrec.trainer.distributed import check_distribution
+    from fedrec.trainer.distributed import check_distribution, check_shardable
 
     tr = cfg.trainer
     devices = check_distribution(tr.get("accelerator", "cpu"), tr.get("devices", 1), tr.get("strategy", "auto"))[1]
     with torch_threads(cfg.get("num_threads")):  # the build (data, environment, model) as the rounds
         task = build_task_fetching_data(cfg)
-    if devices > 1 and not getattr(task, "supports_sharding", False):  # before launching any process
-        raise ConfigError(f"trainer.devices={devices}: {type(task).__name__} runs in one process (only "
-                          "recommendation runs, data=..., shard their clients across processes)")
+    check_shardable(task, devices)  # before launching any process
     is_private = getattr(task, "is_private_metric", None)  # tasks whose metrics may come from clients' raw data
     planner = _build(cfg.planner, "planner") if cfg.get("planner") is not None else None
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []  # none without Hydra's CLI

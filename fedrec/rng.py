@@ -119,7 +119,7 @@ def _keyed_fill(key: np.uint64, owner: np.ndarray, start: np.ndarray, kind: int,
 @jit
 def keyed_sample_excluding(key: np.uint64, owner: np.ndarray, indptr: np.ndarray, excluded: np.ndarray, n: int,
                            count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per owner ``owner[i]``, ``count`` distinct values drawn uniformly from ``range(n)`` minus the sorted
+    """Per owner ``owner[i]``, ``count`` distinct values drawn uniformly from ``range(n)`` minus the distinct values
     ``excluded[indptr[i]:indptr[i+1]]``, by rejection from its stream (counter c proposes ``⌊u_c·n⌋``); an owner
     with fewer than ``count`` such values gets all of them. Returns ``(values (m, count), valid (m, count))``."""
     m = owner.shape[0]

@@ -41,9 +41,10 @@ The per-round *level* is the one number the accountant records for a client and 
 Levels must be finite and > 0, so a noiseless mechanism cannot be built by accident; ``privacy=none`` is a
 different code path that does not use this module.
 
-Randomness comes only from the explicit ``torch.Generator`` passed to :meth:`NoiseMechanism.privatize`: for
-research runs derive it with ``fedrec.seeding.torch_generator(seed, "privacy", round_idx)`` so a resumed run draws
-the same noise; for deployment-grade runs use :func:`secure_generator` (``privacy.rng=secure`` of ClientDP).
+Randomness comes only from the explicit source passed to :meth:`NoiseMechanism.privatize`: a ``torch.Generator``
+(for research runs derive it with ``fedrec.seeding.torch_generator(seed, "privacy", round_idx)`` so a resumed run
+draws the same noise; for deployment-grade runs use :func:`secure_generator`), or, part by part, a
+:class:`fedrec.rng.KeyedRows` whose draws are keyed by client (what ClientDP passes, see its ``rng``).
 """
 from __future__ import annotations
 

@@ -219,9 +219,9 @@ class FedRecTask(FederatedTask):
         cuts = [min(max(c, lo), d.num_clients) for c, lo in zip(cuts, [0] + cuts[:-1])]
         return list(zip(cuts[:-1], cuts[1:]))
 
-    def _shard(self, d: RoundData) -> tuple[RoundData, int, int]:
-        """This process's part of ``d`` and its client range."""
-        lo, hi = self._bounds(d)[self.collective.global_rank]
+    def _shard(self, d: RoundData, bounds: list[tuple[int, int]] | None = None) -> tuple[RoundData, int, int]:
+        """This process's part of ``d`` and its client range (of ``bounds``, default :meth:`_bounds`)."""
+        lo, hi = (bounds or self._bounds(d))[self.collective.global_rank]
         return (d if (lo, hi) == (0, d.num_clients) else d.select(lo, hi)), lo, hi
 
     def _prepare(self, round_idx: int) -> _Prepared:
@@ -301,26 +301,23 @@ class FedRecTask(FederatedTask):
         else:  # more processes than clients this round: this one contributes nothing
             uploads = None
         # every client's upload size, known to all processes: ω, and its real and pseudo rows with their item ids
-        per_client = sum(sizes) + (full.rows_per_client() + valid.sum(1)) * (k + 1)
+        real_rows = full.rows_per_client()
+        per_client = sum(sizes) + (real_rows + valid.sum(1)) * (k + 1)
         uploads = self.channel.send("upload", ("client", full.clients), ("server", 0), uploads, per_client)
-        if single:
-            if not finite[0]:
-                raise FloatingPointError(f"round {round_idx}: a client's update is not finite (training diverged; "
-                                         f"try a smaller task.lr)")
-            g_shared, items, g_items = self.aggregator(uploads)
-        else:
+        if not single:  # one process adds up the others' sums (any aggregator's own __call__ runs in one process)
             sums = self.aggregator.partial(uploads, I) if uploads is not None else AggregateSums.zeros(
                 sum(sizes), I, k, device)
             self.collective.all_reduce([*sums.tensors(), user_grad, loss_sum, finite])
-            if int(finite[0]) != self.collective.world_size:
-                raise FloatingPointError(f"round {round_idx}: a client's update is not finite (training diverged; "
-                                         f"try a smaller task.lr)")
-            g_shared, items, g_items = self.aggregator.finish(sums, model.item_emb.dtype)
+        if int(finite[0]) != self.collective.world_size:
+            raise FloatingPointError(f"round {round_idx}: a client's update is not finite (training diverged; "
+                                     f"try a smaller task.lr)")
+        g_shared, items, g_items = self.aggregator(uploads) if single else self.aggregator.finish(
+            sums, model.item_emb.dtype)
         if self.privacy is not None:
             run = torch.zeros(self.data.num_clients, dtype=torch.bool)
             run[full.clients] = True
             tensors = torch.zeros(self.data.num_clients, dtype=torch.long)  # noised tensors per client
-            tensors[full.clients] = len(sizes) + full.rows_per_client()
+            tensors[full.clients] = len(sizes) + real_rows
             self.privacy.record(budget, run, tensors)
         self._server_step(names, g_shared, items, g_items)
         self._user_step(full.users, user_grad[full.users])
@@ -398,9 +395,10 @@ class FedRecTask(FederatedTask):
         """Test (and validation) metrics: each process scores the ratings of its shard's users (rank 0 also those
         of clients without training ratings) and the metrics' sums are added up over processes."""
         splits = [(name, r) for name, r in (("test", self.data.test), ("val", self.data.val)) if len(r)]
-        shard = self._shard(prep.data)[0]
+        bounds = self._bounds(prep.data)
+        shard = self._shard(prep.data, bounds)[0]
         owner = np.zeros(self.data.num_clients, dtype=np.int64)  # the rank scoring each client's users
-        for rank, (a, b) in enumerate(self._bounds(prep.data)):
+        for rank, (a, b) in enumerate(bounds):
             owner[prep.data.clients[a:b].numpy()] = rank
         sums = []
         for _, r in splits:

@@ -70,6 +70,15 @@ def check_distribution(accelerator: object, devices: object, strategy: object) -
     return str(accelerator), int(devices), "ddp" if devices > 1 else "single"
 
 
+def check_shardable(task: Any, devices: int) -> None:
+    """A run on several ``devices`` needs a task that shards its clients (``supports_sharding``); a ConfigError
+    naming ``trainer.devices`` otherwise."""
+    if devices > 1 and not getattr(task, "supports_sharding", False):
+        raise ConfigError(f"trainer.devices={devices}: {type(task).__name__} runs in one process (only tasks with "
+                          "supports_sharding, e.g. federated recommendation runs, data=..., shard their clients "
+                          "across processes)")
+
+
 def launched_as_secondary() -> bool:
     """Whether this process was started by a multi-process launcher as a rank other than 0 (Lightning's launcher
     sets ``LOCAL_RANK``/``NODE_RANK`` before the script starts): such a process writes no files."""

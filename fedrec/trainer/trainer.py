@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 from fedrec.errors import ConfigError, check_int
+from fedrec.federation.collective import Collective
 from fedrec.io import writing
 from fedrec.tasks.base import FederatedTask
 from fedrec.trainer.callbacks import Callback, ProgressBar, progress_enabled
 from fedrec.trainer.checkpoint import check_same_run, load_checkpoint, run_identity, save_checkpoint
-from fedrec.federation.collective import Collective
-from fedrec.trainer.distributed import check_distribution, launch
+from fedrec.trainer.distributed import check_distribution, check_shardable, launch
 
 
 def check_num_threads(value: object) -> int | None:
@@ -150,10 +150,7 @@ class FederatedTrainer:
             return self._fit(task, ckpt_path)
 
     def _fit(self, task: FederatedTask, ckpt_path: str | Path | None) -> list[dict[str, float]]:
-        if self.collective.world_size > 1 and not getattr(task, "supports_sharding", False):
-            raise ConfigError(f"trainer.devices={self.collective.world_size}: {type(task).__name__} runs in one "
-                              "process (only tasks with supports_sharding, e.g. federated recommendation, shard "
-                              "their clients across processes)")
+        check_shardable(task, self.collective.world_size)
         if ckpt_path is not None:
             self.restore(task, ckpt_path)
         total = task.num_rounds if self.max_rounds is None else min(self.max_rounds, task.num_rounds)
