@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedrec.jit import jit
 from fedrec.models.recommender import FederatedRecommender
 from fedrec.rng import KeyedRows, keyed_group_shuffle, keyed_sample_excluding
 
@@ -201,6 +202,41 @@ def sample_pseudo_items(data: RoundData, num_items: int, count: int, key: int) -
     items, valid = keyed_sample_excluding(np.uint64(key), data.clients.numpy(), indptr, data.row_item.numpy(),
                                           num_items, count)
     return torch.from_numpy(items), torch.from_numpy(valid)
+
+
+def upload_item_ids(data: RoundData, pseudo: Tensor, valid: Tensor, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+    """The item ids each client uploads this round, real and (``valid``) pseudo, as CSR ``(indptr, ids)`` over all
+    ``num_clients`` global clients, each row's ids ascending: the pattern of BGTplanner's X^t. One merge per client
+    of its real items (ascending in ``data``) with its sorted pseudo ones (which differ from them)."""
+    rows = data.rows_per_client().numpy()
+    counts = np.zeros(num_clients + 1, dtype=np.int64)
+    counts[data.clients.numpy() + 1] = rows + valid.numpy().sum(1)
+    index = np.int32 if counts.sum() < 2 ** 31 else np.int64  # scipy's: csr_matrix then takes the arrays as they are
+    indptr = np.cumsum(counts).astype(index)
+    row_start = np.zeros(data.num_clients + 1, dtype=np.int64)
+    np.cumsum(rows, out=row_start[1:])
+    absent = np.iinfo(np.int64).max
+    pseudo_sorted = np.sort(np.where(valid.numpy(), pseudo.numpy(), absent), axis=1)
+    ids = np.empty(int(indptr[-1]), dtype=index)
+    _merge_upload_ids(data.clients.numpy(), row_start, data.row_item.numpy(), pseudo_sorted, absent, indptr, ids)
+    return indptr, ids
+
+
+@jit
+def _merge_upload_ids(clients: np.ndarray, row_start: np.ndarray, row_item: np.ndarray, pseudo: np.ndarray,
+                      absent: int, indptr: np.ndarray, ids: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Write each client's real items (``row_item[row_start[c]:row_start[c + 1]]``, ascending) merged with its
+    pseudo items (row ``c`` of ``pseudo``: ascending, then ``absent``) into row ``clients[c]`` of ``indptr``."""
+    width = pseudo.shape[1]
+    for c in range(len(clients)):
+        r, r_end, q = row_start[c], row_start[c + 1], 0
+        for out in range(indptr[clients[c]], indptr[clients[c] + 1]):  # branch-free: the runs interleave at random
+            a = row_item[r] if r < r_end else absent
+            b = pseudo[c, q] if q < width else absent
+            take_real = a < b
+            ids[out] = a if take_real else b
+            r += take_real
+            q += 1 - take_real
 
 
 def pseudo_item_rows(rows: Tensor, row_client: Tensor, clients: Tensor, valid: Tensor, key: int) -> Tensor:

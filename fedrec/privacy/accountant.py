@@ -483,22 +483,26 @@ class ClientAccountant(Accountant):
 
     def epsilon_after(self, proposed: Tensor | float, participating: Tensor | None = None) -> Tensor:
         """Each client's ε if the proposed round were recorded (non-participants keep their current ε)."""
+        return self._epsilon_after(*self._check(proposed, participating))
+
+    def would_exceed(self, proposed: Tensor | float, participating: Tensor | None = None) -> Tensor:
+        """True for each (participating) client whose ε after the proposed round would exceed its total."""
+        return self._exceeding(*self._check(proposed, participating))
+
+    def admissible(self, proposed: Tensor | float, participating: Tensor | None = None) -> Tensor:
+        """The clients that may take part in the proposed round: participating and not exceeding their total."""
         lv, part = self._check(proposed, participating)
+        return part & ~self._exceeding(lv, part)
+
+    def _epsilon_after(self, lv: Tensor, part: Tensor) -> Tensor:
         out = self.spent()
         idx, keys, inv = self._next_groups(lv, part)
         if keys:
             out[idx] = torch.tensor([self._epsilon(k) for k in keys], dtype=torch.float64)[inv]
         return out
 
-    def would_exceed(self, proposed: Tensor | float, participating: Tensor | None = None) -> Tensor:
-        """True for each (participating) client whose ε after the proposed round would exceed its total."""
-        _, part = self._check(proposed, participating)
-        return part & (self.epsilon_after(proposed, participating) > self.epsilon_total)
-
-    def admissible(self, proposed: Tensor | float, participating: Tensor | None = None) -> Tensor:
-        """The clients that may take part in the proposed round: participating and not exceeding their total."""
-        _, part = self._check(proposed, participating)
-        return part & ~self.would_exceed(proposed, participating)
+    def _exceeding(self, lv: Tensor, part: Tensor) -> Tensor:
+        return part & (self._epsilon_after(lv, part) > self.epsilon_total)
 
     def step(self, levels: Tensor | float, participating: Tensor | None = None) -> None:
         """Record one round: each participating client's level (noise multiplier or ε_t).

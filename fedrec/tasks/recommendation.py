@@ -42,6 +42,7 @@ from fedrec.federation.local import (
     pseudo_item_rows,
     round_data,
     sample_pseudo_items,
+    upload_item_ids,
     upload_order,
 )
 from fedrec.metrics import metrics_from_sums, rating_sums
@@ -162,20 +163,8 @@ class FedRecTask(FederatedTask):
         import scipy.sparse as sp
 
         prep = self._prepare(round_idx)
-        d, I, U = prep.data, self.data.num_items, self.data.num_clients
-        clients, valid = d.clients.numpy(), prep.pseudo_valid.numpy()
-        # keys client·I + item, sorted: the real rows' already are (round_data's rows are sorted unique keys); the
-        # pseudo ones are once each client's row is sorted (clients ascend); merging the two runs sorts them all
-        # (a client's real and pseudo items differ)
-        real = clients[d.row_client.numpy()] * I + d.row_item.numpy()
-        absent = np.iinfo(np.int64).max
-        pseudo = np.sort(np.where(valid, clients[:, None] * I + prep.pseudo.numpy(), absent), axis=1)
-        key = np.concatenate([real, pseudo[pseudo != absent]])
-        key.sort(kind="stable")  # timsort: a linear merge of the two sorted runs
-        indptr = np.zeros(U + 1, dtype=np.int64)
-        indptr[clients + 1] = d.rows_per_client().numpy() + valid.sum(1)
-        np.cumsum(indptr, out=indptr)
-        X = sp.csr_matrix((np.ones(len(key)), key % I, indptr), shape=(U, I))
+        indptr, ids = upload_item_ids(prep.data, prep.pseudo, prep.pseudo_valid, self.data.num_clients)
+        X = sp.csr_matrix((np.ones(len(ids)), ids, indptr), shape=(self.data.num_clients, self.data.num_items))
         X.has_sorted_indices = True
         return X
 
