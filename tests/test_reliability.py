@@ -22,7 +22,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from test_cli import CONF, ROOT, read_csv
 
-from fedrec.cli import OutputError, run
+from fedrec.cli import run
+from fedrec.run_folder import OutputError
 from fedrec.errors import ConfigError
 from fedrec.io import atomic_write
 from fedrec.trainer.checkpoint import load_checkpoint, save_checkpoint
