@@ -398,13 +398,16 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
         allow_changes=allowed_changes(cfg), num_threads=cfg.get("num_threads"),
         **OmegaConf.to_container(cfg.trainer),
     )
-    if ckpt_path is not None:  # before writing anything: a checkpoint of another run is refused
-        trainer.restore(task, ckpt_path)
-    with output_errors():
-        if trainer.is_global_zero:
-            if resumes_in_place(out, ckpt_path) and cfg.logger.get("tensorboard", True):
-                _clear_tensorboard(out)
-            atomic_write(out / "config_resolved.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)),
-                         mode="w")
-        trainer.fit(task)
+    try:
+        if ckpt_path is not None:  # before writing anything: a checkpoint of another run is refused
+            trainer.restore(task, ckpt_path)
+        with output_errors():
+            if trainer.is_global_zero:
+                if resumes_in_place(out, ckpt_path) and cfg.logger.get("tensorboard", True):
+                    _clear_tensorboard(out)
+                atomic_write(out / "config_resolved.yaml",
+                             lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)), mode="w")
+            trainer.fit(task)
+    finally:
+        trainer.collective.close()  # a sweep's next job in this process starts its own processes
     return results.summary

@@ -487,3 +487,44 @@ def test_a_bandit_run_refuses_several_devices(tmp_path: Path) -> None:
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "error: trainer.devices=2: BanditTask runs in one process" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------ sweeps of sharded runs
+def _sweep(folder: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env.pop("LOCAL_RANK", None)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", *RUN, "seed=0,1", f"hydra.sweep.dir={folder}",
+                           *extra], cwd=folder.parent, capture_output=True, text=True, env=env, timeout=900)
+
+
+def test_a_sweep_of_sharded_runs_equals_a_sweep_of_one_process_runs(tmp_path: Path) -> None:
+    """``-m seed=0,1 trainer.devices=2`` on Hydra's basic launcher: each job starts its second process on that job
+    alone (not on the whole sweep again) and the second job does not join the first job's processes; rank 0 alone
+    writes. The jobs' results and files, and the sweep summary, are those of the one-process sweep."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    ran = {"one": _sweep(one), "two": _sweep(two, "trainer.devices=2")}
+    for name, proc in ran.items():
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+    log = ran["two"].stdout + ran["two"].stderr
+    assert log.count("Launching 2 jobs") == 1 and log.count("sweep: 2 of 2 jobs finished") == 1
+    assert log.count("run folder:") == 2
+    for job in ("0", "1"):
+        a = {"summary": json.loads((one / job / "summary.json").read_text()),
+             "ckpt": torch.load(one / job / "checkpoints" / "last.ckpt", weights_only=False)}
+        b = {"summary": json.loads((two / job / "summary.json").read_text()),
+             "ckpt": torch.load(two / job / "checkpoints" / "last.ckpt", weights_only=False)}
+        _same_results(a, b)
+        assert _files(two / job) - {"train.log"} == _files(one / job) - {"train.log"}
+    assert {p.name for p in two.iterdir()} == {p.name for p in one.iterdir()}
+    assert not list(tmp_path.rglob("*ddp_process*"))
+
+
+def test_a_sweep_of_sharded_runs_on_joblib_is_refused(tmp_path: Path) -> None:
+    """joblib's workers cannot relaunch train.py for a job's other processes: the job stops with an error naming
+    trainer.devices and the launcher, and the sweep lists it as failed."""
+    proc = _sweep(tmp_path / "sweep", "trainer.devices=2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1",
+                  "task.rounds=3")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "trainer.devices=2 in a sweep needs Hydra's basic launcher" in proc.stderr
+    assert not list((tmp_path / "sweep").rglob("summary.json"))

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import numbers
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -19,14 +22,18 @@ from fedrec.federation.collective import Collective
 
 ACCELERATORS = ("cpu", "cuda", "auto")
 STRATEGIES = ("auto", "ddp")
+#: what Lightning's launcher sets in the launching process's environment (restored when a sweep's job ends)
+LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+#: Hydra's command-line flags that choose the config (kept when a sweep's job relaunches itself), each with a value
+CONFIG_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")
 
 
 class FabricCollective(Collective):
     """The processes of a Lightning Fabric run (after ``Fabric.launch``)."""
 
-    def __init__(self, fabric: Any) -> None:
+    def __init__(self, fabric: Any, environ: dict[str, str | None]) -> None:
         super().__init__(fabric.device)
-        self.fabric = fabric
+        self.fabric, self.environ = fabric, environ
         self.global_rank, self.world_size = int(fabric.global_rank), int(fabric.world_size)
 
     def all_reduce(self, tensors: list[Tensor]) -> None:
@@ -44,6 +51,17 @@ class FabricCollective(Collective):
 
     def broadcast(self, obj: Any) -> Any:
         return self.fabric.broadcast(obj, src=0)
+
+    def close(self) -> None:
+        """Leave the process group and restore the launch variables, so that the next job of a sweep in this
+        process launches its own processes instead of joining these."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for name, value in self.environ.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def check_distribution(accelerator: object, devices: object, strategy: object) -> tuple[str, int, str]:
@@ -92,6 +110,41 @@ def launch(accelerator: str, devices: int, strategy: str) -> Collective:
         return Collective("cuda:0" if accelerator == "cuda" else "cpu")
     from lightning.fabric import Fabric
 
+    environ = {name: os.environ.get(name) for name in LAUNCH_ENV}
     fabric = Fabric(accelerator=accelerator, devices=devices, strategy="ddp")
-    fabric.launch()
-    return FabricCollective(fabric)
+    with _as_one_job(devices):
+        fabric.launch()
+    return FabricCollective(fabric, environ)
+
+
+@contextmanager
+def _as_one_job(devices: int) -> Iterator[None]:
+    """In a job of a Hydra sweep, make Lightning's launcher (which reruns ``sys.argv`` in ``hydra.run.dir``) start
+    the other processes on this job alone, in this job's folder: its overrides, not the sweep's, and not ``-m``.
+    Only Hydra's basic launcher runs jobs in the process that ``train.py`` started; joblib's and submitit's workers
+    could not relaunch it."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if launched_as_secondary() or not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        yield
+        return
+    from omegaconf import read_write
+
+    hydra = HydraConfig.get()
+    if not str(hydra.launcher.get("_target_", "")).endswith(".BasicLauncher"):
+        raise ConfigError(f"trainer.devices={devices} in a sweep needs Hydra's basic launcher (the default): "
+                          f"{hydra.launcher._target_} runs jobs in worker processes that cannot start the run's "
+                          "other processes; sweep sharded runs one job at a time")
+    argv, run_dir = sys.argv, hydra.run.dir
+    flags = [a for i, a in enumerate(argv) if a.split("=")[0] in CONFIG_FLAGS
+             or (i > 0 and argv[i - 1] in CONFIG_FLAGS)]
+    sys.argv = [argv[0], *flags, *hydra.overrides.task]
+    with read_write(hydra.run):
+        hydra.run.dir = hydra.runtime.output_dir
+    try:
+        yield
+    finally:
+        sys.argv = argv
+        with read_write(hydra.run):
+            hydra.run.dir = run_dir
