@@ -9,12 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_fedrec import write_ml1m
 
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
 from fedrec.federation.aggregators import FedAvg, FedSGD
-from fedrec.federation.local import local_updates
+from fedrec.federation.local import local_updates, round_data, sample_pseudo_items, upload_item_ids
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP, opacus_accountant
 from fedrec.tasks import FedRecTask
@@ -159,6 +161,29 @@ def test_upload_items_equals_a_plain_construction(tiny: RatingData, pseudo_items
         assert all(np.all(np.diff(X.indices[a:b]) > 0) for a, b in zip(X.indptr[:-1], X.indptr[1:]))
         if pseudo_items == 40:
             assert not bool(prep.pseudo_valid.all())
+
+
+@settings(max_examples=40, deadline=None)
+@given(users=st.integers(1, 30), items=st.integers(1, 60), ratings=st.integers(0, 300), clients=st.integers(1, 12),
+       pseudo=st.integers(0, 70), seed=st.integers(0, 10**6))
+def test_upload_item_ids_are_each_clients_sorted_union_of_real_and_pseudo_items(users, items, ratings, clients,
+                                                                                 pseudo, seed) -> None:
+    """The compiled merge against Python sets: every client's row lists its rated items and its valid pseudo items,
+    each once, ascending; clients without ratings this round have empty rows."""
+    rng = np.random.default_rng(seed)
+    client_of_user = rng.integers(0, clients, users)
+    d = round_data(rng.integers(0, users, ratings), rng.integers(0, items, ratings), np.ones(ratings),
+                   client_of_user, items)
+    pseudo_items, valid = sample_pseudo_items(d, items, pseudo, int(rng.integers(2**62)))
+    indptr, ids = upload_item_ids(d, pseudo_items, valid, clients)
+    expected = {c: set() for c in range(clients)}
+    for row, item in zip(d.row_client.tolist(), d.row_item.tolist()):
+        expected[int(d.clients[row])].add(item)
+    for c, (row, ok) in enumerate(zip(pseudo_items.tolist(), valid.tolist())):
+        expected[int(d.clients[c])].update(i for i, v in zip(row, ok) if v)
+    assert indptr[0] == 0 and len(indptr) == clients + 1 and len(ids) == indptr[-1]
+    for c in range(clients):
+        assert ids[indptr[c]:indptr[c + 1]].tolist() == sorted(expected[c])
 
 
 @pytest.mark.parametrize("model_cls", [FedGNN, MatrixFactorization])
