@@ -71,7 +71,7 @@ def logs_private_metrics(cfg: DictConfig) -> bool:
 def build_loggers(cfg: DictConfig, out_dir: Path, is_private: Callable[[str], bool] | None = None) -> list[Any]:
     """Lightning's CSV logger (``metrics.csv`` in the run dir) and TensorBoard logger (``tb/``); with
     ``logger.private_metrics=false`` they never receive a metric ``is_private`` flags."""
-    from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
+    from lightning_fabric.loggers import CSVLogger, TensorBoardLogger
 
     loggers: list[Any] = []
     if cfg.get("csv", True):

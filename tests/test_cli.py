@@ -1,7 +1,7 @@
 """The Hydra CLI: every experiment config runs end to end, run directories, resume, train.py, bad input.
 
 Most runs are in-process, through Hydra's compose API and :func:`fedrec.cli.run`, or through ``train.main()``
-itself with a patched ``sys.argv`` (Hydra's real command-line path, without paying the ~5 s ``import lightning``
+itself with a patched ``sys.argv`` (Hydra's real command-line path, without paying the ~3 s ``import lightning_fabric``
 of a new interpreter). One real ``python train.py -m ...`` subprocess covers the script entry point and a
 multirun sweep; it starts with the module's first test so that it overlaps with the in-process tests.
 """

@@ -140,7 +140,7 @@ def test_bandits_import_does_not_pull_heavy_libraries():
     import subprocess
     import sys
 
-    heavy = ("lightning", "torch_geometric", "opacus", "hydra", "pandas", "scipy", "fedrec.tasks.recommendation")
+    heavy = ("lightning", "lightning_fabric", "torch_geometric", "opacus", "hydra", "pandas", "scipy", "fedrec.tasks.recommendation")
     for modules in ("fedrec.bandits, fedrec.federation", "fedrec.trainer"):
         code = f"import sys, {modules}; print([m for m in {heavy!r} if m in sys.modules])"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -387,7 +387,7 @@ def test_other_bad_arguments_are_rejected_by_name():
 
 def test_import_does_not_pull_lightning_or_opacus():
     code = ("import sys, fedrec.privacy; "
-            "print([m for m in ('lightning', 'pytorch_lightning', 'opacus') if m in sys.modules])")
+            "print([m for m in ('lightning', 'lightning_fabric', 'pytorch_lightning', 'opacus') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 

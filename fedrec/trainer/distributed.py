@@ -108,7 +108,7 @@ def launch(accelerator: str, devices: int, strategy: str) -> Collective:
     launched with Lightning Fabric's DDP strategy (this script then runs on in every process); one needs nothing."""
     if strategy == "single":
         return Collective("cuda:0" if accelerator == "cuda" else "cpu")
-    from lightning.fabric import Fabric
+    from lightning_fabric import Fabric
 
     environ = {name: os.environ.get(name) for name in LAUNCH_ENV}
     fabric = Fabric(accelerator=accelerator, devices=devices, strategy="ddp")

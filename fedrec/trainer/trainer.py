@@ -58,7 +58,7 @@ class FederatedTrainer:
             checkpoint, so a library call leaves no files behind (the CLI passes the run folder).
         max_rounds: stop after this many rounds (default: the task's ``num_rounds``).
         callbacks: :class:`Callback` objects, called in order.
-        loggers: Lightning loggers (``lightning.fabric.loggers``) receiving every logged round.
+        loggers: Lightning loggers (``lightning_fabric.loggers``) receiving every logged round.
         log_every: log metrics every this many rounds (the last round is always logged).
         checkpoint_every: write ``last.ckpt`` every this many rounds (0: only at the end); needs a
             ``default_root_dir``.
