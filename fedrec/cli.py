@@ -18,7 +18,7 @@ from fedrec.errors import ConfigError, DatasetNotFoundError, check_int
 from fedrec.io import atomic_write, atomic_write_json, writing
 from fedrec.run_folder import TB_EVENTS, output_errors, prepare_output_dir, resumes_in_place
 from fedrec.trainer import Callback
-from fedrec.trainer.distributed import launched_as_secondary
+from fedrec.trainer.distributed import check_distribution, check_shardable, launched_as_secondary
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +381,6 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     else:
         prepare_output_dir(out, ckpt_path)
     from fedrec.trainer import FederatedTrainer, torch_threads
-    from fedrec.trainer.distributed import check_distribution, check_shardable
 
     tr = cfg.trainer
     devices = check_distribution(tr.get("accelerator", "cpu"), tr.get("devices", 1), tr.get("strategy", "auto"))[1]

@@ -45,8 +45,9 @@ def keyed_uniforms(key: int, fields: Sequence[np.ndarray], n: int) -> np.ndarray
     h = np.full(len(fields[0]), key, dtype=np.uint64)
     for field in fields:
         h = mix64(h ^ mix64(np.asarray(field, dtype=np.int64).astype(np.uint64)))
-    bits = mix64(h[:, None] + np.arange(1, n + 1, dtype=np.uint64)[None, :] * GOLDEN)
-    return ((bits >> S11).astype(np.float64) + 0.5) * TWO_M53  # 53 bits, never 0 or 1
+    out = np.empty((len(h), n))
+    _fill_units(h, out)
+    return out
 
 
 @jit
@@ -91,6 +92,14 @@ def _keyed_unit(state: np.uint64, counter: np.int64) -> float:
     """Uniform in (0, 1) number ``counter`` of the stream whose state is ``state`` (53 bits, never 0 or 1)."""
     bits = _mix(state + np.uint64(counter + 1) * GOLDEN)
     return (np.float64(bits >> S11) + 0.5) * TWO_M53
+
+
+@jit
+def _fill_units(states: np.ndarray, out: np.ndarray) -> None:
+    """Row ``i`` of ``out`` gets uniforms 0, 1, ... of the stream whose state is ``states[i]``."""
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            out[i, j] = _keyed_unit(states[i], j)
 
 
 @jit

@@ -230,9 +230,8 @@ class ClientDP:
         levels = self.levels(budget)
         mech = self.mechanism
         P, k = shared.shape[1], (rows.shape[1] if rows.dim() > 1 else 1)
-        ids = clients.cpu().numpy()
-        sources = [KeyedRows(key, ids, 0),
-                   KeyedRows(key, ids[row_client.cpu().numpy()], P + k * rank_within(row_client.cpu().numpy()))]
+        ids, row_owner = clients.cpu().numpy(), row_client.cpu().numpy()
+        sources = [KeyedRows(key, ids, 0), KeyedRows(key, ids[row_owner], P + k * rank_within(row_owner))]
         if self.nominal is None:
             (shared, rows), _ = mech.privatize_parts([shared, rows], [None, row_client], shared.shape[0], levels,
                                                      sources)
