@@ -1,7 +1,7 @@
-"""Time fedrec's FCLUB-DC / CDP-FCLUB-DC against the plain per-object reference (scripts/reference_fclub.py) on the
+"""Time fedrec's FCLUB-DC / CDP-FCLUB-DC against the plain per-object reference (tests/reference/fclub.py) on the
 same stream, side by side in one run, and print the ratio; also 10 seeds batched against 10 sequential runs.
 
-    .venv/bin/python scripts/bench_fclub.py [--steps 20000] [--seeds 10]
+    .venv/bin/python -m scripts.bench_fclub [--steps 20000] [--seeds 10]
 
 Both sides play the same arms (checked), so the ratio compares equal work. One thread; wall clock, median of 3.
 """
@@ -10,17 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reference_fclub import RefFCLUB  # noqa: E402
-
-from fedrec.envs.clustered import ClusteredLinearEnv  # noqa: E402
-from fedrec.protocols.fclub import FederatedClustering  # noqa: E402
+from fedrec.envs.clustered import ClusteredLinearEnv
+from fedrec.protocols.fclub import FederatedClustering
+from tests.reference.fclub import RefFCLUB
 
 CASES = {"fclub_dc": ({}, {}), "cdp_fclub_dc": (dict(epsilon=1.0), dict(epsilon=1.0))}
 

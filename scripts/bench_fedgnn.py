@@ -3,7 +3,7 @@
 Cases (one run, one JSON line each):
   round  the clients' computation of one round (943 clients: every gradient of ω, user rows and item rows),
          batched (``fedrec.federation.local.local_updates``, one backward pass) vs the per-client reference
-         loop (``scripts/reference_fedrec.py``: PyG ``GATConv`` per user, autograd per client). Both see the same
+         loop (``tests/reference/fedrec_round.py``: PyG ``GATConv`` per user, autograd per client). Both see the same
          model and data; the largest gradient difference is printed. Also the whole batched round
          (``FedRecTask.run_round``: pseudo items, DP, aggregation, server step, evaluation).
   run    wall time of full T-round runs through ``FederatedTrainer`` (non-private FedSGD, and Gaussian DP).
@@ -15,30 +15,26 @@ Cases (one run, one JSON line each):
 Targets (reported, not asserted): batched ≥ 20× the loop; a 100-round ML-100K run < 120 s on 2 cores; the
 planner < 5% of a training round.
 
-    FEDREC_DATA_DIR=../shared/data .venv/bin/python scripts/bench_fedgnn.py
+    FEDREC_DATA_DIR=/path/to/data .venv/bin/python -m scripts.bench_fedgnn
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for reference_fedrec next to this file
-
-from reference_fedrec import reference_client_gradients  # noqa: E402
-
-from fedrec.data import load_ratings  # noqa: E402
-from fedrec.federation.aggregators import FedSGD  # noqa: E402
-from fedrec.federation.local import local_updates, round_data  # noqa: E402
-from fedrec.models import FedGNN  # noqa: E402
-from fedrec.privacy import ClientDP  # noqa: E402
-from fedrec.tasks import FedRecTask  # noqa: E402
-from fedrec.trainer import FederatedTrainer  # noqa: E402
+from fedrec.data import load_ratings
+from fedrec.federation.aggregators import FedSGD
+from fedrec.federation.local import local_updates, round_data
+from fedrec.models import FedGNN
+from fedrec.privacy import ClientDP
+from fedrec.tasks import FedRecTask
+from fedrec.trainer import FederatedTrainer
+from tests.reference.fedrec_round import reference_client_gradients
 
 
 def parse_args() -> argparse.Namespace:

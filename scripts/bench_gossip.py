@@ -1,4 +1,4 @@
-"""Throughput of fedrec's Gossip_UCB / Fed_UCB against the per-agent Python reference (reference_gossip.py), which
+"""Throughput of fedrec's Gossip_UCB / Fed_UCB against the per-agent Python reference (tests/reference/gossip.py), which
 draws every random number through the same keyed helpers, so the benchmark is also an equivalence check.
 
 Cases (issue 10 item 6):
@@ -16,8 +16,8 @@ the comparison; ``load_1min`` tells how busy it was. Kernels are compiled (or lo
 throwaway short run before any timer starts. Every protocol is built with horizon = the longest run of its case,
 so the reference and our prefix share T (it enters ε' and C̃).
 
-    .venv/bin/python scripts/bench_gossip.py                      # all cases (several minutes)
-    .venv/bin/python scripts/bench_gossip.py --cases ab --ref-steps 2000
+    .venv/bin/python -m scripts.bench_gossip                      # all cases (several minutes)
+    .venv/bin/python -m scripts.bench_gossip --cases ab --ref-steps 2000
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,14 +35,11 @@ import numba
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the reference next to this file
-
-from reference_gossip import RefGossipUCB  # noqa: E402
-
-import fedrec.protocols.gossip as gossip_module  # noqa: E402
-from fedrec.envs.mab import MultiAgentMAB  # noqa: E402
-from fedrec.federation.topology import Topology, complete, ring  # noqa: E402
-from fedrec.protocols.gossip import FedUCB  # noqa: E402
+import fedrec.protocols.gossip as gossip_module
+from fedrec.envs.mab import MultiAgentMAB
+from fedrec.federation.topology import Topology, complete, ring
+from fedrec.protocols.gossip import FedUCB
+from tests.reference.gossip import RefGossipUCB
 
 #: (case, N, M, topology factory) of Fig. 2(a) and Fig. 2(b)
 SETTINGS = (("a_fig2a_k3", 3, 5, complete), ("b_fig2b_ring10", 10, 10, ring))

@@ -20,8 +20,8 @@ give the same best test RMSE (printed as a check). Times: the whole process (imp
 its CPU time (user + system) and the training loop alone (``trainer.wall_seconds``; the library's includes the
 first accounting call's import of Opacus, about 1 s, which the CLI's imports have already done).
 
-    FEDREC_DATA_DIR=../shared/data .venv/bin/python scripts/bench_library.py            # 20 rounds
-    FEDREC_DATA_DIR=../shared/data .venv/bin/python scripts/bench_library.py --rounds 100 --diagnose
+    FEDREC_DATA_DIR=/path/to/data .venv/bin/python -m scripts.bench_library            # 20 rounds
+    FEDREC_DATA_DIR=/path/to/data .venv/bin/python -m scripts.bench_library --rounds 100 --diagnose
 """
 from __future__ import annotations
 

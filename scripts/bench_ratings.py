@@ -11,7 +11,7 @@ Each dataset prints ONE JSON line: median seconds over ``--repeats`` timings aft
 fedrec / reference for ``read`` (above 1 = fedrec slower), and ``load_1min`` (how busy the machine was).
 Targets are reported, never asserted.
 
-    FEDREC_DATA_DIR=../shared/data .venv/bin/python scripts/bench_ratings.py
+    FEDREC_DATA_DIR=/path/to/data .venv/bin/python -m scripts.bench_ratings
 """
 from __future__ import annotations
 

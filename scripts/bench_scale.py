@@ -21,7 +21,7 @@ Cases (``--cases``, comma-separated):
 
 A new case is a function of the parsed arguments returning the dict to print, registered in ``CASES``.
 
-    FEDREC_DATA_DIR=../shared/data .venv/bin/python scripts/bench_scale.py --cases sweep
+    FEDREC_DATA_DIR=/path/to/data .venv/bin/python -m scripts.bench_scale --cases sweep
 """
 from __future__ import annotations
 

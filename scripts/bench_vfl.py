@@ -10,7 +10,7 @@ Cases (issue 11 items 5–6; every case prints JSON lines, nothing is asserted):
          and what fedrec's ledger counts (K·(M − 1) d-vectors); d = 1000 and 5000 at K = 1000 (Fig. 5(c)).
 With --figure PATH the model and measured overheads are drawn (Fig. 5(a, b)). One torch thread.
 
-    .venv/bin/python scripts/bench_vfl.py --figure docs/figures/vfl_fig5.png
+    .venv/bin/python -m scripts.bench_vfl --figure docs/figures/vfl_fig5.png
 """
 from __future__ import annotations
 

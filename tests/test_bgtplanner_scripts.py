@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from scripts.bgtplanner_sensitivity import table
+from scripts.bgtplanner_table import improvements, paper_cells
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,9 +56,6 @@ def test_fig3_draws_a_png_and_prints_the_curve(tmp_path: Path) -> None:
 
 def test_improvements_reproduce_the_papers_averages() -> None:
     """Spec §7.16: 3.40% (GM) / 10.12% (LM) / 6.76% RMSE and 0.71% F1 from the Table II numbers."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bgtplanner_table import improvements, paper_cells
-
     rmse = improvements(paper_cells("rmse"), "rmse")
     assert round(rmse["mean gaussian"], 2) == 3.40 and round(rmse["mean laplace"], 2) == 10.12
     assert round(rmse["mean"], 2) == 6.76
@@ -63,9 +63,6 @@ def test_improvements_reproduce_the_papers_averages() -> None:
 
 
 def test_sensitivity_table_from_run_summaries() -> None:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bgtplanner_sensitivity import table
-
     run = {"final_test_rmse": 0.33, "best_test_rmse": 0.32, "rounds_run": 84,
            "planner_action_counts": [10, 20, 30, 4, 20], "planner_planned_rounds": 54, "planner_gp_argmax_changes": 3, "planner_gp_tv_mean": 0.01}
     other = {**run, "final_test_rmse": 0.35, "planner_gp_argmax_changes": 1, "planner_gp_tv_mean": 0.03}

@@ -1,11 +1,10 @@
 """fedrec's per-server baselines (fedrec.protocols.LocalClustering: per-user LinUCB, CLUB, SCLUB) against the plain
-reference of scripts/reference_club.py (written from /work/notes' reading of spec fclub.md §2.8): the same arms and
+reference of tests/reference/club.py (written from /work/notes' reading of spec fclub.md §2.8): the same arms and
 partitions under both conventions, silence on the channel, resume, and bad inputs."""
 from __future__ import annotations
 
 import copy
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +14,7 @@ import torch
 from fedrec.envs.clustered import ClusteredLinearEnv
 from fedrec.errors import ConfigError
 from fedrec.protocols.club import LocalClustering
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from reference_club import RefBaseline, paper_beta  # noqa: E402
+from tests.reference.club import RefBaseline, paper_beta
 
 T = 1500
 ALPHAS = {"linucb": 0.25, "club": 0.25, "sclub": 1.5}

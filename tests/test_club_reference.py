@@ -1,19 +1,16 @@
-"""The baselines' reference (scripts/reference_club.py: per-user LinUCB, CLUB and SCLUB per server) against facts
+"""The baselines' reference (tests/reference/club.py: per-user LinUCB, CLUB and SCLUB per server) against facts
 that do not come from the reference itself: a textbook Sherman–Morrison LinUCB, the limiting cases of the deletion
 and split rules, invariants of /work/notes/club_semantics.md, cluster recovery on well-separated cases and small
 hand-computed streams. The compiled baselines will be tested arm for arm against this reference."""
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from reference_club import RefBaseline, paper_beta  # noqa: E402
+from tests.reference.club import RefBaseline, paper_beta
 
 TIE = 1e-9
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,16 +26,12 @@ from fedrec.federation import Channel
 from fedrec.federation.ledger import KINDS, SIDES, UNITS
 from fedrec.protocols import AsyncLinUCB, AsyncLinUCBAM, CentralizedLinUCB, SyncLinUCB, paper_linucb
 from fedrec.protocols.async_linucb_am import project_unit_ball
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # as scripts/bench_bandits.py does
-
-from reference_async_linucb import RefAsyncLinUCB  # noqa: E402
+from tests.reference.async_linucb import RefAsyncLinUCB
 
 LAM = 0.1
 BACKENDS = ("compiled", "torch")
 #: state agreement between the backends (float buffers); integer and bool buffers must agree exactly
 ATOL = 1e-10
-
 
 
 # ------------------------------------------------------------------------------------------------- helpers

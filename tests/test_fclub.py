@@ -1,11 +1,10 @@
 """fedrec's FCLUB family (fedrec.protocols.FederatedClustering) against the plain reference of
-scripts/reference_fclub.py, written from spec fclub.md §2 and §8: the same arms, the same messages per local
+tests/reference/fclub.py, written from spec fclub.md §2 and §8: the same arms, the same messages per local
 server, conservation of the statistics, resume, and the bad inputs of the issue."""
 from __future__ import annotations
 
 import copy
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,7 @@ import torch
 from fedrec.envs.clustered import ClusteredLinearEnv
 from fedrec.errors import ConfigError
 from fedrec.protocols.fclub import FederatedClustering
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from reference_fclub import RefFCLUB  # noqa: E402
+from tests.reference.fclub import RefFCLUB
 
 T = 1200
 VARIANTS = {  # name: (protocol kwargs, reference kwargs)

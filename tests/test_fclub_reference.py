@@ -1,18 +1,15 @@
-"""The FCLUB reference (scripts/reference_fclub.py) against the invariants of spec fclub.md §6 and an independent
+"""The FCLUB reference (tests/reference/fclub.py) against the invariants of spec fclub.md §6 and an independent
 pooled LinUCB: the oracle the compiled FCLUB protocols will be tested against must itself be right."""
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fedrec.envs.clustered import ClusteredLinearEnv
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from reference_fclub import RefFCLUB, dyadic_cover  # noqa: E402
+from tests.reference.fclub import RefFCLUB, dyadic_cover
 
 TOL = 1e-8
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +17,7 @@ from fedrec.federation.local import local_updates, pseudo_item_rows, round_data,
 from fedrec.metrics import rating_metrics
 from fedrec.models import FedGNN, MatrixFactorization, StarGAT
 from fedrec.privacy import ClientDP, GaussianMechanism, LaplaceMechanism
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from reference_fedrec import reference_client_gradients
+from tests.reference.fedrec_round import reference_client_gradients
 
 
 def write_ml1m(folder: Path, users: int = 40, items: int = 60, seed: int = 0) -> Path:

@@ -1,22 +1,17 @@
-"""fedrec's Gossip_UCB / Fed_UCB against the per-agent Python reference of scripts/reference_gossip.py (written from
+"""fedrec's Gossip_UCB / Fed_UCB against the per-agent Python reference of tests/reference/gossip.py (written from
 the gossip spec §2.3–2.7, drawing every random number through the same keyed helpers): on one seed both must make
 the same decisions and reach the same regret, on the compiled and the torch backends."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from reference_gossip import RefGossipUCB, dyadic_intervals  # noqa: E402
-
-from fedrec.envs.mab import MultiAgentMAB  # noqa: E402
-from fedrec.federation.topology import complete  # noqa: E402
-from fedrec.protocols.gossip import FedUCB  # noqa: E402
+from fedrec.envs.mab import MultiAgentMAB
+from fedrec.federation.topology import complete
+from fedrec.protocols.gossip import FedUCB
+from tests.reference.gossip import RefGossipUCB, dyadic_intervals
 
 N, M, T = 3, 4, 300
 

@@ -42,16 +42,13 @@ Readings (club_semantics.md; each is the contract's unless said otherwise):
 from __future__ import annotations
 
 import math
-import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # reference_fclub next to this file
-from reference_fclub import TIE_TOLERANCE, F  # noqa: E402
+from tests.reference.fclub import TIE_TOLERANCE, F
 
 METHODS = ("linucb", "club", "sclub")
 

@@ -1,6 +1,6 @@
 """Plain numpy references for Sync-LinUCB and Async-LinUCB-AM, in the style of the authors' code.
 
-Like ``reference_async_linucb.py`` (whose LinUCB arm loop they reuse), they keep that code's costs on purpose:
+Like ``tests/reference/async_linucb.py`` (whose LinUCB arm loop they reuse), they keep that code's costs on purpose:
 one object per client, ``np.linalg.inv`` / ``np.linalg.det`` / ``np.linalg.pinv`` per step, Python loops over
 clients. They implement the same rules as fedrec with a fixed exploration weight α, so decisions and message
 counts can be compared one to one (scripts/bench_bandits.py, case d). Written from the spec (async.md §3.3–3.4,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference_async_linucb import ucb_argmax
+from tests.reference.async_linucb import ucb_argmax
 
 
 class RefSyncClient:
