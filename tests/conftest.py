@@ -1,4 +1,5 @@
-"""Shared fixtures: the data directory, deterministic single-threaded torch and ``train.py`` run in-process."""
+"""Shared fixtures: the data directory, deterministic single-threaded torch, configs composed from ``conf/`` and
+``train.py`` run in-process."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,12 +12,15 @@ from typing import Any
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
 
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
 DATA_DIR = Path(os.environ.get("FEDREC_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
@@ -25,6 +29,17 @@ def data_dir() -> Path:
     if not DATA_DIR.is_dir():
         pytest.fail(f"datasets not found at {DATA_DIR}: set FEDREC_DATA_DIR")
     return DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def compose_cfg() -> Callable[..., DictConfig]:
+    """``compose_cfg(*overrides, **kw)``: the config ``train.py *overrides`` runs, composed from ``conf/`` (``kw`` go to
+    Hydra's ``compose``). Hydra is initialised only while composing, so a test may also run ``train.py`` itself."""
+    def compose_cfg(*overrides: str, **kw: Any) -> DictConfig:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose("config", overrides=list(overrides), **kw)
+
+    return compose_cfg
 
 
 @pytest.fixture(scope="module")

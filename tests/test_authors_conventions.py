@@ -9,10 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from opacus.accountants import RDPAccountant
 from scipy import stats
-from test_cli import CONF
 from test_fedrec import write_ml1m
 
 from fedrec.cli import run
@@ -198,12 +196,6 @@ def test_bad_conventions_are_named() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the switch
-@pytest.fixture
-def compose_cfg():
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield lambda *overrides: compose("config", overrides=list(overrides))
-
-
 @pytest.mark.parametrize("experiment", ["bgtplanner_ml100k", "bgtplanner_filmtrust", "bgtplanner_ml1m"])
 def test_one_switch_sets_the_authors_fields_and_explicit_values_win(compose_cfg, experiment: str) -> None:
     paper = compose_cfg(f"+experiment={experiment}")

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
@@ -45,12 +44,6 @@ Compose = Callable[..., DictConfig]
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-@pytest.fixture
-def compose_cfg() -> Compose:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield lambda *overrides, **kw: compose("config", overrides=list(overrides), **kw)
-
-
 def quick_overrides(compose_cfg: Compose, experiment: str | None, data_dir: Path, *extra: str) -> list[str]:
     """Overrides making any experiment a 200-step, 2-round, single-replicate run on a small world."""
     ov = [f"+experiment={experiment}"] if experiment else []

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from fedrec.envs import criteo
 from fedrec.envs.criteo import CriteoReplayEnv, cantor_pair, fill_missing, hash_components, item_labels, split_groups
@@ -312,20 +312,17 @@ def test_config_file_builds_the_env(log: tuple) -> None:
     assert env.max_rows == 1_000_000 and env.combine == "outer_sum" and env.partition == [3, 9, 9, 9, 6]
 
 
-def test_vfl_criteo_experiment_runs_end_to_end(log: tuple, tmp_path: Path) -> None:
+def test_vfl_criteo_experiment_runs_end_to_end(log: tuple, tmp_path: Path,
+                                               compose_cfg: Callable[..., DictConfig]) -> None:
     """The experiment config on a written log: replay metrics and the parties' traffic in the summary, and
     VFUCB's CTR equal to central LinUCB's (the replay path is the same, spec §6 test 10)."""
-    from hydra import compose, initialize_config_dir
-
     from fedrec.cli import run
 
     events = len(CriteoReplayEnv(log[0], num_arms=K)._clicks)
     summaries = {}
     for protocol in ("vfucb", "central_linucb", "partial_linucb"):
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose("config", overrides=[
-                "+experiment=vfl_criteo", f"protocol={protocol}", f"data_dir={log[0]}", f"env.num_arms={K}",
-                "replicates=2", "task.steps_per_round=50", "logger.tensorboard=false", "plots=false"])
+        cfg = compose_cfg("+experiment=vfl_criteo", f"protocol={protocol}", f"data_dir={log[0]}", f"env.num_arms={K}",
+                          "replicates=2", "task.steps_per_round=50", "logger.tensorboard=false", "plots=false")
         s = summaries[protocol] = run(cfg, output_dir=tmp_path / protocol)
         assert s["steps"] == events and 0 < s["matched_steps"] <= events and np.isfinite(s["relative_ctr"])
         assert (s.get("comm_party1_sent_scalars", 0.0) > 0) == (protocol == "vfucb")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
 from fedrec.cli import run_dataset
 from fedrec.data import download as dl
@@ -357,7 +357,7 @@ def test_run_without_its_dataset_is_one_error_line(
         ("vfl_criteo", None),
     ],
 )
-def test_a_run_knows_the_dataset_it_reads(tmp_path: Path, experiment: str, dataset: tuple[str, str] | None) -> None:
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"+experiment={experiment}", f"data_dir={tmp_path}"])
+def test_a_run_knows_the_dataset_it_reads(tmp_path: Path, experiment: str, dataset: tuple[str, str] | None,
+                                          compose_cfg: Callable[..., DictConfig]) -> None:
+    cfg = compose_cfg(f"+experiment={experiment}", f"data_dir={tmp_path}")
     assert run_dataset(cfg) == (None if dataset is None else (*dataset, tmp_path))

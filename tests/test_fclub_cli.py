@@ -2,16 +2,16 @@
 fedrec.cli.run), on each FCLUB experiment's world: what the summary reports and what the switch changes."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
 from fedrec.cli import run
 from fedrec.protocols.club import LocalClustering
 from fedrec.protocols.fclub import FederatedClustering
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 METHODS = ("fclub_dc", "fclub", "cdp_fclub_dc", "homo", "homo_dc", "club", "sclub", "linucb_per_user")
 
 
@@ -22,11 +22,9 @@ def overrides(data_dir: Path, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize("conventions", ["paper", "authors"])
 @pytest.mark.parametrize("method", METHODS)
-def test_every_method_runs_under_both_conventions(data_dir: Path, tmp_path: Path, method: str,
-                                                  conventions: str) -> None:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=overrides(data_dir, f"protocol={method}",
-                                                     f"protocol.conventions={conventions}"))
+def test_every_method_runs_under_both_conventions(data_dir: Path, tmp_path: Path, method: str, conventions: str,
+                                                  compose_cfg: Callable[..., DictConfig]) -> None:
+    cfg = compose_cfg(*overrides(data_dir, f"protocol={method}", f"protocol.conventions={conventions}"))
     summary = run(cfg, output_dir=tmp_path / "run")
     assert summary["steps"] == 300 and len(summary["cumulative_regret_per_replicate"]) == 2
     assert 0 < summary["cumulative_regret"] < 300
@@ -39,11 +37,10 @@ def test_every_method_runs_under_both_conventions(data_dir: Path, tmp_path: Path
 
 
 @pytest.mark.parametrize("method", ["fclub_dc", "cdp_fclub_dc", "club"])
-def test_the_switch_changes_only_the_radius_conventions(method: str) -> None:
+def test_the_switch_changes_only_the_radius_conventions(method: str, compose_cfg: Callable[..., DictConfig]) -> None:
     """``conventions=authors`` gives the squared bonus, λ = 2 (1 with CDP) and the CDP scale 0.005 (§8.3–8.4); the
     clustering constants stay; an explicit value still wins over the convention's."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        base = compose("config", overrides=[f"protocol={method}"]).protocol
+    base = compose_cfg(f"protocol={method}").protocol
     cls = FederatedClustering if "fclub" in method else LocalClustering
     kw = {k: v for k, v in base.items() if k not in ("_target_", "horizon", "num_servers", "clusters_bound")}
     paper, authors = cls(40, 10, **kw), cls(40, 10, **{**kw, "conventions": "authors"})

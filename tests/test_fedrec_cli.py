@@ -6,8 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from test_cli import ALL_EXPERIMENTS, CONF, FEDREC_PREFIXES, PNG_MAGIC, read_csv
+from test_cli import ALL_EXPERIMENTS, FEDREC_PREFIXES, PNG_MAGIC, read_csv
 from test_fedrec import write_ml1m
 
 from fedrec.cli import run
@@ -21,12 +20,6 @@ SMALL_SYNTHETIC = ("data.users=700", "data.items=300", "data.ratings=20000", "da
 SUMMARY = {"final_test_rmse", "final_test_mae", "final_test_f1", "best_test_rmse", "best_test_rmse_round",
            "best_test_f1", "epsilon_spent", "delta", "rounds_run", "comm_messages", "comm_upload_scalars",
            "wall_seconds", "privacy"}
-
-
-@pytest.fixture
-def compose_cfg():
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield lambda *overrides: compose("config", overrides=list(overrides))
 
 
 @pytest.fixture(scope="module")

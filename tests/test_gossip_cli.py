@@ -7,23 +7,15 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from fedrec.cli import run
 from fedrec.errors import ConfigError, DatasetNotFoundError
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 QUICK = ("+experiment=gossip_synthetic_k3", "replicates=3", "task.steps=3000", "task.steps_per_round=500",
          "logger.tensorboard=false", "plots=false", "trainer.checkpoint_every=2")
 
 Compose = Callable[..., DictConfig]
-
-
-@pytest.fixture
-def compose_cfg() -> Compose:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield lambda *overrides: compose("config", overrides=list(overrides))
 
 
 def test_fed_ucb_run_reports_regret_band_epsilon_and_gossip_messages(compose_cfg: Compose, tmp_path: Path) -> None:

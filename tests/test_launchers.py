@@ -10,11 +10,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from omegaconf import DictConfig
 
 from fedrec.sweeps import job_folders, without_timings
 
@@ -84,16 +86,14 @@ def test_a_two_job_sweep_equals_the_serial_sweep(sweeps: dict[str, tuple[int, st
         assert (sweep / table).read_text() == (serial / table).read_text(), table
 
 
-def test_the_slurm_config_composes_and_renders_a_batch_script(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from hydra import compose, initialize_config_dir
+def test_the_slurm_config_composes_and_renders_a_batch_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              compose_cfg: Callable[..., DictConfig]) -> None:
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
     from submitit import AutoExecutor
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=cpu",
-                                           f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
+    cfg = compose_cfg("hydra/launcher=slurm", "hydra.launcher.partition=cpu", f"hydra.sweep.dir={tmp_path}",
+                      return_hydra_config=True)
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.timeout_min, launcher.cpus_per_task, launcher.array_parallelism) == (60, 1, 32)

@@ -10,7 +10,6 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import pytest
-from hydra import compose, initialize_config_dir
 from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
@@ -18,14 +17,7 @@ from fedrec import plots
 from fedrec.cli import run, run_title
 from fedrec.data import load_ratings
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 QUICK = ("logger.tensorboard=false", "task.steps=200", "task.steps_per_round=100", "++env.max_users=30")
-
-
-@pytest.fixture
-def compose_cfg() -> Iterator[Callable[..., DictConfig]]:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield lambda *overrides: compose("config", overrides=list(overrides))
 
 
 @pytest.fixture

@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
-from test_cli import CONF, event_tags, read_csv
+from test_cli import event_tags, read_csv
 from test_fedrec import write_ml1m
 
 from fedrec.cli import run
@@ -339,12 +338,6 @@ def test_metrics_from_raw_client_data_are_flagged(tiny: RatingData) -> None:
     public = ["clients", "epsilon_spent", "comm_messages", "comm_upload_scalars", "rounds_run", "round"]
     assert all(task.is_private_metric(m) for m in private)
     assert not any(task.is_private_metric(m) for m in public)
-
-
-@pytest.fixture
-def compose_cfg():
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield lambda *overrides: compose("config", overrides=list(overrides))
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
-from test_cli import CONF, ROOT, read_csv
+from test_cli import ROOT, Compose, read_csv
 
 from fedrec.cli import run
 from fedrec.run_folder import OutputError
@@ -36,12 +34,6 @@ QUIET = ("logger.tensorboard=false", "plots=false")
 FEDREC_RUN = ("+experiment=bgtplanner_ml100k", "task.rounds=8", *QUIET)
 PLANNER = (*FEDREC_RUN, "++planner.num_actions=2", "++planner.initial_rounds=2", "++planner.min_rounds=6")
 SUBPROCESS_TIMEOUT = 240
-
-
-def compose_cfg(*overrides: str) -> DictConfig:
-    """The composed config for ``overrides`` (Hydra is initialised only while composing)."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 def ckpt_of(out: Path) -> Path:
@@ -82,7 +74,7 @@ def stored_bytes(path: Path, pick: Callable[[list[zipfile.ZipInfo]], zipfile.Zip
 
 
 @pytest.fixture(scope="module")
-def bandit_part(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bandit_part(tmp_path_factory: pytest.TempPathFactory, compose_cfg: Compose) -> Path:
     """A seed-0 bandit run stopped after 5 of its 12 rounds (its checkpoint is at round 5)."""
     out = tmp_path_factory.mktemp("bandit") / "part"
     run(compose_cfg(*BANDIT, "trainer.max_rounds=5"), output_dir=out)
@@ -90,7 +82,7 @@ def bandit_part(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def planner_runs(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> dict[str, Any]:
+def planner_runs(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, compose_cfg: Compose) -> dict[str, Any]:
     """A BGTplanner run of 8 rounds, the same run stopped after 4 rounds, and that one resumed to the end."""
     base = tmp_path_factory.mktemp("planner")
     ov = (*PLANNER, f"data_dir={data_dir}")
@@ -103,7 +95,7 @@ def planner_runs(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> di
 # ------------------------------------------------------------------------------------------------ identity
 @pytest.mark.parametrize("case", ["seed", "task_kind", "planner", "dataset"])
 def test_resume_of_another_run_is_refused_naming_the_fields(
-    case: str, bandit_part: Path, planner_runs: dict[str, Any], data_dir: Path, tmp_path: Path
+    case: str, bandit_part: Path, planner_runs: dict[str, Any], data_dir: Path, tmp_path: Path, compose_cfg: Compose
 ) -> None:
     """Today a different seed or planner resumes silently and another task kind or dataset crashes (KeyError, size
     mismatch); each is now one ``ckpt_path:`` line naming the differing fields, and nothing is written."""
@@ -159,7 +151,7 @@ def test_train_py_subprocess_refuses_other_sizes(bandit_part: Path, tmp_path: Pa
 
 
 def test_harmless_and_allowed_changes_resume(
-    train_py: Callable[..., Any], bandit_part: Path, tmp_path: Path
+    train_py: Callable[..., Any], bandit_part: Path, tmp_path: Path, compose_cfg: Compose
 ) -> None:
     """trainer.* may change freely (more rounds); task.steps only when named in resume_allow_changes."""
     more = run(compose_cfg(*BANDIT, "trainer.max_rounds=8", "trainer.log_every=2",
@@ -176,7 +168,7 @@ def test_harmless_and_allowed_changes_resume(
 
 
 # ------------------------------------------------------------------------------------------------ content
-def test_flipped_byte_is_refused(planner_runs: dict[str, Any], tmp_path: Path) -> None:
+def test_flipped_byte_is_refused(planner_runs: dict[str, Any], tmp_path: Path, compose_cfg: Compose) -> None:
     """A bit flip in a tensor, or in a number of the pickled part, loads fine with torch but fails the digest."""
     good = ckpt_of(planner_runs["part"])
     ckpt = load_checkpoint(good)
@@ -207,7 +199,7 @@ def _python_types(obj: Any) -> set[type]:
 
 @pytest.mark.parametrize("kind", ["bandit", "recommendation", "planner"])
 def test_checkpoints_load_weights_only(kind: str, bandit_part: Path, planner_runs: dict[str, Any], data_dir: Path,
-                                       tmp_path: Path) -> None:
+                                       tmp_path: Path, compose_cfg: Compose) -> None:
     """Every kind of checkpoint loads with ``torch.load(weights_only=True)`` (the planner's numpy scalars are saved
     as Python floats), and the planner run resumed from one matches the uninterrupted run."""
     if kind == "recommendation":
@@ -266,7 +258,8 @@ def test_writer_killed_mid_checkpoint_leaves_no_temporary(tmp_path: Path) -> Non
     assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]
 
 
-def test_final_checkpoint_failure_keeps_the_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_final_checkpoint_failure_keeps_the_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   compose_cfg: Compose) -> None:
     """A full disk at the final checkpoint: summary.json and the plots are already written, no temporary is left,
     and the failure is an ``output:`` error."""
     def full_disk(*args: Any, **kwargs: Any) -> None:
@@ -284,7 +277,8 @@ def test_final_checkpoint_failure_keeps_the_results(tmp_path: Path, monkeypatch:
 
 
 def test_train_py_reports_write_failures_as_output_errors(
-    train_py: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    train_py: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+    compose_cfg: Compose,
 ) -> None:
     """A run folder that is a file, and a read-only checkpoint folder, are ``error: output: ...`` with exit code 2."""
     a_file = tmp_path / "a_file"
@@ -310,7 +304,7 @@ def test_train_py_reports_write_failures_as_output_errors(
     assert (run_dir / "summary.json").is_file()
 
 
-def test_file_modes_follow_the_umask(tmp_path: Path) -> None:
+def test_file_modes_follow_the_umask(tmp_path: Path, compose_cfg: Compose) -> None:
     """Atomic writes used to create 0600 files whatever the umask."""
     old = os.umask(0o022)
     try:
@@ -327,7 +321,7 @@ def test_file_modes_follow_the_umask(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------ run folders
 def test_run_into_a_folder_holding_a_run_is_refused(
-    train_py: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture
+    train_py: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture, compose_cfg: Compose
 ) -> None:
     """A second run into a run folder used to overwrite its results and add its TensorBoard points to the first
     run's; it is refused, before Hydra or fedrec write anything there."""
@@ -346,7 +340,8 @@ def test_run_into_a_folder_holding_a_run_is_refused(
     assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
 
 
-def test_same_folder_resume_logs_each_tensorboard_step_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_same_folder_resume_logs_each_tensorboard_step_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            compose_cfg: Compose) -> None:
     """A run that dies after round 6 with its checkpoint at round 4, resumed in its own folder: TensorBoard holds
     each round once (the resume used to add rounds 0-5 a second time), with the uninterrupted run's values."""
     tb_on = (*BANDIT, "logger.tensorboard=true")

@@ -6,23 +6,22 @@ so that comparison is indicative only. Run with ``pytest -m slow tests/test_repr
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
 from fedrec.cli import run
-from test_cli import CONF
 
 PAPER_FEDSGD_RMSE = {"fedgnn_ml100k": 0.2017, "fedgnn_filmtrust": 0.2905}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("experiment", sorted(PAPER_FEDSGD_RMSE))
-def test_fedsgd_reaches_the_papers_rmse(data_dir: Path, tmp_path: Path, experiment: str) -> None:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"+experiment={experiment}", f"data_dir={data_dir}", "plots=false",
-                                           "logger.tensorboard=false"])
+def test_fedsgd_reaches_the_papers_rmse(data_dir: Path, tmp_path: Path, experiment: str,
+                                        compose_cfg: Callable[..., DictConfig]) -> None:
+    cfg = compose_cfg(f"+experiment={experiment}", f"data_dir={data_dir}", "plots=false", "logger.tensorboard=false")
     summary = run(cfg, output_dir=tmp_path)
     assert summary["rounds_run"] == 100
     assert summary["best_test_rmse"] <= PAPER_FEDSGD_RMSE[experiment], summary["best_test_rmse"]

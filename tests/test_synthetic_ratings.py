@@ -4,11 +4,11 @@ MovieLens-1M size here, MovieLens-10M size under ``-m slow``."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
-from test_cli import CONF
+from omegaconf import DictConfig
 
 from fedrec.cli import build_task
 from fedrec.data import RatingData, Ratings, arrival_rounds, synthetic_ratings
@@ -205,11 +205,10 @@ def test_bad_input_names_the_field(kwargs: dict, field: str) -> None:
 # ------------------------------------------------------------------------------------ the Hydra group
 
 
-def test_hydra_group_builds_the_requested_size_and_names_bad_fields() -> None:
+def test_hydra_group_builds_the_requested_size_and_names_bad_fields(compose_cfg: Callable[..., DictConfig]) -> None:
     sizes = ("data.users=600", "data.items=300", "data.ratings=20000", "data.num_clients=60")
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["+experiment=fedgnn_synthetic", "task.rounds=2", *sizes])
-        bad = compose("config", overrides=["+experiment=fedgnn_synthetic", *sizes, "data.ratings=200000"])
+    cfg = compose_cfg("+experiment=fedgnn_synthetic", "task.rounds=2", *sizes)
+    bad = compose_cfg("+experiment=fedgnn_synthetic", *sizes, "data.ratings=200000")
     assert cfg.data.users == 600 and cfg.name == "fedgnn_synthetic"
     task = build_task(cfg)
     check_sizes(task.data, 600, 300, 20_000, 60)
@@ -217,9 +216,8 @@ def test_hydra_group_builds_the_requested_size_and_names_bad_fields() -> None:
         build_task(bad)
 
 
-def test_default_config_is_movielens_1m_size() -> None:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        node = compose("config", overrides=["data=synthetic_ratings"]).data
+def test_default_config_is_movielens_1m_size(compose_cfg: Callable[..., DictConfig]) -> None:
+    node = compose_cfg("data=synthetic_ratings").data
     assert (node.users, node["items"], node.ratings, node.num_clients) == (6040, 3706, 1_000_209, 605)
 
 

@@ -19,7 +19,6 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from scipy import stats
 
@@ -33,7 +32,6 @@ from fedrec.protocols.vertical import VerticalLinearBandit
 from fedrec.tasks.bandit import BanditTask
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
 
 BETA, LAM, V_TS = 0.5, 1.0, 0.01  # the paper's synthetic settings (spec §4.1)
 UCB = functools.partial(LinUCB, alpha=BETA, lam=LAM)
@@ -764,21 +762,13 @@ PROTOCOLS = ("vfucb", "vfts", "central_linucb", "central_lints", "partial_linucb
 Compose = Callable[..., DictConfig]
 
 
-@pytest.fixture
-def compose_cfg() -> Compose:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield lambda *overrides: compose("config", overrides=list(overrides))
-
-
 @pytest.fixture(scope="module")
-def cli_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
+def cli_runs(tmp_path_factory: pytest.TempPathFactory, compose_cfg: Compose) -> dict[str, tuple[dict[str, Any], Path]]:
     """The six protocols, each composed with +experiment=vfl_synthetic, run 40 steps through fedrec.cli.run."""
     base = tmp_path_factory.mktemp("vfl_cli")
     out = {}
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        for proto in PROTOCOLS:
-            cfg = compose("config", overrides=[*QUICK, f"protocol={proto}"])
-            out[proto] = (run(cfg, output_dir=base / proto), base / proto)
+    for proto in PROTOCOLS:
+        out[proto] = (run(compose_cfg(*QUICK, f"protocol={proto}"), output_dir=base / proto), base / proto)
     return out
 
 
