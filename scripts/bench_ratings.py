@@ -1,4 +1,5 @@
-"""Load speed of fedrec's rating loader beside a straightforward pandas reader, on ML-100K and FilmTrust.
+"""Load speed of fedrec's rating loader beside a straightforward pandas reader, on ML-100K and FilmTrust, and the
+time of the synthetic rating generator at MovieLens sizes.
 
 For each dataset, in one run:
   read   ``fedrec.data.read_ratings`` (parse, validate ids and the rating scale, drop duplicated pairs keeping
@@ -6,10 +7,13 @@ For each dataset, in one run:
          same drop / re-index / divide in plain pandas and numpy, with no checks. Both outputs are compared first.
   load   ``fedrec.data.load_ratings`` (``read`` plus the test/val/initial/stream splits and arrival rounds,
          10% validation), the call the removed ``test_ml100k_loads_fast`` timed against 1 s.
+For each size of ``--synthetic``:
+  generate  ``fedrec.data.synthetic_ratings`` at that size with the default exponents, the call
+         ``tests/test_synthetic_ratings.py`` checks for sizes and exponents (it used to time it too).
 
-Each dataset prints ONE JSON line: median seconds over ``--repeats`` timings after one warm-up, the ratio
-fedrec / reference for ``read`` (above 1 = fedrec slower), and ``load_1min`` (how busy the machine was).
-Targets are reported, never asserted.
+Each dataset or size prints ONE JSON line: median seconds over ``--repeats`` (``--synthetic-repeats``) timings
+after one warm-up, the ratio fedrec / reference for ``read`` (above 1 = fedrec slower), and ``load_1min`` (how
+busy the machine was). Targets are reported, never asserted.
 
     FEDREC_DATA_DIR=/path/to/data .venv/bin/python -m scripts.bench_ratings
 """
@@ -26,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedrec.data import load_ratings, read_ratings
+from fedrec.data import load_ratings, read_ratings, synthetic_ratings
 
 #: Where each dataset's file is and how it is laid out, for the reference reader.
 FILES = {
@@ -35,6 +39,11 @@ FILES = {
 }
 #: Reported next to the ``load`` time: the bound the removed wall-clock test asserted on ML-100K.
 LOAD_TARGET_S = 1.0
+#: Synthetic sizes (users, items, ratings, clients) and the bounds the removed wall-clock asserts held them to.
+SYNTHETIC = {
+    "ml-1m-size": ((6040, 3706, 1_000_209, 605), 30.0),
+    "ml-10m-size": ((69_878, 10_677, 10_000_054, 6988), 120.0),
+}
 
 
 def parse_args() -> argparse.Namespace:
@@ -43,6 +52,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("FEDREC_DATA_DIR", "data")))
     p.add_argument("--datasets", default="ml-100k,filmtrust")
     p.add_argument("--repeats", type=int, default=15, help="timings per measure (the median is reported)")
+    p.add_argument("--synthetic", default="ml-1m-size", help=f"sizes to generate, of {', '.join(SYNTHETIC)} ('' none)")
+    p.add_argument("--synthetic-repeats", type=int, default=3, help="timings per generated size")
     return p.parse_args()
 
 
@@ -88,13 +99,26 @@ def bench(name: str, data_dir: Path, repeats: int) -> dict[str, object]:
     }
 
 
+def bench_synthetic(name: str, repeats: int) -> dict[str, object]:
+    """Time the generator at size ``name`` of :data:`SYNTHETIC`."""
+    (users, items, ratings, clients), target = SYNTHETIC[name]
+    generate_s = median_seconds(lambda: synthetic_ratings(users, items, ratings, num_clients=clients), repeats)
+    return {
+        "synthetic": name, "users": users, "items": items, "ratings": ratings, "clients": clients,
+        "generate_s": round(generate_s, 2), "generate_target_s": target, "repeats": repeats,
+        "load_1min": round(os.getloadavg()[0], 2),
+    }
+
+
 def main() -> None:
-    """Run every requested dataset and print one JSON line each."""
+    """Run every requested dataset and synthetic size and print one JSON line each."""
     args = parse_args()
     with warnings.catch_warnings():  # FilmTrust's duplicate-line warning is expected; silence its repeats
         warnings.filterwarnings("ignore", message=r".*duplicated \(user, item\) line", category=UserWarning)
-        for name in args.datasets.split(","):
+        for name in filter(None, args.datasets.split(",")):
             print(json.dumps(bench(name, args.data_dir, args.repeats)), flush=True)
+    for name in filter(None, args.synthetic.split(",")):
+        print(json.dumps(bench_synthetic(name, args.synthetic_repeats)), flush=True)
 
 
 if __name__ == "__main__":

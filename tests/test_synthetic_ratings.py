@@ -3,7 +3,6 @@ fit, determinism by seed, rating values and the splits of fedrec.data.ratings, b
 MovieLens-1M size here, MovieLens-10M size under ``-m slow``."""
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -224,11 +223,10 @@ def test_default_config_is_movielens_1m_size(compose_cfg: Callable[..., DictConf
 # ------------------------------------------------------------------------------------ scale
 
 
-def check_at_size(users: int, items: int, ratings: int, clients: int, seconds: float) -> None:
-    """Generate at a MovieLens size with the default exponents (0.8, 1.0): sizes, fitted exponents, time."""
-    start = time.perf_counter()
+def check_at_size(users: int, items: int, ratings: int, clients: int) -> None:
+    """Generate at a MovieLens size with the default exponents (0.8, 1.0): sizes and fitted exponents (the time it
+    takes is measured by ``python -m scripts.bench_ratings --synthetic ...``, not asserted here)."""
     data = synthetic_ratings(users, items, ratings, num_clients=clients)
-    assert time.perf_counter() - start < seconds
     check_sizes(data, users, items, ratings, clients)
     per_user, per_item = degrees(data)
     assert fitted_exponent(per_user, cap=items) == pytest.approx(0.8, abs=EXPONENT_TOLERANCE)
@@ -236,9 +234,9 @@ def check_at_size(users: int, items: int, ratings: int, clients: int, seconds: f
 
 
 def test_movielens_1m_size() -> None:
-    check_at_size(6040, 3706, 1_000_209, 605, seconds=30)  # fits 0.800 and 1.002; about 3 s on a busy 2-core machine
+    check_at_size(6040, 3706, 1_000_209, 605)  # fits 0.800 and 1.002
 
 
 @pytest.mark.slow
 def test_movielens_10m_size() -> None:
-    check_at_size(69_878, 10_677, 10_000_054, 6988, seconds=120)  # fits 0.800 and 1.001; 35-50 s, 1.3 GB
+    check_at_size(69_878, 10_677, 10_000_054, 6988)  # fits 0.800 and 1.001; slow: 35-50 s and 1.3 GB
