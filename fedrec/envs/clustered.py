@@ -64,6 +64,7 @@ class ClusteredLinearEnv(BanditEnv):
     """
 
     name = "clustered"
+    # no ``dataset``: theta=ml100k reads ml-100k, theta=authors|file the authors' files (not downloadable)
 
     def __init__(
         self,

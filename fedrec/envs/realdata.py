@@ -186,6 +186,7 @@ class LastFMEnv(LoggedEventsEnv):
     """
 
     name = "lastfm"
+    dataset = "lastfm"
 
     def _load(self, data_dir: Path, dim: int, seed: int) -> EventLog:
         listened_path = dataset_file("lastfm", data_dir, "user_artists.dat")
@@ -228,6 +229,7 @@ class MovieLensEnv(LoggedEventsEnv):
     """
 
     name = "movielens"
+    dataset = "ml-100k"
 
     def _load(self, data_dir: Path, dim: int, seed: int) -> EventLog:
         ratings = read_raw_ratings("ml-100k", data_dir)

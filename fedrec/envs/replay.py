@@ -152,6 +152,7 @@ class MovieLensReplayEnv(ReplayEnv):
     """
 
     name = "movielens_replay"
+    dataset = "ml-100k"
     OCCUPATION_BUCKETS = 3
 
     def __init__(self, *args: object, click_threshold: int = 4, **kwargs: object) -> None:
