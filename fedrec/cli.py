@@ -377,7 +377,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
         _detach_log_files()
     else:
         prepare_output_dir(out, ckpt_path)
-    from fedrec.trainer import FederatedTrainer, torch_threads
+    from fedrec.threads import torch_threads
+    from fedrec.trainer import FederatedTrainer
 
     tr = cfg.trainer
     devices = check_distribution(tr.get("accelerator", "cpu"), tr.get("devices", 1), tr.get("strategy", "auto"))[1]
