@@ -34,13 +34,6 @@ REQUIRED_GROUPS = {
     "bandit": ("env", "protocol", "task", "trainer", "logger"),
     "recommendation": ("model", "aggregator", "task", "trainer", "logger"),
 }
-#: the downloadable dataset (:data:`fedrec.data.download.REGISTRY`) each real-data bandit environment reads
-ENV_DATASETS = {
-    "fedrec.envs.realdata.LastFMEnv": "lastfm",
-    "fedrec.envs.realdata.MovieLensEnv": "ml-100k",
-    "fedrec.envs.replay.MovieLensReplayEnv": "ml-100k",
-    "fedrec.envs.diabetes.DiabetesMAB": "diabetes",
-}
 
 
 class PublicMetricsLogger:
@@ -318,12 +311,16 @@ def check_groups(cfg: DictConfig) -> None:
 
 def run_dataset(cfg: DictConfig) -> tuple[str, str, Path] | None:
     """(config group, name, data directory) of the downloadable dataset the run reads (:mod:`fedrec.data.download`):
-    its ``data`` group's, or its real-data bandit environment's; None for other runs."""
+    its ``data`` group's, or the ``dataset`` its environment's class declares; None for other runs."""
     from fedrec.data.download import REGISTRY
 
     key = "data" if cfg.get("data") is not None else "env"
     node = cfg.get(key)
-    name = node.get("name") if key == "data" else ENV_DATASETS.get(str(node.get("_target_")))
+    if key == "data":
+        name = node.get("name")
+    else:
+        target = node.get("_target_")
+        name = None if target is None else getattr(get_class(str(target)), "dataset", None)
     if name not in REGISTRY or node.get("data_dir") is None:
         return None
     return key, str(name), Path(str(node.data_dir))
@@ -380,7 +377,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
         _detach_log_files()
     else:
         prepare_output_dir(out, ckpt_path)
-    from fedrec.trainer import FederatedTrainer, torch_threads
+    from fedrec.threads import torch_threads
+    from fedrec.trainer import FederatedTrainer
 
     tr = cfg.trainer
     devices = check_distribution(tr.get("accelerator", "cpu"), tr.get("devices", 1), tr.get("strategy", "auto"))[1]

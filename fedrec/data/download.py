@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from fedrec.errors import ConfigError, DatasetNotFoundError
+from fedrec.errors import ConfigError, DatasetNotFoundError, check_file
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Source:
     sha256: str | None  # of the archive as published; None = not recorded yet (installs only with --no-verify)
     folder: str  # folder under the data directory that the loaders read
     files: tuple[str, ...]  # files the loaders read inside ``folder``; the first one locates it in the archive
+    page: str  # the publisher's page, to download the archive by hand
 
 
 #: One entry per downloadable dataset. ml-100k, ml-1m and lastfm checksums: archive SHA-256s published in
@@ -52,30 +53,35 @@ REGISTRY: dict[str, Source] = {
         sha256="50d2a982c66986937beb9ffb3aa76efe955bf3d5c6b761f4e3a7cd717c6a3229",
         folder="ml-100k",
         files=("u.data", "u.item", "u.user"),
+        page="https://grouplens.org/datasets/movielens/100k/",
     ),
     "ml-1m": Source(
         url="https://files.grouplens.org/datasets/movielens/ml-1m.zip",
         sha256="a6898adb50b9ca05aa231689da44c217cb524e7ebd39d264c56e2832f2c54e20",
         folder="ml-1m",
         files=("ratings.dat",),
+        page="https://grouplens.org/datasets/movielens/1m/",
     ),
     "lastfm": Source(
         url="https://files.grouplens.org/datasets/hetrec2011/hetrec2011-lastfm-2k.zip",
         sha256="6738f48195667ff03caaab4d32ca9a3133d8cc026b7c3cdaf6ce1010e913c59c",
         folder="hetrec2011-lastfm-2k",
         files=("user_artists.dat", "user_taggedartists.dat"),
+        page="https://grouplens.org/datasets/hetrec-2011/",
     ),
     "filmtrust": Source(
         url="https://guoguibing.github.io/librec/datasets/filmtrust.zip",
         sha256=None,
         folder="filmtrust",
         files=("ratings.txt",),
+        page="https://guoguibing.github.io/librec/datasets.html",
     ),
     "diabetes": Source(
         url="https://archive.ics.uci.edu/static/public/296/diabetes+130-us+hospitals+for+years+1999-2008.zip",
         sha256=None,
         folder="uci-diabetes-130",
         files=("diabetic_data.csv",),
+        page="https://archive.ics.uci.edu/dataset/296/diabetes+130-us+hospitals+for+years+1999-2008",
     ),
 }
 
@@ -109,6 +115,23 @@ def missing_files(name: str, data_dir: str | Path) -> list[Path]:
 def download_command(name: str, data_dir: str | Path) -> str:
     """The shell command that installs dataset ``name`` into ``data_dir``."""
     return f"python -m fedrec.data download {name} --data-dir {data_dir}"
+
+
+def install_help(name: str, data_dir: str | Path) -> str:
+    """How to install dataset ``name`` into ``data_dir``: the download command, or by hand from its page."""
+    entry = source(name)
+    unverified = "" if entry.sha256 else " --no-verify"
+    return (
+        f"Install {name} with `{download_command(name, data_dir)}{unverified}`, or download it from {entry.page} "
+        f"and unzip it so that {Path(data_dir) / entry.folder}/ holds {', '.join(entry.files)}."
+    )
+
+
+def dataset_file(name: str, data_dir: str | Path, file: str) -> Path:
+    """The path of ``file`` of dataset ``name`` under ``data_dir``: the one place the loaders locate a dataset's
+    files, so a missing one is always the same DatasetNotFoundError (the file, how to install the dataset, and
+    ``FEDREC_DATA_DIR``)."""
+    return check_file(Path(data_dir) / source(name).folder / file, install_help(name, data_dir))
 
 
 def ensure_dataset(name: str, data_dir: str | Path, download: bool) -> Path:

@@ -14,7 +14,8 @@ Datasets (files under ``data_dir``):
   stars). 6,040 users, 3,706 rated items, 1,000,209 ratings (per its README). Users are grouped at random into
   605 clients (paper §VII-A); the other datasets have one client per user.
 
-Validation, on the raw file before anything is dropped or normalised:
+Validation, on the raw file before anything is dropped or normalised (:func:`read_raw_ratings`, the one reader of
+these files, which the environments that read ML-100K share):
 
 * Every line must hold integer ids >= 0 and a rating on the dataset's scale: the integers 1..5 on MovieLens
   (their READMEs), 0.5, 1, ..., 4 on FilmTrust (its readme states no scale; these are the eight values its
@@ -56,14 +57,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from fedrec.errors import ConfigError, check_file, check_float, check_int
+from fedrec.data.download import dataset_file
+from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.seeding import numpy_generator
 from fedrec.tables import read_table
 
@@ -73,9 +74,6 @@ DATASETS = ("ml-100k", "filmtrust", "ml-1m")
 NORMALIZATIONS = ("max", "minmax")
 #: Clients of ML-1M when ``num_clients`` is not given (paper §VII-A: 6,040 users in 605 clients).
 ML1M_CLIENTS = 605
-
-_ML_URL = "https://grouplens.org/datasets/movielens/"
-_FILMTRUST_URL = "https://guoguibing.github.io/librec/datasets.html"
 
 
 @dataclass(frozen=True, eq=False)
@@ -212,45 +210,37 @@ _FILMTRUST_SCALE = _Scale(0.5, 4.0, 0.5, "one of 0.5, 1, 1.5, ..., 4 (FilmTrust'
 
 @dataclass(frozen=True)
 class _Format:
-    folder: str
+    """A rating file: its name in the dataset's folder (:data:`fedrec.data.download.REGISTRY`), layout and scale."""
+
     file: str
     sep: str
     columns: tuple[str, ...]
     scale: _Scale
-    how_to_get: Callable[[Path], str]
-
-
-def _movielens_help(zip_name: str, what: str) -> Callable[[Path], str]:
-    def how(data_dir: Path) -> str:
-        return (
-            f"Download {zip_name}.zip ({what}) from {_ML_URL} and unzip it into {data_dir}/ "
-            f"(it creates {data_dir / zip_name}/)."
-        )
-
-    return how
-
-
-def _filmtrust_help(data_dir: Path) -> str:
-    return (
-        f"Download the FilmTrust archive from {_FILMTRUST_URL} and unzip it so that "
-        f"{data_dir / 'filmtrust' / 'ratings.txt'} exists (make the folder {data_dir / 'filmtrust'}/ first "
-        "if the archive has no top folder)."
-    )
 
 
 _FORMATS = {
-    "ml-100k": _Format(
-        "ml-100k", "u.data", "\t", ("user", "item", "rating", "timestamp"), _MOVIELENS_SCALE,
-        _movielens_help("ml-100k", "MovieLens 100K"),
-    ),
-    "filmtrust": _Format(
-        "filmtrust", "ratings.txt", " ", ("user", "item", "rating"), _FILMTRUST_SCALE, _filmtrust_help,
-    ),
-    "ml-1m": _Format(
-        "ml-1m", "ratings.dat", "::", ("user", "item", "rating", "timestamp"), _MOVIELENS_SCALE,
-        _movielens_help("ml-1m", "MovieLens 1M"),
-    ),
-}  # fmt: skip
+    "ml-100k": _Format("u.data", "\t", ("user", "item", "rating", "timestamp"), _MOVIELENS_SCALE),
+    "filmtrust": _Format("ratings.txt", " ", ("user", "item", "rating"), _FILMTRUST_SCALE),
+    "ml-1m": _Format("ratings.dat", "::", ("user", "item", "rating", "timestamp"), _MOVIELENS_SCALE),
+}
+
+
+def read_raw_ratings(name: str, data_dir: str | Path) -> pd.DataFrame:
+    """The rating file of dataset ``name`` (one of :data:`DATASETS`) under ``data_dir``, as it is: one row per line
+    in file order, columns ``user`` and ``item`` (the dataset's ids, int64), ``rating`` (raw, float64) and, where
+    the file has one, ``timestamp`` (int64); ``frame.attrs["path"]`` is the file.
+
+    The one reader of these files: :func:`read_ratings` and the environments that read ML-100K build on it.
+    Raises DatasetNotFoundError (the file, how to install the dataset, ``FEDREC_DATA_DIR``) if the file is
+    missing, and ConfigError naming the file, 1-based line and field of the first malformed line, negative id or
+    rating off the dataset's scale.
+    """
+    fmt = _FORMATS[_check_name(name)]
+    path = dataset_file(name, data_dir, fmt.file)
+    raw = read_table(path, fmt.columns, sep=fmt.sep, numbers=("rating",))
+    _check_values(raw, fmt.scale, path)
+    raw.attrs["path"] = path
+    return raw
 
 
 def read_ratings(name: str, data_dir: str | Path, normalize: str = "max") -> pd.DataFrame:
@@ -261,17 +251,13 @@ def read_ratings(name: str, data_dir: str | Path, normalize: str = "max") -> pd.
     ``raw_rating``, ``user_id`` and ``item_id`` (the dataset's own ids). ``frame.attrs`` holds
     ``rating_range`` (raw min, max) and ``duplicates_dropped``.
 
-    Raises DatasetNotFoundError (file path and where to download it) if the file is missing, and
-    ConfigError naming the file, 1-based line and field of the first malformed line, negative id or rating
-    off the dataset's scale. Warns (UserWarning) with the count of duplicated (user, item) lines dropped.
+    Errors as :func:`read_raw_ratings`. Warns (UserWarning) with the count of duplicated (user, item) lines
+    dropped.
     """
     name = _check_name(name)
     normalize = _check_normalize(normalize)
-    fmt = _FORMATS[name]
-    data_dir = Path(data_dir)
-    path = check_file(data_dir / fmt.folder / fmt.file, fmt.how_to_get(data_dir))
-    raw = read_table(path, fmt.columns, sep=fmt.sep, numbers=("rating",))
-    _check_values(raw, fmt.scale, path)
+    raw = read_raw_ratings(name, data_dir)
+    path = raw.attrs["path"]
     before = len(raw)
     raw = _drop_duplicates(raw, path)
     user_ids, user = np.unique(raw["user"].to_numpy(), return_inverse=True)

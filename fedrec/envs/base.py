@@ -58,6 +58,9 @@ class BanditEnv(ABC):
     #: a logged stream evaluated by replay (Li et al. 2010): chunks carry the logged arm, and only steps where
     #: the policy picks it count and update the policy
     replay: bool = False
+    #: the downloadable dataset the environment reads, a name of :data:`fedrec.data.download.REGISTRY` (a run with
+    #: ``download_data=true`` installs it when missing); None: it reads none, or which one depends on its arguments
+    dataset: str | None = None
 
     def __init__(
         self, num_clients: int, dim: int, num_arms: int, replicates: int = 1, seed: int = 0, chunk_size: int = 1000

@@ -36,10 +36,10 @@ import numpy as np
 from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 
+from fedrec.data.ratings import read_raw_ratings
 from fedrec.envs.base import BanditEnv, Chunk
 from fedrec.errors import ConfigError, check_file, check_int
 from fedrec.seeding import numpy_generator
-from fedrec.tables import read_table
 
 THETA_SOURCES = ("authors", "ortho_cap", "file", "ml100k")
 
@@ -64,6 +64,7 @@ class ClusteredLinearEnv(BanditEnv):
     """
 
     name = "clustered"
+    # no ``dataset``: theta=ml100k reads ml-100k, theta=authors|file the authors' files (not downloadable)
 
     def __init__(
         self,
@@ -176,14 +177,8 @@ class ClusteredLinearEnv(BanditEnv):
 
     def _ml100k(self, root: Path) -> tuple[np.ndarray, str]:
         """(vectors, description): user vectors from ML-100K by the authors' recipe (§4.3); sets ``ml100k_ids``."""
-        folder = root / "ml-100k"
-        how = (
-            "Download ml-100k.zip from https://grouplens.org/datasets/movielens/100k/"
-            f" and unzip it into {root}/ (it creates {folder}/)"
-        )
-        path = check_file(folder / "u.data", how)
-        where = f"ml100k vectors from {path}"
-        ratings = read_table(path, ["user", "item", "rating", "timestamp"], sep="\t")
+        ratings = read_raw_ratings("ml-100k", root)
+        where = f"ml100k vectors from {ratings.attrs['path']}"
         users, u = np.unique(ratings["user"].to_numpy(), return_inverse=True)
         _, i = np.unique(ratings["item"].to_numpy(), return_inverse=True)
         rated = np.zeros((len(users), i.max() + 1))

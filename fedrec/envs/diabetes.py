@@ -116,6 +116,7 @@ class DiabetesMAB(MultiAgentMAB):
 
     name = "diabetes"
     reward_kind = RECORDS
+    dataset = "diabetes"
 
     def __init__(self, data_dir: str | Path, replicates: int = 1, seed: int = 0, num_agents: int = 3,
                  split: str = "contiguous", split_seed: int = 0) -> None:

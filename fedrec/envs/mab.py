@@ -42,6 +42,8 @@ class MultiAgentMAB:
 
     name = "mab"
     reward_kind = GAUSSIAN
+    #: the downloadable dataset the environment reads (see :attr:`fedrec.envs.base.BanditEnv.dataset`)
+    dataset: str | None = None
 
     def __init__(self, num_agents: int, num_arms: int, replicates: int = 1, seed: int = 0,
                  means: Any = None, noise: str = "gaussian", noise_std: float = 1.0, vary_means: bool = False) -> None:

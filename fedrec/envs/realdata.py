@@ -19,20 +19,17 @@ from sklearn.decomposition import TruncatedSVD
 from sklearn.feature_extraction.text import TfidfTransformer, TfidfVectorizer
 from threadpoolctl import threadpool_limits
 
+from fedrec.data.download import dataset_file
+from fedrec.data.movielens import ML_GENRES, read_ml100k_movies
+from fedrec.data.ratings import read_raw_ratings
 from fedrec.envs.base import BanditEnv, Chunk
-from fedrec.errors import ConfigError, check_file, check_int
+from fedrec.errors import ConfigError, check_int
 from fedrec.seeding import numpy_generator
 from fedrec.tables import read_table
 
 #: SVD rows shorter than this are numerical zeros: the item's TF-IDF vector is orthogonal to the kept
 #: components (on LastFM the zeros are at most ~2e-9 and the smallest genuine norm is ~2e-5).
 ZERO_FEATURE_NORM = 1e-6
-
-#: The 19 genre flags of ``u.item``, in file order (ml-100k/u.genre), as TF-IDF tokens.
-ML_GENRES = (
-    "unknown", "action", "adventure", "animation", "children", "comedy", "crime", "documentary", "drama",
-    "fantasy", "film_noir", "horror", "musical", "mystery", "romance", "sci_fi", "thriller", "war", "western",
-)  # fmt: skip
 
 
 @dataclass
@@ -189,15 +186,11 @@ class LastFMEnv(LoggedEventsEnv):
     """
 
     name = "lastfm"
+    dataset = "lastfm"
 
     def _load(self, data_dir: Path, dim: int, seed: int) -> EventLog:
-        root = data_dir / "hetrec2011-lastfm-2k"
-        how = (
-            "Download hetrec2011-lastfm-2k.zip from https://grouplens.org/datasets/hetrec-2011/"
-            f" and unzip it into {root}/"
-        )
-        listened_path = check_file(root / "user_artists.dat", how)
-        tagged_path = check_file(root / "user_taggedartists.dat", how)
+        listened_path = dataset_file("lastfm", data_dir, "user_artists.dat")
+        tagged_path = dataset_file("lastfm", data_dir, "user_taggedartists.dat")
         listened = read_table(listened_path, ["user", "artist", "weight"], sep="\t", header=True)
         tagged = read_table(tagged_path, ["user", "artist", "tag", "day", "month", "year"], sep="\t", header=True)
 
@@ -236,24 +229,11 @@ class MovieLensEnv(LoggedEventsEnv):
     """
 
     name = "movielens"
+    dataset = "ml-100k"
 
     def _load(self, data_dir: Path, dim: int, seed: int) -> EventLog:
-        root = data_dir / "ml-100k"
-        how = (
-            "Download ml-100k.zip from https://grouplens.org/datasets/movielens/100k/"
-            f" and unzip it into {data_dir}/ (it creates {root}/)"
-        )
-        ratings_path = check_file(root / "u.data", how)
-        movies_path = check_file(root / "u.item", how)
-        ratings = read_table(ratings_path, ["user", "item", "rating", "timestamp"], sep="\t", header=False)
-        movies = read_table(
-            movies_path,
-            ["item", "title", "release", "video_release", "url", *ML_GENRES],
-            sep="|",
-            header=False,
-            text=("title", "release", "video_release", "url"),
-        ).sort_values("item")
-
+        ratings = read_raw_ratings("ml-100k", data_dir)
+        movies = read_ml100k_movies(data_dir)
         flags = movies[list(ML_GENRES)].to_numpy() > 0
         genre_tokens = np.array([f"genre_{g}" for g in ML_GENRES])
         docs = [

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrec.data.movielens import ML_GENRES, read_ml100k_movies, read_ml100k_users
+from fedrec.data.ratings import read_raw_ratings
 from fedrec.envs.base import BanditEnv, Chunk
-from fedrec.errors import ConfigError, check_file, check_int
+from fedrec.errors import ConfigError, check_int
 from fedrec.seeding import numpy_generator
-from fedrec.tables import read_table
 
 COMBINE = ("outer_sum", "outer_product")
 
@@ -151,6 +152,7 @@ class MovieLensReplayEnv(ReplayEnv):
     """
 
     name = "movielens_replay"
+    dataset = "ml-100k"
     OCCUPATION_BUCKETS = 3
 
     def __init__(self, *args: object, click_threshold: int = 4, **kwargs: object) -> None:
@@ -158,23 +160,15 @@ class MovieLensReplayEnv(ReplayEnv):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def _load(self, data_dir: Path) -> ReplayLog:
-        from fedrec.envs.realdata import ML_GENRES
-
-        root = data_dir / "ml-100k"
-        how = ("Download ml-100k.zip from https://grouplens.org/datasets/movielens/100k/"
-               f" and unzip it into {data_dir}/ (it creates {root}/)")
-        ratings = read_table(check_file(root / "u.data", how), ["user", "item", "rating", "timestamp"], sep="\t")
-        users = read_table(check_file(root / "u.user", how), ["user", "age", "gender", "occupation", "zip"],
-                           sep="|", text=("gender", "occupation", "zip")).sort_values("user")
-        movies = read_table(check_file(root / "u.item", how),
-                            ["item", "title", "release", "video_release", "url", *ML_GENRES], sep="|",
-                            text=("title", "release", "video_release", "url")).sort_values("item")
+        ratings = read_raw_ratings("ml-100k", data_dir)
+        users, movies = read_ml100k_users(data_dir), read_ml100k_movies(data_dir)
         user_ids, item_ids = users["user"].to_numpy(), movies["item"].to_numpy()
+        root = data_dir / "ml-100k"
         for field, ids, known, path in (("user", ratings["user"].to_numpy(), user_ids, "u.user"),
                                         ("item", ratings["item"].to_numpy(), item_ids, "u.item")):
             unknown = np.setdiff1d(ids, known)
             if len(unknown):
-                raise ConfigError(f"{root / 'u.data'}: {field} id {unknown[0]} is not in {root / path}")
+                raise ConfigError(f"{ratings.attrs['path']}: {field} id {unknown[0]} is not in {root / path}")
         age = users["age"].to_numpy(np.float64)
         age = (age - age.min()) / max(age.max() - age.min(), 1.0)
         gender = (users["gender"].to_numpy() == "F").astype(np.float64)

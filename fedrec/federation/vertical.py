@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fedrec.blocks import near_equal_sizes
 from fedrec.errors import ConfigError
 from fedrec.seeding import numpy_generator
 
@@ -39,12 +40,6 @@ def check_partition(partition: Sequence[int], dim: int) -> tuple[int, ...]:
         raise ConfigError(f"partition must sum to the context dimension d = {dim}, got {list(dims)} "
                           f"(sum {sum(dims)})")
     return dims
-
-
-def near_equal_sizes(total: int, parts: int) -> tuple[int, ...]:
-    """``parts`` contiguous block sizes summing to ``total``, as equal as possible, the larger ones first."""
-    base, extra = divmod(total, parts)
-    return tuple(base + (j < extra) for j in range(parts))
 
 
 def equal_partition(dim: int, parties: int) -> tuple[int, ...]:

@@ -32,7 +32,7 @@ from fedrec.privacy.client_dp import BUDGET_MARGIN
 from fedrec.planners.base import BudgetPlanner
 from fedrec.planners.gram import gram_operator, load_kernels
 from fedrec.seeding import numpy_generator
-from fedrec.trainer import torch_threads
+from fedrec.threads import torch_threads
 
 ACTION_GRIDS = ("linspace", "code")
 RHO_RULES = ("paper", "remaining")

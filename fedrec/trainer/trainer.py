@@ -1,53 +1,21 @@
 """FederatedTrainer: owns the round loop, hooks, logging, checkpointing, resume and stopping."""
 from __future__ import annotations
 
-import numbers
 import re
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from fedrec.errors import ConfigError, check_int
 from fedrec.federation.collective import Collective
 from fedrec.io import writing
 from fedrec.tasks.base import FederatedTask
+from fedrec.threads import check_num_threads, torch_threads
 from fedrec.trainer.callbacks import Callback, ProgressBar, progress_enabled
 from fedrec.trainer.checkpoint import check_same_run, load_checkpoint, run_identity, save_checkpoint
 from fedrec.trainer.distributed import check_distribution, check_shardable, launch
-
-
-def check_num_threads(value: object) -> int | None:
-    """``num_threads`` as an int >= 1, or None; anything else is a ConfigError naming ``num_threads``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ConfigError(f"num_threads must be an integer >= 1 or None (leave torch's thread count alone), "
-                          f"got {value!r}")
-    return int(value)
-
-
-@contextmanager
-def torch_threads(num_threads: int | None) -> Iterator[None]:
-    """Run the block with torch's intra-op thread count set to ``num_threads`` (None: unchanged) and restore the
-    count it had before, also when the block raises. The count is process-wide: trainers fitting in several Python
-    threads at once should all use the same ``num_threads``. A bad count is a ConfigError naming ``num_threads``."""
-    num_threads = check_num_threads(num_threads)
-    if num_threads is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    if before != num_threads:
-        torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
 
 
 class FederatedTrainer:
