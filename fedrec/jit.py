@@ -2,16 +2,27 @@
 
 :data:`HAVE_NUMBA` is false when it does not: :func:`jit` then returns the plain Python function and the
 protocols run on their torch path.
+
+Kernels take a few named structures instead of long positional argument lists: a structure is a ``NamedTuple``
+whose fields are annotated with their kernel type (``F64[3]``: a 3-d float64 array; ``float``, ``int``, ``bool``,
+``np.uint64`` scalars), and :func:`build` fills it by field name from a module's buffers or a mapping, checking
+every field's type, so that a missing, misnamed or mistyped field fails where the structure is built, never inside
+a kernel. numba compiles a ``NamedTuple`` of arrays into plain struct accesses.
 """
 from __future__ import annotations
 
 import hashlib
+import numbers
+import sys
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ForwardRef, NamedTuple, TypeVar
+
+import numpy as np
 
 F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S", bound=tuple)
 
 try:
     import numba
@@ -62,3 +73,79 @@ def drop_stale_caches(sources: Iterable[Path]) -> None:
         stamp.write_text(digest)
     except OSError:
         pass
+
+
+# ---- named kernel structures
+
+
+class ArrayType(NamedTuple):
+    """A kernel field's array type: its dtype and number of dimensions (written ``F64[3]``, ``I64[1]``, ...)."""
+
+    dtype: type
+    ndim: int
+
+    def convert(self, field: str, value: Any) -> np.ndarray:
+        """``value`` (an array or a CPU tensor) as a zero-copy numpy view of this type."""
+        array = value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value
+        if not isinstance(array, np.ndarray) or array.dtype != self.dtype or array.ndim != self.ndim:
+            got = f"{array.dtype} array of {array.ndim} dimension(s)" if isinstance(array, np.ndarray) \
+                else type(value).__name__
+            raise TypeError(f"{field}: expected a {np.dtype(self.dtype)} array of {self.ndim} dimension(s), got {got}")
+        return array
+
+
+class _ArrayTypes:
+    """``F64[n]`` and the like: the :class:`ArrayType` of an n-dimensional array of one dtype."""
+
+    def __init__(self, dtype: type) -> None:
+        self.dtype = dtype
+
+    def __getitem__(self, ndim: int) -> ArrayType:
+        return ArrayType(self.dtype, ndim)
+
+
+F64, I64, BOOL = _ArrayTypes(np.float64), _ArrayTypes(np.int64), _ArrayTypes(np.bool_)
+
+
+def _scalar(field: str, kind: type, value: Any) -> Any:
+    """``value`` as the kernel scalar ``kind`` (bool, int, float or np.uint64), refusing lossy conversions."""
+    if kind is bool and isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if kind in (int, np.uint64) and isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        return kind(value)
+    if kind is float and isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        return float(value)
+    raise TypeError(f"{field}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
+
+
+def field_types(struct: type) -> dict[str, Any]:
+    """The declared kernel type of each field of ``struct``, in order (annotations postponed as strings are evaluated
+    in the structure's module, as ``typing.get_type_hints`` would)."""
+    cached = struct.__dict__.get("_field_types")
+    if cached is None:
+        namespace = vars(sys.modules[struct.__module__])
+        cached = {}
+        for name, kind in struct.__annotations__.items():
+            text = kind.__forward_arg__ if isinstance(kind, ForwardRef) else kind
+            cached[name] = eval(text, namespace) if isinstance(text, str) else text  # noqa: S307 - own annotations
+        struct._field_types = cached
+    return cached
+
+
+def build(struct: type[S], source: Mapping[str, Any] | object, **extra: Any) -> S:
+    """``struct`` filled by field name from ``extra`` or else ``source`` (a mapping, or an object such as an
+    ``nn.Module`` whose attributes and buffers carry the fields' names), each field checked against its declared
+    type."""
+    values = {}
+    for name, kind in field_types(struct).items():
+        where = f"{struct.__name__}.{name}"
+        try:
+            value = extra[name] if name in extra else \
+                source[name] if isinstance(source, Mapping) else getattr(source, name)
+        except (KeyError, AttributeError):
+            raise TypeError(f"{where}: {type(source).__name__} has no field {name!r}") from None
+        values[name] = kind.convert(where, value) if isinstance(kind, ArrayType) else _scalar(where, kind, value)
+    unknown = set(extra) - set(values)
+    if unknown:
+        raise TypeError(f"{struct.__name__} has no field(s) {sorted(unknown)}")
+    return struct(**values)

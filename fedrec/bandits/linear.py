@@ -17,7 +17,6 @@ import math
 from abc import ABCMeta, abstractmethod
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -27,6 +26,9 @@ __all__ = ["LinTS", "LinUCB", "LinearBandit", "RowState", "confidence_radius"]
 
 #: a row's state: tensors with a leading row dimension, keyed by buffer name
 RowState = dict[str, Tensor]
+
+#: the policy kinds of the compiled kernels (:class:`fedrec.protocols.kernels.linear.LinearParams`)
+LINUCB, LINTS = 0, 1
 
 #: arms whose scores are within this of the maximum count as tied; the lowest index among them is picked, so
 #: exact ties (e.g. unit-norm arms before any data) do not depend on the rounding of one implementation
@@ -147,9 +149,9 @@ class LinearBandit(nn.Module, metaclass=ABCMeta):
         """Scores (m, K) of the arms ``contexts`` (m, K, d) for rows in ``state``."""
 
     @abstractmethod
-    def kernel_spec(self) -> tuple[int, np.ndarray, int]:
-        """The policy as the compiled kernels take it: (kind, float64 parameters, seed); see
-        :mod:`fedrec.protocols.kernels.linear`."""
+    def kernel_params(self) -> dict[str, float | int | bool]:
+        """The policy's settings by name, as the compiled kernels take them (the fields of
+        :class:`fedrec.protocols.kernels.linear.LinearParams`)."""
 
     def advance(self, state: RowState, x: Tensor, r: Tensor) -> tuple[RowState, Tensor]:
         """State after observing (x, r): Sherman–Morrison inverse and determinant-lemma log-det.
@@ -326,10 +328,10 @@ class LinUCB(LinearBandit):
             state["logdet"], state["count"], self.dim, self.lam, self.sigma, self.delta, self.radius_bound
         )
 
-    def kernel_spec(self) -> tuple[int, np.ndarray, int]:
-        alpha = math.nan if self.alpha is None else self.alpha
-        bound = 0.0 if self.radius_bound == "determinant" else 1.0
-        return 0, np.array([self.lam, alpha, self.sigma, self.delta, bound, 0.0, self.refactor_every]), 0
+    def kernel_params(self) -> dict[str, float | int | bool]:
+        return {"kind": LINUCB, "lam": self.lam, "alpha": math.nan if self.alpha is None else self.alpha,
+                "sigma": self.sigma, "delta": self.delta, "count_bound": self.radius_bound == "count", "v": 0.0,
+                "refactor_every": self.refactor_every, "seed": 0}
 
     def scores(self, contexts: Tensor, state: RowState) -> Tensor:
         CA = torch.bmm(contexts, state["inv"])  # (m, K, d); xᵀθ̂ = xᵀ(V+λI)^{-1} b
@@ -380,13 +382,17 @@ class LinTS(LinearBandit):
     def get_extra_state(self) -> dict:
         return {"seed": self.seed}  # the draws are a function of (seed, row, counter): a checkpoint carries both
 
+    def extra_repr(self) -> str:
+        return f"v={self.v}, lam={self.lam}, seed={self.seed}, sampler={self.sampler!r}"
+
     def set_extra_state(self, state: dict) -> None:
         self.seed = int(state["seed"])
 
-    def kernel_spec(self) -> tuple[int, np.ndarray, int]:
+    def kernel_params(self) -> dict[str, float | int | bool]:
         if not self.compiled:
             raise ConfigError(f"LinTS sampler={self.sampler!r} runs on protocol.backend=torch only")
-        return 1, np.array([self.lam, math.nan, 0.0, 0.5, 0.0, self.v, self.refactor_every]), self.seed
+        return {"kind": LINTS, "lam": self.lam, "alpha": math.nan, "sigma": 0.0, "delta": 0.5, "count_bound": False,
+                "v": self.v, "refactor_every": self.refactor_every, "seed": self.seed}
 
     def standard_normals(self, rows: Tensor, draws: Tensor) -> Tensor:
         """z ~ N(0, I_d) of draw ``draws[m]`` of row ``rows[m]``: (m, d) from the rows' counter-based streams."""

@@ -19,7 +19,7 @@ from torch import Tensor
 from fedrec.bandits.linear import RowState
 from fedrec.protocols.base import PolicyFactory, log_threshold
 from fedrec.protocols.client_server import ClientServerLinUCB
-from fedrec.protocols.kernels.client_server import ASYNC_RUN
+from fedrec.protocols.kernels.client_server import ASYNC_RUN, AsyncSettings, AsyncState
 
 
 class AsyncLinUCB(ClientServerLinUCB):
@@ -156,15 +156,8 @@ class AsyncLinUCB(ClientServerLinUCB):
         self.synced_logdet.index_copy_(0, rows, self.server_logdet.index_select(0, reps))
 
     # --------------------------------------------------------------------------------- compiled path
+    kernel_state, kernel_settings = AsyncState, AsyncSettings
+
     @property
     def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         return ASYNC_RUN
-
-    def _protocol_arrays(self) -> tuple[Any, ...]:
-        return (self.buffer.numpy(), self.buffer_count.numpy(), self.synced_logdet.numpy(), self.synced_count.numpy(),
-                self.registered.numpy(), self.pending.numpy(), self.pending_count.numpy(), self.server.numpy(),
-                self.server_count.numpy(), self.server_logdet.numpy())
-
-    def _kernel_settings(self) -> tuple[Any, ...]:
-        return (self.log_gamma_u, self.log_gamma_d, self.download_to_uploader, self.check_on_register,
-                self.refresh_on_download)

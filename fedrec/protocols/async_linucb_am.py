@@ -16,7 +16,7 @@ from torch import Tensor
 from fedrec.bandits.linear import LinearBandit, LinUCB, RowState, outer
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.protocols.async_linucb import AsyncLinUCB
-from fedrec.protocols.base import PolicyFactory, build_policy, resolve_backend
+from fedrec.protocols.base import PolicyFactory, build_policy
 
 
 def project_unit_ball(theta: Tensor) -> Tensor:
@@ -40,6 +40,8 @@ class AsyncLinUCBAM(AsyncLinUCB):
             Algorithm 3 started from zero statistics (what the authors' code runs).
         Remaining arguments as in :class:`AsyncLinUCB`.
     """
+
+    backends = ("torch",)
 
     def __init__(
         self,
@@ -70,13 +72,10 @@ class AsyncLinUCBAM(AsyncLinUCB):
             dims = (global_dim, dim - global_dim)
         if warmup and global_dim is None:
             raise ConfigError("warmup (Algorithm 5) needs split features: set global_dim")
-        resolve_backend(backend)  # rejects unknown names
-        if backend == "compiled":
-            raise ConfigError("protocol.backend: Async-LinUCB-AM runs on the torch path only (use auto or torch)")
         noise_pad = check_float("noise_pad", noise_pad, low=0.0)
         super().__init__(
             num_clients, dims[0], replicates, gamma_u, gamma_d, policy, preregister, download_to_uploader,
-            check_on_register, True, seed, "torch",
+            check_on_register, True, seed, backend,
         )
         if not isinstance(self.policy, LinUCB):
             raise ConfigError(f"policy: Async-LinUCB-AM needs policy=linucb, got {type(self.policy).__name__}")

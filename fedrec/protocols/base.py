@@ -1,12 +1,14 @@
-"""The step interface every bandit protocol implements, and what the protocols share: policies, backends,
-input checks and communication thresholds.
+"""The interfaces of the two protocol families and what every protocol shares: policies, backends, declared
+capabilities, input checks and communication thresholds.
 
-A protocol is an ``nn.Module`` over ``replicates`` independent runs of ``num_clients`` clients whose whole state
-lives in buffers, so ``state_dict`` and checkpoints resume it exactly. Clients reach their state rows through
-``row_of`` (a buffer: replicate × client → row), which a protocol may change at run time (clustering).
-:meth:`StepProtocol.run` plays a block of steps on one of two backends: ``compiled`` (numba kernels working in
-place on the buffers, CPU) or ``torch`` (a plain step-at-a-time loop batched over replicates: the readable
-reference, and the path for other devices). ``auto`` takes ``compiled`` on the CPU when numba imports.
+A protocol is an ``nn.Module`` over ``replicates`` independent runs whose whole state lives in buffers, so
+``state_dict`` and checkpoints resume it exactly. :class:`StepProtocol`: one active client per step, fed contexts
+and rewards from outside (clients reach their state rows through ``row_of``, a buffer: replicate × client → row,
+which a protocol may change at run time, e.g. clustering). :class:`MultiAgentProtocol`: every agent of a graph acts
+in every round against an environment whose rewards the loop draws. Both play on one of two backends:
+``compiled`` (numba kernels working in place on the buffers, CPU) or ``torch`` (a plain step-at-a-time loop batched
+over replicates: the readable reference, and the path for other devices); ``auto`` takes ``compiled`` on the CPU
+when the protocol has it and numba imports.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import functools
 import math
 from abc import ABCMeta, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,8 +26,13 @@ from fedrec.bandits.linear import LinearBandit, LinTS, LinUCB
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
-from fedrec.jit import HAVE_NUMBA
+from fedrec.federation.topology import Topology
+from fedrec.jit import HAVE_NUMBA, build
 from fedrec.protocols.kernels.checks import BAD_CLIENT, BAD_CONTEXT, BAD_REWARD, VALID, first_invalid
+from fedrec.protocols.kernels.linear import LinearParams, PolicyRows
+
+if TYPE_CHECKING:  # the environment's reward draws still live in the gossip kernel (a cycle at import time)
+    from fedrec.envs.mab import MultiAgentMAB
 
 BACKENDS = ("auto", "compiled", "torch")
 
@@ -65,20 +72,29 @@ def build_policy(policy: PolicyFactory | None, dim: int, batch_shape: tuple[int,
     return built
 
 
-def resolve_backend(backend: str) -> str:
-    """``compiled`` or ``torch`` for a requested backend; ``auto`` is compiled when numba imports."""
+def resolve_backend(backend: str, offered: tuple[str, ...], name: str) -> str:
+    """``compiled`` or ``torch`` for a requested backend among those protocol ``name`` ``offered``; ``auto`` is
+    compiled when offered and numba imports, else torch. A backend the protocol lacks is refused, never replaced."""
     if backend not in BACKENDS:
         raise ConfigError(f"protocol.backend must be one of {list(BACKENDS)}, got {backend!r}")
-    if backend == "compiled" and not HAVE_NUMBA:
-        raise ConfigError("protocol.backend=compiled needs numba (pip install numba); use backend=torch")
+    compiled = "compiled" in offered and HAVE_NUMBA
     if backend == "auto":
-        return "compiled" if HAVE_NUMBA else "torch"
-    return backend
+        if compiled or "torch" in offered:
+            return "compiled" if compiled else "torch"
+    elif backend in offered and (backend != "compiled" or HAVE_NUMBA):
+        return backend
+    if backend in offered or (backend == "auto" and "compiled" in offered):
+        raise ConfigError(f"protocol.backend={backend}: {name} runs compiled, which needs numba (pip install numba)")
+    raise ConfigError(f"protocol.backend={backend}: {name} runs on {list(offered)} only")
 
 
 class ProtocolModule(nn.Module):
     """What every bandit protocol shares: replicates, the run seed, the backend, an addressed channel, and the
     kernels' cached views of the buffers.
+
+    A protocol declares what it can do, and the base refuses the rest with an error naming the field (nothing
+    falls back silently): :attr:`backends`, and :attr:`honours_channel`, whether every message's payload passes
+    :meth:`~fedrec.federation.Channel.deliver` (a channel that transforms payloads is refused otherwise).
 
     Args:
         replicates: independent runs batched together.
@@ -87,11 +103,17 @@ class ProtocolModule(nn.Module):
         endpoints: the channel's endpoint roles and counts.
     """
 
+    #: the backends this protocol implements
+    backends: tuple[str, ...] = ("compiled", "torch")
+    #: every message's payload passes the channel's ``deliver`` (kernels that count messages in bulk do not)
+    honours_channel: bool = True
+
     def __init__(self, replicates: int, seed: int, backend: str, endpoints: Mapping[str, int]) -> None:
         super().__init__()
         self.replicates = check_int("replicates", replicates)
         self.seed = check_int("seed", seed, minimum=0)
-        self.backend = resolve_backend(backend)
+        self.requested_backend = backend
+        self.backend = resolve_backend(backend, self.backends, type(self).__name__)
         self.channel = Channel(self.replicates, endpoints)
 
     @property
@@ -99,26 +121,50 @@ class ProtocolModule(nn.Module):
         return self.channel.ledger
 
     def use_compiled(self) -> bool:
-        """Whether this call runs the compiled kernels (CPU buffers and a compiled backend)."""
+        """Whether this call runs the compiled kernels: a compiled backend, unless it cannot run here (buffers off
+        the CPU, a policy the kernels lack), where ``auto`` takes the torch path and ``compiled`` is refused."""
+        if self.backend != "compiled":
+            return False
         first = next(iter(self.ledger.roles))
-        policy = getattr(self, "policy", None)  # a policy the kernels do not implement plays on the torch path
-        return self.backend == "compiled" and self.ledger.traffic(first).device.type == "cpu" \
-            and getattr(policy, "compiled", True)
+        device = self.ledger.traffic(first).device
+        policy = getattr(self, "policy", None)
+        if device.type != "cpu":
+            why = f"the compiled kernels run on the CPU, and {type(self).__name__}'s buffers are on {device}"
+        elif not getattr(policy, "compiled", True):
+            why = f"the compiled kernels do not implement {type(policy).__name__}({policy.extra_repr()})"
+        else:
+            return True
+        if self.requested_backend == "compiled" or "torch" not in self.backends:
+            raise ConfigError(f"protocol.backend={self.requested_backend}: {why}; use backend=torch")
+        return False
 
-    def kernel_arrays(self) -> tuple[Any, ...]:
-        """Zero-copy numpy views of the module's state for the kernels, made once and kept until the buffers move
-        (``.to()``, ``.double()``, ...). Replacing a buffer or the channel by assignment is not supported."""
-        if self.__dict__.get("_kernel_arrays") is None:
-            self.__dict__["_kernel_arrays"] = self._make_kernel_arrays()
-        return self.__dict__["_kernel_arrays"]
+    def check_channel(self) -> None:
+        """Refuse a payload-transforming channel that this protocol would bypass (:attr:`honours_channel`)."""
+        if not self.honours_channel and not self.channel.transparent:
+            raise ConfigError(f"channel: {type(self.channel).__name__} transforms payloads, but {type(self).__name__} "
+                              "counts its messages without passing them through the channel")
 
-    def _make_kernel_arrays(self) -> tuple[Any, ...]:
-        """See :meth:`kernel_arrays` (protocols with a compiled backend override it)."""
-        return ()
+    def kernel_views(self) -> dict[str, tuple]:
+        """The module's state and settings as its kernels' named structures (zero-copy views of the buffers, see
+        :func:`fedrec.jit.build`), made once and kept until the buffers move (``.to()``, ``.double()``, ...) or a
+        state dict is loaded. Replacing a buffer or the channel by assignment is not supported, and settings
+        changed after construction are not seen by the kernels."""
+        if self.__dict__.get("_views_cache") is None:
+            self.__dict__["_views_cache"] = self._kernel_views()
+        return self.__dict__["_views_cache"]
+
+    def _kernel_views(self) -> dict[str, tuple]:
+        """See :meth:`kernel_views` (protocols with a compiled backend override it)."""
+        return {}
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        self.__dict__["_kernel_arrays"] = None
+        self.__dict__["_views_cache"] = None
         return super()._apply(fn, recurse)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``; the kernels' views are rebuilt (a loaded seed takes effect)."""
+        self.__dict__["_views_cache"] = None
+        return super().load_state_dict(state_dict, strict, assign)
 
 
 class StepProtocol(ProtocolModule, metaclass=ABCMeta):
@@ -162,6 +208,7 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
         and (R, S, A, K). Inputs are checked before any state changes.
         """
         clients, contexts, rewards = self.check_inputs(clients, contexts, rewards)
+        self.check_channel()
         if clients.shape[1] == 0:
             return clients.clone()
         return self._run(clients, contexts, rewards)
@@ -184,6 +231,7 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
                              f"{tuple(clients.shape)} and {tuple(logged.shape)} ({logged.dtype})")
         if bool(((logged < 0) | (logged >= contexts.shape[-2])).any()):
             raise ValueError(f"logged arms must be in [0, {contexts.shape[-2]})")
+        self.check_channel()
         if clients.shape[1] == 0:
             return clients.clone()
         return self._replay(clients, contexts, rewards, logged.contiguous())
@@ -249,12 +297,72 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
         return VALID if bool(torch.isfinite(rewards).all()) else BAD_REWARD
 
 
-def policy_views(policy: LinearBandit) -> tuple[np.ndarray, ...]:
-    """Zero-copy views of a policy's row state in the kernels' order (its parameters come from
-    :meth:`~fedrec.bandits.LinearBandit.kernel_spec` at every call, so that a loaded seed takes effect)."""
-    draws = policy.draws.numpy() if isinstance(policy, LinTS) else np.zeros(1, dtype=np.int64)
-    return (policy.G.numpy(), policy.inv.numpy(), policy.logdet.numpy(), policy.count.numpy(),
-            policy.since_refactor.numpy(), policy.stale.numpy(), draws)
+class MultiAgentProtocol(ProtocolModule, metaclass=ABCMeta):
+    """All ``num_agents`` agents of a :class:`~fedrec.federation.topology.Topology` act in every round,
+    ``replicates`` independent runs batched, for ``horizon`` rounds at most.
+
+    The sibling of :class:`StepProtocol` for environments whose rewards the step loop draws itself
+    (:class:`~fedrec.envs.mab.MultiAgentMAB`); the channel has one ``client`` endpoint per agent (peer messages).
+    Subclasses implement :meth:`_play`, :meth:`cumulative_regret` and :meth:`epsilon_spent`; ``t`` (a buffer)
+    counts the rounds played.
+    """
+
+    def __init__(self, topology: Topology, num_arms: int, horizon: int, replicates: int, seed: int,
+                 backend: str) -> None:
+        if not isinstance(topology, Topology):
+            raise ConfigError(f"topology must be a fedrec.federation.topology.Topology, got {type(topology).__name__}")
+        super().__init__(replicates, seed, backend, {"client": topology.num_agents})
+        self.topology = topology
+        self.num_agents = topology.num_agents
+        self.num_arms = check_int("num_arms", num_arms, minimum=1)
+        self.horizon = check_int("horizon", horizon, minimum=1)
+        self.register_buffer("t", torch.zeros((), dtype=torch.long))
+
+    def check_env(self, env: MultiAgentMAB) -> None:
+        """The environment must have this protocol's agents, arms and replicates."""
+        for field, mine in (("num_agents", self.num_agents), ("num_arms", self.num_arms),
+                            ("replicates", self.replicates)):
+            if getattr(env, field) != mine:
+                raise ConfigError(f"env.{field} must equal the protocol's {field} ({mine}), got {getattr(env, field)}")
+
+    def play(self, env: MultiAgentMAB, steps: int, return_arms: bool = False) -> Tensor | None:
+        """Play ``steps`` rounds against ``env``; returns the arms (R, steps, N) with ``return_arms``, else None
+        (long runs never materialise them)."""
+        self.check_env(env)
+        steps = check_int("steps", steps, minimum=0)
+        if int(self.t) + steps > self.horizon:
+            raise ConfigError(f"steps must keep the rounds within horizon={self.horizon}: {int(self.t)} played, "
+                              f"got steps={steps}")
+        self.check_channel()
+        arms = torch.zeros(self.replicates, steps if return_arms else 0, self.num_agents, dtype=torch.long)
+        if steps:
+            self._play(env, steps, arms)
+        return arms if return_arms else None
+
+    @abstractmethod
+    def _play(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
+        """:meth:`play` on checked arguments; fills ``arms`` when its second dimension is ``steps``."""
+
+    @abstractmethod
+    def cumulative_regret(self) -> Tensor:
+        """Each agent's pseudo-regret so far, (R, N)."""
+
+    @abstractmethod
+    def epsilon_spent(self) -> Tensor:
+        """Each agent's privacy loss so far, (R, N): ``inf`` without privacy, 0 for an agent that releases
+        nothing."""
+
+    def summary(self) -> dict[str, Any]:
+        """Protocol facts a run's summary reports beside its metrics."""
+        return {"num_agents": self.num_agents, "num_arms": self.num_arms, "lambda2": self.topology.lambda2}
+
+
+def policy_views(policy: LinearBandit) -> dict[str, tuple]:
+    """A linear policy as the kernels take it: ``params`` (:class:`~fedrec.protocols.kernels.linear.LinearParams`)
+    and ``rows`` (:class:`~fedrec.protocols.kernels.linear.PolicyRows`, zero-copy views of its buffers; LinUCB,
+    which draws nothing, gets one unused draw counter)."""
+    draws = {} if isinstance(policy, LinTS) else {"draws": np.zeros(1, dtype=np.int64)}
+    return {"params": build(LinearParams, policy.kernel_params()), "rows": build(PolicyRows, policy, **draws)}
 
 
 def kernel_call(fn: Callable[..., Any], *args: Any) -> Any:

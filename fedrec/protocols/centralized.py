@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from fedrec.protocols.base import PolicyFactory, StepProtocol, build_policy, kernel_call, policy_views
-from fedrec.protocols.kernels.centralized import ROWS_RUN
+from fedrec.protocols.kernels.centralized import ROWS_RUN, RowSteps
 
 
 class CentralizedLinUCB(StepProtocol):
@@ -30,7 +29,7 @@ class CentralizedLinUCB(StepProtocol):
         self.policy = build_policy(policy, dim, (self.replicates,), self.seed)
         self.row_of.copy_(torch.arange(self.replicates).repeat_interleave(self.num_clients))
 
-    def _make_kernel_arrays(self) -> tuple[Any, ...]:
+    def _kernel_views(self) -> dict[str, tuple]:
         return policy_views(self.policy)
 
     def _run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
@@ -69,8 +68,10 @@ class CentralizedLinUCB(StepProtocol):
         arms = torch.empty(rows.shape, dtype=torch.long)
         event = np.zeros(self.replicates, dtype=np.int64)
         replay = np.zeros((self.replicates, 0), dtype=np.int64) if logged is None else logged.numpy()
-        kernel_call(ROWS_RUN[self.replicates > 1], rows.contiguous().numpy(), contexts.numpy(), rewards.numpy(),
-                    replay, arms.numpy(), event, *self.policy.kernel_spec(), *self.kernel_arrays())
+        io = RowSteps(rows=rows.contiguous().numpy(), contexts=contexts.numpy(), rewards=rewards.numpy(),
+                      logged=replay, arms=arms.numpy(), event=event)
+        v = self.kernel_views()
+        kernel_call(ROWS_RUN[self.replicates > 1], io, v["params"], v["rows"])
         if (event < 0).any():
             raise FloatingPointError("CentralizedLinUCB: a Gram matrix V + λI is no longer positive definite")
         return arms

@@ -18,7 +18,9 @@ import torch
 from torch import Tensor
 
 from fedrec.bandits.linear import LinearBandit, RowState, outer
+from fedrec.jit import build
 from fedrec.protocols.base import PolicyFactory, StepProtocol, build_policy, kernel_call, policy_views
+from fedrec.protocols.kernels.client_server import Steps, Traffic
 
 
 class ClientServerLinUCB(StepProtocol):
@@ -26,7 +28,8 @@ class ClientServerLinUCB(StepProtocol):
 
     Subclasses declare the per-client state a step reads or changes (:meth:`_bandits`, :meth:`_row_buffers`,
     :meth:`_additive`), implement the local step :meth:`_advance` and the communication :meth:`_communicate`,
-    and give their compiled kernel in :meth:`_kernel_args`.
+    and give their compiled step loop (:attr:`kernels`) with the structures it takes (:attr:`kernel_state`,
+    :attr:`kernel_settings`).
     """
 
     def __init__(
@@ -89,18 +92,17 @@ class ClientServerLinUCB(StepProtocol):
     def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """The compiled step loop: (serial, parallel over replicates)."""
 
-    def _make_kernel_arrays(self) -> tuple[Any, ...]:
+    #: the kernel's structures of the protocol's own buffers and of its settings (attributes of the same names)
+    kernel_state: type[tuple]
+    kernel_settings: type[tuple]
+
+    def _kernel_views(self) -> dict[str, tuple]:
         ledger = self.channel.ledger
-        return (*policy_views(self.policy), *self._protocol_arrays(), ledger.traffic("client").numpy(),
-                ledger.traffic("server").numpy())
-
-    @abstractmethod
-    def _protocol_arrays(self) -> tuple[Any, ...]:
-        """Views of the protocol's own buffers, in the kernel's order (between the policy and the ledger)."""
-
-    @abstractmethod
-    def _kernel_settings(self) -> tuple[Any, ...]:
-        """The kernel's trailing scalar settings (thresholds, flags), before ``stop_at_comm``."""
+        traffic = {role: ledger.traffic(role) for role in ("client", "server")}
+        settings = build(self.kernel_settings, self, bytes_per_scalar=self.channel.bytes_per_scalar,
+                         stop_at_comm=not self.channel.transparent)
+        return {**policy_views(self.policy), "state": build(self.kernel_state, self), "settings": settings,
+                "traffic": build(Traffic, traffic)}
 
     def _register(self, rows: Tensor) -> None:
         """Clients acting for the first time (one row per replicate) become registered (a newcomer has S_j = 0)."""
@@ -159,11 +161,11 @@ class ClientServerLinUCB(StepProtocol):
         pos = np.zeros(R, dtype=np.int64)
         event = np.zeros(R, dtype=np.int64)
         kernel = self.kernels[R > 1]
-        args = (clients.numpy(), contexts.numpy(), rewards.numpy(), arms, pos, event, self.row_of.numpy(),
-                self.num_clients, *self.policy.kernel_spec(), *self.kernel_arrays(), self.message_scalars,
-                self.channel.bytes_per_scalar, *self._kernel_settings(), not self.channel.transparent)
+        io = Steps(clients=clients.numpy(), contexts=contexts.numpy(), rewards=rewards.numpy(), arms=arms, pos=pos,
+                   event=event, row_of=self.row_of.numpy())
+        v = self.kernel_views()
         while True:
-            kernel_call(kernel, *args)
+            kernel_call(kernel, io, v["params"], v["rows"], v["state"], v["settings"], v["traffic"])
             if not event.any():
                 break
             if (event < 0).any():

@@ -43,6 +43,10 @@ class LocalClustering(StepProtocol):
     """
 
     max_agents_per_step = 1
+    #: the step loops have no torch path (yet): ``backend=torch`` is refused
+    backends = ("compiled",)
+    #: the kernels count messages straight into the ledger
+    honours_channel = False
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int = 1, seed: int = 0, method: str = "club",
@@ -82,9 +86,6 @@ class LocalClustering(StepProtocol):
         self.register_buffer("snapTheta", torch.zeros(R, n, d, **f64))
         self.register_buffer("checked", torch.zeros(R, n, dtype=torch.bool))
         self.register_buffer("t", torch.zeros((), dtype=torch.long))
-
-    def use_compiled(self) -> bool:
-        return True  # no torch path: without numba the kernels run as plain Python
 
     def _run(self, clients: torch.Tensor, contexts: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
         arms = torch.empty(clients.shape, dtype=torch.long)

@@ -57,6 +57,10 @@ class FederatedClustering(StepProtocol):
     """
 
     max_agents_per_step = 1
+    #: the phase loop has no torch path (yet): ``backend=torch`` is refused
+    backends = ("compiled",)
+    #: the kernels count messages straight into the ledger
+    honours_channel = False
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int = 1, seed: int = 0, num_servers: int = 5,
@@ -145,9 +149,6 @@ class FederatedClustering(StepProtocol):
         self.seed = int(state["seed"])
 
     # ---------------------------------------------------------------------------------------------- steps
-    def use_compiled(self) -> bool:
-        return True  # the phase loop has no torch path yet: the kernel runs as plain Python without numba
-
     def _run(self, clients: torch.Tensor, contexts: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
         arms = torch.empty(clients.shape, dtype=torch.long)
         S, done = clients.shape[1], 0

@@ -12,11 +12,8 @@ The same class and loop also play our two baselines (spec §4.1 [PROP]: sanity c
 ``mode="local"`` (:class:`LocalUCB`, UCB1 per agent without communication) and ``mode="central"``
 (:class:`CentralUCB`, one UCB1 learner on the global means pulling one arm for all agents).
 
-These protocols do not fit :class:`~fedrec.protocols.base.StepProtocol`: that interface feeds one acting client
-per step with contexts and all arms' rewards from outside, while here every agent acts in every round and the
-rewards are drawn inside the step loop from the environment's counter-based stream (no (T × N × M) tensor). They
-share its conventions through the sibling base :class:`MultiAgentProtocol`: state in buffers, a ``compiled`` or
-``torch`` backend, a channel whose ledger counts every message.
+These protocols are :class:`~fedrec.protocols.base.MultiAgentProtocol` s: every agent acts in every round and the
+rewards are drawn inside the step loop from the environment's counter-based stream (no (T × N × M) tensor).
 """
 from __future__ import annotations
 
@@ -27,11 +24,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_float
 from fedrec.federation.topology import Topology
 from fedrec.privacy.accountant import LaplaceBasicAccountant
 from fedrec.privacy.tree import LAPLACE_SPLITS, laplace_node_scale
-from fedrec.protocols.base import ProtocolModule, kernel_call
+from fedrec.protocols.base import MultiAgentProtocol, kernel_call
 from fedrec.protocols.kernels.gossip import CENTRAL, GOSSIP, GOSSIP_RUN, LOCAL, laplace_many, uniforms_many
 from fedrec.rng import stream_key
 
@@ -41,29 +38,6 @@ if TYPE_CHECKING:  # the environment imports this package's kernels for its rewa
 
 #: ``mode`` of :class:`GossipBandit` → the kernel's code
 MODES = {"gossip": GOSSIP, "local": LOCAL, "central": CENTRAL}
-
-
-class MultiAgentProtocol(ProtocolModule):
-    """All ``num_agents`` agents of a :class:`Topology` act in every round, ``replicates`` independent runs batched.
-
-    The sibling of :class:`~fedrec.protocols.base.StepProtocol` for environments whose rewards the step loop draws
-    itself; the channel has one ``client`` endpoint per agent (peer messages).
-    """
-
-    def __init__(self, topology: Topology, num_arms: int, replicates: int, seed: int, backend: str) -> None:
-        if not isinstance(topology, Topology):
-            raise ConfigError(f"topology must be a fedrec.federation.topology.Topology, got {type(topology).__name__}")
-        super().__init__(replicates, seed, backend, {"client": topology.num_agents})
-        self.topology = topology
-        self.num_agents = topology.num_agents
-        self.num_arms = check_int("num_arms", num_arms, minimum=1)
-
-    def check_env(self, env: MultiAgentMAB) -> None:
-        """The environment must have this protocol's agents, arms and replicates."""
-        for field, mine in (("num_agents", self.num_agents), ("num_arms", self.num_arms),
-                            ("replicates", self.replicates)):
-            if getattr(env, field) != mine:
-                raise ConfigError(f"env.{field} must equal the protocol's {field} ({mine}), got {getattr(env, field)}")
 
 
 class GossipBandit(MultiAgentProtocol):
@@ -96,13 +70,15 @@ class GossipBandit(MultiAgentProtocol):
     pseudo-regret Σ_t (μ_{k*} − μ_{a_i(t)}) with global means, and ``t`` the rounds played.
     """
 
+    #: the kernel counts the gossip exchanges straight into the ledger (their payloads never pass the channel)
+    honours_channel = False
+
     def __init__(
         self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0,
         epsilon: float = math.inf, *, laplace_split: str = "paper", noise_empty_intervals: bool = False,
         privacy_log2: bool = False, consistency_fresh: bool = False, mode: str = "gossip", backend: str = "auto",
     ) -> None:
-        super().__init__(topology, num_arms, replicates, seed, backend)
-        self.horizon = check_int("horizon", horizon, minimum=1)
+        super().__init__(topology, num_arms, horizon, replicates, seed, backend)
         self.epsilon = check_float("epsilon", epsilon, low=0.0, low_open=True, allow_inf=True)
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {list(MODES)}, got {mode!r}")
@@ -139,7 +115,6 @@ class GossipBandit(MultiAgentProtocol):
             self.register_buffer(name, torch.zeros(R, N, M, L, dtype=torch.long))
         self.register_buffer("noise_value", torch.zeros(R, N, M, L, dtype=torch.float64))
         self.register_buffer("regret", torch.zeros(R, N, dtype=torch.float64))
-        self.register_buffer("t", torch.zeros((), dtype=torch.long))
 
     # ----------------------------------------------------------------------------------------------- privacy
     def accountant(self) -> LaplaceBasicAccountant | None:
@@ -177,28 +152,22 @@ class GossipBandit(MultiAgentProtocol):
         return laplace_many(self.key_noise, self.num_agents, self.num_arms, r, i, k, lv, m, self.scale)
 
     # -------------------------------------------------------------------------------------------------- API
-    def play(self, env: MultiAgentMAB, steps: int, return_arms: bool = False) -> Tensor | None:
-        """Play ``steps`` rounds against ``env`` (the first call also plays the time-0 pull of every arm).
+    def _play(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
+        if self.use_compiled():
+            self._play_compiled(env, steps, arms)
+        else:
+            self._play_torch(env, steps, arms)
 
-        Returns the arms (R, steps, N) with ``return_arms``, else None (long runs never materialise them).
-        """
-        self.check_env(env)
-        steps = check_int("steps", steps, minimum=0)
-        if int(self.t) + steps > self.horizon:
-            raise ConfigError(f"steps must keep the rounds within horizon={self.horizon}: {int(self.t)} played, "
-                              f"got steps={steps}")
-        arms = torch.zeros(self.replicates, steps if return_arms else 0, self.num_agents, dtype=torch.long)
-        if steps:
-            if self.use_compiled():
-                self._play_compiled(env, steps, arms)
-            else:
-                self._play_torch(env, steps, arms)
-        return arms if return_arms else None
+    def cumulative_regret(self) -> Tensor:
+        return self.regret
 
-    def _make_kernel_arrays(self) -> tuple[Any, ...]:
-        return tuple(b.numpy() for b in (self.n, self.ntil, self.x0, self.sums, self.xbar, self.theta,
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "epsilon": self.epsilon}
+
+    def _kernel_views(self) -> dict[str, tuple]:
+        return {"arrays": tuple(b.numpy() for b in (self.n, self.ntil, self.x0, self.sums, self.xbar, self.theta,
                                          self.noise_last, self.noise_prev, self.noise_node, self.noise_value,
-                                         self.regret))
+                                         self.regret))}
 
     def _play_compiled(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
         topo = self.topology
@@ -206,7 +175,7 @@ class GossipBandit(MultiAgentProtocol):
         kernel_call(GOSSIP_RUN[self.replicates > 1], MODES[self.mode], t0, steps, t0 == 0, topo.indptr, topo.indices,
                     topo.edges, self.key_choice, self.key_edge, self.key_noise, self.alpha1, self.width_factor,
                     self.privacy, self.privacy_log2, self.scale, self.noise_empty_intervals, self.consistency_fresh,
-                    *env.reward_spec(), np.ascontiguousarray(env.global_means), *self.kernel_arrays(), arms.numpy(),
+                    *env.reward_spec(), np.ascontiguousarray(env.global_means), *self.kernel_views()["arrays"], arms.numpy(),
                     self.ledger.traffic("client").numpy(), self.channel.bytes_per_scalar)
         self.t += steps
 

@@ -11,7 +11,7 @@ from fedrec.bandits.linear import RowState
 from fedrec.errors import check_float
 from fedrec.protocols.base import PolicyFactory
 from fedrec.protocols.client_server import ClientServerLinUCB
-from fedrec.protocols.kernels.client_server import SYNC_RUN
+from fedrec.protocols.kernels.client_server import SYNC_RUN, SyncSettings, SyncState
 
 
 class SyncLinUCB(ClientServerLinUCB):
@@ -73,14 +73,8 @@ class SyncLinUCB(ClientServerLinUCB):
         self.steps_since_sync[members] = 0
         self.sync_rounds[rep] += 1
 
+    kernel_state, kernel_settings = SyncState, SyncSettings
+
     @property
     def kernels(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         return SYNC_RUN
-
-    def _protocol_arrays(self) -> tuple[Any, ...]:
-        return (self.buffer.numpy(), self.buffer_count.numpy(), self.synced_logdet.numpy(), self.registered.numpy(),
-                self.steps_since_sync.numpy(), self.sync_rounds.numpy(), self.server.numpy(),
-                self.server_count.numpy())
-
-    def _kernel_settings(self) -> tuple[Any, ...]:
-        return (self.threshold,)

@@ -1,4 +1,5 @@
-"""Multi-agent bandit task: every agent pulls an arm every round (Gossip_UCB / Fed_UCB and their baselines)."""
+"""Multi-agent bandit task: every agent pulls an arm every round (a :class:`~fedrec.protocols.MultiAgentProtocol`,
+e.g. Gossip_UCB / Fed_UCB and their baselines)."""
 from __future__ import annotations
 
 import math
@@ -8,12 +9,12 @@ import torch
 
 from fedrec.envs.mab import MultiAgentMAB
 from fedrec.errors import ConfigError, check_int
-from fedrec.protocols.gossip import GossipBandit
+from fedrec.protocols.base import MultiAgentProtocol
 from fedrec.tasks.base import FederatedTask
 
 
 class MultiAgentTask(FederatedTask):
-    """Plays ``steps`` rounds of a :class:`~fedrec.protocols.gossip.GossipBandit` against its environment,
+    """Plays ``steps`` rounds of a :class:`~fedrec.protocols.MultiAgentProtocol` against its environment,
     ``steps_per_round`` per trainer round, all trials (replicates) at once.
 
     Metrics are the paper's (gossip spec §4.1): the pseudo-regret with global means, averaged over the agents of a
@@ -21,7 +22,7 @@ class MultiAgentTask(FederatedTask):
     communication.
     """
 
-    def __init__(self, env: MultiAgentMAB, protocol: GossipBandit, steps: int | None = None,
+    def __init__(self, env: MultiAgentMAB, protocol: MultiAgentProtocol, steps: int | None = None,
                  steps_per_round: int = 10_000) -> None:
         self.env, self.protocol = env, protocol
         self.steps = protocol.horizon if steps is None else check_int("task.steps", steps)
@@ -48,7 +49,7 @@ class MultiAgentTask(FederatedTask):
         """Per-trial metrics: regret averaged over agents, ε spent (max over agents) and communication."""
         out = {
             "steps": torch.full((self.protocol.replicates,), self.t, dtype=torch.long),
-            "cumulative_regret": self.protocol.regret.mean(1),
+            "cumulative_regret": self.protocol.cumulative_regret().mean(1),
             "epsilon_spent": self.protocol.epsilon_spent().max(1).values,
         }
         out.update(self.protocol.ledger.totals())
@@ -64,11 +65,10 @@ class MultiAgentTask(FederatedTask):
         per = self.per_replicate()
         regret = per.pop("cumulative_regret").double()
         out: dict[str, Any] = {
-            "steps": self.t, "replicates": self.protocol.replicates, "num_agents": self.protocol.num_agents,
-            "num_arms": self.protocol.num_arms, "lambda2": self.protocol.topology.lambda2,
+            "steps": self.t, "replicates": self.protocol.replicates, **self.protocol.summary(),
             "cumulative_regret": float(regret.mean()), "cumulative_regret_min": float(regret.min()),
             "cumulative_regret_max": float(regret.max()), "cumulative_regret_per_replicate": regret.tolist(),
-            "epsilon": self.protocol.epsilon, "epsilon_spent": float(per.pop("epsilon_spent").max()),
+            "epsilon_spent": float(per.pop("epsilon_spent").max()),
         }
         per.pop("steps")
         out.update({k: float(v.double().mean()) for k, v in per.items()})

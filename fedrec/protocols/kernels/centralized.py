@@ -1,35 +1,51 @@
 """Step loop of protocols without communication: each step's rows act on their own statistics."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from fedrec.jit import jit, parallel_variant, prange
-from fedrec.protocols.kernels.linalg import refactor_row
-from fedrec.protocols.kernels.linear import P_LAM, choose, update
+from fedrec.jit import F64, I64, jit, parallel_variant, prange
+from fedrec.protocols.kernels.linear import choose, refactor, update
 
 
-def _rows_run(rows, ctx, rew, logged, arms, event, kind, params, seed, G, inv, logdet, count, since, stale, draws):
-    """Play ``rows`` (R, S): step s of replicate r is a decision and an update of row ``rows[r, s]``.
+class RowSteps(NamedTuple):
+    """A block of steps addressed by state row."""
 
-    Replay (``logged`` (R, S) ≥ 0): the update happens only when the decision is the logged arm; ``logged`` of
-    shape (R, 0) updates every step."""
-    R, S = rows.shape
-    d = inv.shape[1]
-    for r in prange(R):
-        Ax = np.empty(d)
-        event[r] = 0
-        for s in range(S):
-            row = rows[r, s]
-            if stale[row] and not refactor_row(G, inv, logdet, since, stale, row, params[P_LAM]):
-                event[r] = -1
-                break
-            a = choose(kind, params, seed, row, G, inv, logdet, count, draws, ctx[r, s], Ax)
-            arms[r, s] = a
-            if logged.shape[1] and a != logged[r, s]:
-                continue
-            if not update(params, row, ctx[r, s, a], rew[r, s, a], Ax, G, inv, logdet, count, since, stale):
-                event[r] = -1
-                break
+    rows: I64[2]  #: (R, S) the row that acts in each step
+    contexts: F64[4]  #: (R, S, K, d)
+    rewards: F64[3]  #: (R, S, K)
+    logged: I64[2]  #: (R, S) replay: the logged arms (a step updates its row only if it picked it); (R, 0): none
+    arms: I64[2]  #: (R, S) the decisions, written by the kernel
+    event: I64[1]  #: (R,) −1 where a Gram matrix lost positive definiteness
+
+
+@jit
+def _rows_replicate(r, io, p, pol):
+    """Replicate ``r``'s steps: step s is a decision and an update of row ``io.rows[r, s]``."""
+    d = pol.inv.shape[1]
+    replay = io.logged.shape[1] > 0
+    Ax = np.empty(d)
+    io.event[r] = 0
+    for s in range(io.rows.shape[1]):
+        row = io.rows[r, s]
+        if pol.stale[row] and not refactor(pol, row, p.lam):
+            io.event[r] = -1
+            return
+        a = choose(p, pol, row, io.contexts[r, s], Ax)
+        io.arms[r, s] = a
+        if replay and a != io.logged[r, s]:
+            continue
+        if not update(p, pol, row, io.contexts[r, s, a], io.rewards[r, s, a], Ax):
+            io.event[r] = -1
+            return
+
+
+def _rows_run(io, p, pol):
+    """:func:`_rows_replicate` of every replicate (a function of its own: numba's parallel loops lose writes made
+    through a ``NamedTuple`` directly in their body, numba issue 7135)."""
+    for r in prange(io.rows.shape[0]):
+        _rows_replicate(r, io, p, pol)
 
 
 #: (serial, parallel over replicates)

@@ -1,7 +1,9 @@
 """Step loops of the star-network protocols (Async-LinUCB Algorithms 1–2, Sync-LinUCB Algorithm 4).
 
 One call plays the steps ``pos[r] ≤ s < S`` of every replicate ``r`` (``prange``: replicates are independent),
-in place on the protocol's buffers. With ``stop_at_comm`` a replicate stops where a communication is due and
+in place on the protocol's buffers, which it receives as named structures (:class:`Steps`, the policy's
+:class:`~fedrec.protocols.kernels.linear.LinearParams` and :class:`~fedrec.protocols.kernels.linear.PolicyRows`,
+the protocol's state and settings, :class:`Traffic`). With ``stop_at_comm`` a replicate stops where a communication is due and
 reports it in ``event`` (1: the step at ``pos[r] − 1`` triggered an upload / sync; 2: the client at ``pos[r]``
 registers and is due a download), so that the protocol carries it out through its channel in Python; otherwise
 communication happens inline and is counted straight into the ledger's arrays. ``event[r] = -1`` reports a
@@ -11,13 +13,86 @@ Ledger arrays are ``(R, endpoints, kinds, 2, 3)``: kind, side (sent, received), 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from fedrec.jit import jit, parallel_variant, prange
-from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky, refactor_row
-from fedrec.protocols.kernels.linear import P_LAM, add_outer, choose, update
+from fedrec.jit import BOOL, F64, I64, jit, parallel_variant, prange
+from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
+from fedrec.protocols.kernels.linear import add_outer, choose, refactor, update
 
 UPLOAD, DOWNLOAD = 0, 1
+
+
+class Steps(NamedTuple):
+    """A block of steps, where each replicate stands in it, and the clients' state rows."""
+
+    clients: I64[2]  #: (R, S) the acting client of each step
+    contexts: F64[4]  #: (R, S, K, d)
+    rewards: F64[3]  #: (R, S, K)
+    arms: I64[2]  #: (R, S) the decisions, written by the kernel
+    pos: I64[1]  #: (R,) the next step of each replicate
+    event: I64[1]  #: (R,) why a replicate stopped (module docstring)
+    row_of: I64[1]  #: (R·N,) replicate × client → state row
+
+
+class Traffic(NamedTuple):
+    """The ledger's traffic arrays of the star network: (R, endpoints, kinds, 2, 3) per role."""
+
+    client: I64[5]
+    server: I64[5]
+
+
+class AsyncState(NamedTuple):
+    """Async-LinUCB's own state (:class:`fedrec.protocols.AsyncLinUCB`'s buffers of the same names)."""
+
+    buffer: F64[3]  #: (R·N, d+1, d+1) the upload buffers [ΔV_i, Δb_i]
+    buffer_count: I64[1]  #: observations in each upload buffer
+    synced_logdet: F64[1]  #: log det S_i(λ) of each client's last synchronised copy S_i = V_i − ΔV_i
+    synced_count: I64[1]  #: observations in S_i
+    registered: BOOL[1]  #: clients that have acted (Algorithm 1)
+    pending: F64[3]  #: downloads waiting for the client's next own update (the authors' client)
+    pending_count: I64[1]  #: observations in ``pending``
+    server: F64[3]  #: (R, d+1, d+1) the server aggregate [V_g, b_g]
+    server_count: I64[1]  #: observations in the server aggregate
+    server_logdet: F64[1]  #: log det V_g(λ)
+
+
+class AsyncSettings(NamedTuple):
+    """Async-LinUCB's settings (:class:`fedrec.protocols.AsyncLinUCB`'s attributes of the same names)."""
+
+    num_clients: int
+    message_scalars: int  #: scalars in one {ΔV, Δb} message
+    bytes_per_scalar: int
+    log_gamma_u: float  #: log γ_U of Eq. (3)
+    log_gamma_d: float  #: log γ_D of Eq. (4)
+    download_to_uploader: bool
+    check_on_register: bool
+    refresh_on_download: bool
+    stop_at_comm: bool  #: stop where a message is due, for the channel to carry it in Python
+
+
+class SyncState(NamedTuple):
+    """Sync-LinUCB's own state (:class:`fedrec.protocols.SyncLinUCB`'s buffers of the same names)."""
+
+    buffer: F64[3]
+    buffer_count: I64[1]
+    synced_logdet: F64[1]
+    registered: BOOL[1]
+    steps_since_sync: I64[1]  #: Δt_i
+    sync_rounds: I64[1]  #: (R,) global synchronisations so far
+    server: F64[3]
+    server_count: I64[1]
+
+
+class SyncSettings(NamedTuple):
+    """Sync-LinUCB's settings (:class:`fedrec.protocols.SyncLinUCB`'s attributes of the same names)."""
+
+    num_clients: int
+    message_scalars: int
+    bytes_per_scalar: int
+    threshold: float  #: D of Algorithm 4
+    stop_at_comm: bool
 
 
 @jit
@@ -33,29 +108,27 @@ def record(sent: np.ndarray, sender: int, received: np.ndarray, receiver: int, r
 
 
 @jit
-def _act(r, s, row, ctx, rew, arms, Ax, kind, params, seed, G, inv, logdet, count, since, stale, draws, buffer,
-         buffer_count, pending, pending_count, refresh) -> bool:
+def _act(r, s, row, io, p, pol, Ax, buffer, buffer_count, pending, pending_count, refresh) -> bool:
     """Client row ``row`` plays step ``s`` of replicate ``r``: decide, update its statistics and upload buffer.
 
     A stale row is refactorised first (``refresh``: the paper's client) or absorbs its pending downloads with
     this update (the authors' client). Returns False if a Gram matrix lost positive definiteness.
     """
-    lam = params[P_LAM]
-    if refresh and stale[row] and not refactor_row(G, inv, logdet, since, stale, row, lam):
+    if refresh and pol.stale[row] and not refactor(pol, row, p.lam):
         return False
-    a = choose(kind, params, seed, row, G, inv, logdet, count, draws, ctx[r, s], Ax)
-    arms[r, s] = a
-    x = ctx[r, s, a]
-    y = rew[r, s, a]
-    if not refresh and stale[row]:  # absorb the pending downloads with this update, then refactorise
-        G[row] += pending[row]
+    a = choose(p, pol, row, io.contexts[r, s], Ax)
+    io.arms[r, s] = a
+    x = io.contexts[r, s, a]
+    y = io.rewards[r, s, a]
+    if not refresh and pol.stale[row]:  # absorb the pending downloads with this update, then refactorise
+        pol.G[row] += pending[row]
         pending[row] = 0.0
-        add_outer(G[row], x, y)
-        count[row] += 1 + pending_count[row]
+        add_outer(pol.G[row], x, y)
+        pol.count[row] += 1 + pending_count[row]
         pending_count[row] = 0
-        ok = refactor_row(G, inv, logdet, since, stale, row, lam)
+        ok = refactor(pol, row, p.lam)
     else:
-        ok = update(params, row, x, y, Ax, G, inv, logdet, count, since, stale)
+        ok = update(p, pol, row, x, y, Ax)
     if not ok:
         return False
     add_outer(buffer[row], x, y)
@@ -64,131 +137,137 @@ def _act(r, s, row, ctx, rew, arms, Ax, kind, params, seed, G, inv, logdet, coun
 
 
 @jit
-def _download(r, j, c, refresh, G, count, stale, buffer, synced_logdet, synced_count, pending, pending_count, server,
-              server_count, server_logdet, t_client, t_server, scalars, bps):
+def _download(r, j, c, pol, st, cfg, traffic):
     """Client ``c`` (row ``j``) takes ΔV_{−j} = V_g − S_j (S_j = V_j − ΔV_j): Eq. (4)'s download."""
+    G, buffer, pending, server = pol.G, st.buffer, st.pending, st.server
     n = G.shape[1]
     for a in range(n):
         for b in range(n):
-            if refresh:
+            if cfg.refresh_on_download:
                 G[j, a, b] += server[r, a, b] - (G[j, a, b] - buffer[j, a, b])
             else:  # the authors' client: the data enters with its next own update
                 pending[j, a, b] += server[r, a, b] - (G[j, a, b] + pending[j, a, b] - buffer[j, a, b])
-    if refresh:
-        count[j] += server_count[r] - synced_count[j]
+    if cfg.refresh_on_download:
+        pol.count[j] += st.server_count[r] - st.synced_count[j]
     else:
-        pending_count[j] += server_count[r] - synced_count[j]
-    synced_count[j] = server_count[r]
-    synced_logdet[j] = server_logdet[r]
-    stale[j] = True
-    record(t_server, 0, t_client, c, r, DOWNLOAD, scalars, bps)
+        st.pending_count[j] += st.server_count[r] - st.synced_count[j]
+    st.synced_count[j] = st.server_count[r]
+    st.synced_logdet[j] = st.server_logdet[r]
+    pol.stale[j] = True
+    record(traffic.server, 0, traffic.client, c, r, DOWNLOAD, cfg.message_scalars, cfg.bytes_per_scalar)
 
 
-def _async_run(clients, ctx, rew, arms, pos, event, row_of, N, kind, params, seed,
-              G, inv, logdet, count, since, stale, draws,
-              buffer, buffer_count, synced_logdet, synced_count, registered, pending, pending_count,
-              server, server_count, server_logdet, t_client, t_server, scalars, bps,
-              log_gu, log_gd, to_uploader, check_on_register, refresh, stop_at_comm):
-    """Async-LinUCB (Algorithm 2 with Algorithm 1 after every step); see the module docstring for the contract."""
-    R, S = clients.shape
-    d = inv.shape[1]
-    lam = params[P_LAM]
-    for r in prange(R):
-        Ax = np.empty(d)
-        L = np.empty((d, d))
-        s = pos[r]
-        event[r] = 0
-        while s < S:
-            c = clients[r, s]
-            row = row_of[r * N + c]
-            if not registered[row]:
-                if check_on_register and server_logdet[r] - synced_logdet[row] > log_gd:
-                    if stop_at_comm:
-                        event[r] = 2
-                        break
-                    _download(r, row, c, refresh, G, count, stale, buffer, synced_logdet, synced_count, pending,
-                              pending_count, server, server_count, server_logdet, t_client, t_server, scalars, bps)
-                registered[row] = True
-            if not _act(r, s, row, ctx, rew, arms, Ax, kind, params, seed, G, inv, logdet, count, since, stale, draws,
-                        buffer, buffer_count, pending, pending_count, refresh):
-                event[r] = -1
-                break
-            s += 1
-            if not logdet[row] - synced_logdet[row] > log_gu:  # Eq. (3)
-                continue
-            if stop_at_comm:
-                event[r] = 1
-                break
-            # upload: V_g += ΔV_i, S_i = V_i
-            server[r] += buffer[row]
-            server_count[r] += buffer_count[row]
-            record(t_client, c, t_server, 0, r, UPLOAD, scalars, bps)
-            synced_logdet[row] = logdet[row]
-            synced_count[row] += buffer_count[row]
-            buffer[row] = 0.0
-            buffer_count[row] = 0
-            server_logdet[r] = cholesky_logdet(server[r, :d, :d], lam, L)
-            for c2 in range(N):  # Eq. (4) for every registered client
-                j = row_of[r * N + c2]
-                if registered[j] and (to_uploader or j != row) and server_logdet[r] - synced_logdet[j] > log_gd:
-                    _download(r, j, c2, refresh, G, count, stale, buffer, synced_logdet, synced_count, pending,
-                              pending_count, server, server_count, server_logdet, t_client, t_server, scalars, bps)
-        pos[r] = s
+@jit
+def _async_replicate(r, io, p, pol, st, cfg, traffic):
+    """Async-LinUCB (Algorithm 2 with Algorithm 1 after every step) in replicate ``r``; see the module docstring."""
+    S = io.clients.shape[1]
+    N = cfg.num_clients
+    d = pol.inv.shape[1]
+    Ax = np.empty(d)
+    L = np.empty((d, d))
+    s = io.pos[r]
+    io.event[r] = 0
+    while s < S:
+        c = io.clients[r, s]
+        row = io.row_of[r * N + c]
+        if not st.registered[row]:
+            if cfg.check_on_register and st.server_logdet[r] - st.synced_logdet[row] > cfg.log_gamma_d:
+                if cfg.stop_at_comm:
+                    io.event[r] = 2
+                    break
+                _download(r, row, c, pol, st, cfg, traffic)
+            st.registered[row] = True
+        if not _act(r, s, row, io, p, pol, Ax, st.buffer, st.buffer_count, st.pending, st.pending_count,
+                    cfg.refresh_on_download):
+            io.event[r] = -1
+            break
+        s += 1
+        if not pol.logdet[row] - st.synced_logdet[row] > cfg.log_gamma_u:  # Eq. (3)
+            continue
+        if cfg.stop_at_comm:
+            io.event[r] = 1
+            break
+        # upload: V_g += ΔV_i, S_i = V_i
+        st.server[r] += st.buffer[row]
+        st.server_count[r] += st.buffer_count[row]
+        record(traffic.client, c, traffic.server, 0, r, UPLOAD, cfg.message_scalars, cfg.bytes_per_scalar)
+        st.synced_logdet[row] = pol.logdet[row]
+        st.synced_count[row] += st.buffer_count[row]
+        st.buffer[row] = 0.0
+        st.buffer_count[row] = 0
+        st.server_logdet[r] = cholesky_logdet(st.server[r, :d, :d], p.lam, L)
+        for c2 in range(N):  # Eq. (4) for every registered client
+            j = io.row_of[r * N + c2]
+            if st.registered[j] and (cfg.download_to_uploader or j != row) \
+                    and st.server_logdet[r] - st.synced_logdet[j] > cfg.log_gamma_d:
+                _download(r, j, c2, pol, st, cfg, traffic)
+    io.pos[r] = s
 
 
-def _sync_run(clients, ctx, rew, arms, pos, event, row_of, N, kind, params, seed,
-             G, inv, logdet, count, since, stale, draws,
-             buffer, buffer_count, synced_logdet, registered, steps_since_sync, sync_rounds,
-             server, server_count, t_client, t_server, scalars, bps, threshold, stop_at_comm):
-    """Sync-LinUCB (Algorithm 4): a global sync of all registered clients when Δt_i · log det ratio > D."""
-    R, S = clients.shape
-    d = inv.shape[1]
-    lam = params[P_LAM]
-    for r in prange(R):
-        Ax = np.empty(d)
-        L = np.empty((d, d))
-        inv_g = np.empty((d, d))
-        s = pos[r]
-        event[r] = 0
-        while s < S:
-            c = clients[r, s]
-            row = row_of[r * N + c]
-            registered[row] = True
-            if not _act(r, s, row, ctx, rew, arms, Ax, kind, params, seed, G, inv, logdet, count, since, stale, draws,
-                        buffer, buffer_count, buffer, buffer_count, True):
-                event[r] = -1
-                break
-            steps_since_sync[row] += 1
-            s += 1
-            if not steps_since_sync[row] * (logdet[row] - synced_logdet[row]) > threshold:
-                continue
-            if stop_at_comm:
-                event[r] = 1
-                break
-            for c2 in range(N):  # every registered client uploads its buffer ...
-                j = row_of[r * N + c2]
-                if registered[j]:
-                    server[r] += buffer[j]
-                    server_count[r] += buffer_count[j]
-                    record(t_client, c2, t_server, 0, r, UPLOAD, scalars, bps)
-            ld = cholesky_logdet(server[r, :d, :d], lam, L)
-            inverse_from_cholesky(L, inv_g)
-            for c2 in range(N):  # ... and downloads V_g (factorised once)
-                j = row_of[r * N + c2]
-                if registered[j]:
-                    G[j] = server[r]
-                    count[j] = server_count[r]
-                    inv[j] = inv_g
-                    logdet[j] = ld
-                    since[j] = 0
-                    stale[j] = False
-                    synced_logdet[j] = ld
-                    buffer[j] = 0.0
-                    buffer_count[j] = 0
-                    steps_since_sync[j] = 0
-                    record(t_server, 0, t_client, c2, r, DOWNLOAD, scalars, bps)
-            sync_rounds[r] += 1
-        pos[r] = s
+def _async_run(io, p, pol, st, cfg, traffic):
+    """:func:`_async_replicate` of every replicate (the body is a function of its own: numba's parallel loops
+    lose writes made through a ``NamedTuple`` directly in their body, numba issue 7135)."""
+    for r in prange(io.clients.shape[0]):
+        _async_replicate(r, io, p, pol, st, cfg, traffic)
+
+
+@jit
+def _sync_replicate(r, io, p, pol, st, cfg, traffic):
+    """Sync-LinUCB (Algorithm 4) in replicate ``r``: a global sync of all registered clients when
+    Δt_i · log det ratio > D."""
+    S = io.clients.shape[1]
+    N = cfg.num_clients
+    d = pol.inv.shape[1]
+    scalars, bps = cfg.message_scalars, cfg.bytes_per_scalar
+    Ax = np.empty(d)
+    L = np.empty((d, d))
+    inv_g = np.empty((d, d))
+    s = io.pos[r]
+    io.event[r] = 0
+    while s < S:
+        c = io.clients[r, s]
+        row = io.row_of[r * N + c]
+        st.registered[row] = True
+        if not _act(r, s, row, io, p, pol, Ax, st.buffer, st.buffer_count, st.buffer, st.buffer_count, True):
+            io.event[r] = -1
+            break
+        st.steps_since_sync[row] += 1
+        s += 1
+        if not st.steps_since_sync[row] * (pol.logdet[row] - st.synced_logdet[row]) > cfg.threshold:
+            continue
+        if cfg.stop_at_comm:
+            io.event[r] = 1
+            break
+        for c2 in range(N):  # every registered client uploads its buffer ...
+            j = io.row_of[r * N + c2]
+            if st.registered[j]:
+                st.server[r] += st.buffer[j]
+                st.server_count[r] += st.buffer_count[j]
+                record(traffic.client, c2, traffic.server, 0, r, UPLOAD, scalars, bps)
+        ld = cholesky_logdet(st.server[r, :d, :d], p.lam, L)
+        inverse_from_cholesky(L, inv_g)
+        for c2 in range(N):  # ... and downloads V_g (factorised once)
+            j = io.row_of[r * N + c2]
+            if st.registered[j]:
+                pol.G[j] = st.server[r]
+                pol.count[j] = st.server_count[r]
+                pol.inv[j] = inv_g
+                pol.logdet[j] = ld
+                pol.since_refactor[j] = 0
+                pol.stale[j] = False
+                st.synced_logdet[j] = ld
+                st.buffer[j] = 0.0
+                st.buffer_count[j] = 0
+                st.steps_since_sync[j] = 0
+                record(traffic.server, 0, traffic.client, c2, r, DOWNLOAD, scalars, bps)
+        st.sync_rounds[r] += 1
+    io.pos[r] = s
+
+
+def _sync_run(io, p, pol, st, cfg, traffic):
+    """:func:`_sync_replicate` of every replicate (see :func:`_async_run`)."""
+    for r in prange(io.clients.shape[0]):
+        _sync_replicate(r, io, p, pol, st, cfg, traffic)
 
 
 #: (serial, parallel over replicates)

@@ -52,25 +52,6 @@ def inverse_from_cholesky(L: np.ndarray, inv: np.ndarray) -> None:
 
 
 @jit
-def refactor_row(G: np.ndarray, inv: np.ndarray, logdet: np.ndarray, since: np.ndarray, stale: np.ndarray,
-                 row: int, lam: float) -> bool:
-    """Recompute row ``row``'s inverse (V + λI)^{-1} and log det from its Gram matrix G[row, :d, :d].
-
-    Resets its update counter and stale flag; returns False (state untouched) if V + λI is not positive definite.
-    """
-    d = inv.shape[1]
-    L = np.empty((d, d))
-    ld = cholesky_logdet(G[row, :d, :d], lam, L)
-    if np.isnan(ld):
-        return False
-    inverse_from_cholesky(L, inv[row])
-    logdet[row] = ld
-    since[row] = 0
-    stale[row] = False
-    return True
-
-
-@jit
 def cholesky_solve(L: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out = (L Lᵀ)^{-1} b by forward and back substitution (no inverse formed)."""
     d = b.shape[0]

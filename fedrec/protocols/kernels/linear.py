@@ -1,34 +1,58 @@
 """The local step of a linear bandit row (LinUCB Eq. 5 of the Async-LinUCB paper, or LinTS), written once.
 
-A policy reaches the kernels as ``(kind, params, seed)``: :data:`LINUCB` or :data:`LINTS` and the float64 array
-``params = [λ, α (NaN: the theoretical radius), σ, δ, radius bound (0 determinant, 1 count), v, refactor_every]``
-(see :meth:`fedrec.bandits.LinearBandit.kernel_spec`). The arm is the first whose score is within
-``TIE_TOLERANCE`` of the maximum, as :meth:`fedrec.bandits.LinearBandit.pick` picks it on the torch path.
+A policy reaches the kernels as two named structures: :class:`LinearParams` (its settings, from
+:meth:`fedrec.bandits.LinearBandit.kernel_params`) and :class:`PolicyRows` (its row state, the policy's buffers of
+the same names). The arm is the first whose score is within ``TIE_TOLERANCE`` of the maximum, as
+:meth:`fedrec.bandits.LinearBandit.pick` picks it on the torch path.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from fedrec.bandits.linear import TIE_TOLERANCE
-from fedrec.jit import jit
-from fedrec.protocols.kernels.linalg import cholesky_logdet, refactor_row
+from fedrec.bandits.linear import LINUCB, TIE_TOLERANCE
+from fedrec.jit import BOOL, F64, I64, jit
+from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
 from fedrec.rng import fill_normals
 
-LINUCB, LINTS = 0, 1
-P_LAM, P_ALPHA, P_SIGMA, P_DELTA, P_BOUND, P_V, P_REFACTOR = range(7)
+
+class LinearParams(NamedTuple):
+    """A linear policy's settings (:meth:`fedrec.bandits.LinearBandit.kernel_params`)."""
+
+    kind: int  #: ``fedrec.bandits.linear.LINUCB`` or ``LINTS``
+    lam: float  #: the ridge λ
+    alpha: float  #: LinUCB's fixed exploration weight; NaN: the radius of Eq. (5)
+    sigma: float  #: σ of Eq. (5)
+    delta: float  #: δ of Eq. (5)
+    count_bound: bool  #: Eq. (5) with the count bound d·log(1 + n/(dλ)) instead of the log-determinant
+    v: float  #: LinTS's posterior scale
+    refactor_every: int  #: Sherman–Morrison updates between two Cholesky refactorisations of a row
+    seed: int  #: keys LinTS's draws (:func:`fedrec.rng.fill_normals`)
+
+
+class PolicyRows(NamedTuple):
+    """A linear policy's row state: its buffers of the same names (:class:`fedrec.bandits.LinearBandit`)."""
+
+    G: F64[3]  #: augmented Gram matrices Σ z zᵀ, z = [x; y]: (rows, d+1, d+1)
+    inv: F64[3]  #: (V + λI)^{-1}: (rows, d, d)
+    logdet: F64[1]  #: log det(V + λI)
+    count: I64[1]  #: observations
+    since_refactor: I64[1]  #: updates since the row's last refactorisation
+    stale: BOOL[1]  #: G changed wholesale (a download): refactorise before the row is next used
+    draws: I64[1]  #: LinTS's draw counters (one unused entry for LinUCB)
 
 
 @jit
-def radius(params: np.ndarray, logdet: float, count: int, d: int) -> float:
+def radius(p: LinearParams, logdet: float, count: int, d: int) -> float:
     """LinUCB's exploration weight: fixed α, or the OFUL radius of Eq. (5) (``fedrec.bandits.confidence_radius``)."""
-    if not np.isnan(params[P_ALPHA]):
-        return params[P_ALPHA]
-    lam = params[P_LAM]
-    if params[P_BOUND] == 0:
-        info = logdet - d * np.log(lam)
+    if not np.isnan(p.alpha):
+        return p.alpha
+    if p.count_bound:
+        info = d * np.log1p(count / (d * p.lam))
     else:
-        info = d * np.log1p(count / (d * lam))
-    return params[P_SIGMA] * np.sqrt(max(info, 0.0) + 2.0 * np.log(1.0 / params[P_DELTA])) + np.sqrt(lam)
+        info = logdet - d * np.log(p.lam)
+    return p.sigma * np.sqrt(max(info, 0.0) + 2.0 * np.log(1.0 / p.delta)) + np.sqrt(p.lam)
 
 
 @jit
@@ -53,12 +77,12 @@ def solve_into(A: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
 
 
 @jit
-def choose(kind: int, params: np.ndarray, seed: int, row: int, G: np.ndarray, inv: np.ndarray, logdet: np.ndarray,
-           count: np.ndarray, draws: np.ndarray, ctx: np.ndarray, Ax: np.ndarray) -> int:
+def choose(p: LinearParams, pol: PolicyRows, row: int, ctx: np.ndarray, Ax: np.ndarray) -> int:
     """The arm row ``row`` picks among ``ctx`` (K, d); leaves (V + λI)^{-1} x of the picked arm in ``Ax``."""
-    d = inv.shape[1]
+    d = pol.inv.shape[1]
     K = ctx.shape[0]
-    A = inv[row]
+    A = pol.inv[row]
+    G = pol.G
     theta = np.zeros(d)
     for i in range(d):
         t = 0.0
@@ -66,8 +90,8 @@ def choose(kind: int, params: np.ndarray, seed: int, row: int, G: np.ndarray, in
             t += A[i, j] * G[row, j, d]
         theta[i] = t
     scores = np.empty(K)
-    if kind == LINUCB:
-        alpha = radius(params, logdet[row], count[row], d)
+    if p.kind == LINUCB:
+        alpha = radius(p, pol.logdet[row], pol.count[row], d)
         for k in range(K):
             x = ctx[k]
             solve_into(A, x, Ax)
@@ -79,11 +103,11 @@ def choose(kind: int, params: np.ndarray, seed: int, row: int, G: np.ndarray, in
             scores[k] = mean + alpha * np.sqrt(max(width, 0.0))
     else:  # LinTS: θ̃ = θ̂ + v · chol((V + λI)^{-1}) z with z from the row's counter-based stream
         z = np.empty(d)
-        fill_normals(seed, row, draws[row], z)
-        draws[row] += 1
+        fill_normals(p.seed, row, pol.draws[row], z)
+        pol.draws[row] += 1
         L = np.empty((d, d))
         cholesky_logdet(A, 0.0, L)
-        v = params[P_V]
+        v = p.v
         for i in range(d):
             t = 0.0
             for j in range(i + 1):
@@ -100,8 +124,7 @@ def choose(kind: int, params: np.ndarray, seed: int, row: int, G: np.ndarray, in
 
 
 @jit
-def update(params: np.ndarray, row: int, x: np.ndarray, y: float, Ax: np.ndarray, G: np.ndarray, inv: np.ndarray,
-           logdet: np.ndarray, count: np.ndarray, since: np.ndarray, stale: np.ndarray) -> bool:
+def update(p: LinearParams, pol: PolicyRows, row: int, x: np.ndarray, y: float, Ax: np.ndarray) -> bool:
     """Add (x, y) to row ``row``: G += z zᵀ (z = [x; y]), Sherman–Morrison inverse, determinant-lemma log-det.
 
     Refactorises the row by Cholesky once it has had ``refactor_every`` updates since the last time (the one
@@ -111,16 +134,34 @@ def update(params: np.ndarray, row: int, x: np.ndarray, y: float, Ax: np.ndarray
     denom = 1.0
     for i in range(d):
         denom += x[i] * Ax[i]
-    A = inv[row]
+    A = pol.inv[row]
     for i in range(d):
         for j in range(d):
             A[i, j] -= Ax[i] * Ax[j] / denom
-    logdet[row] += np.log(denom)
-    add_outer(G[row], x, y)
-    count[row] += 1
-    since[row] += 1
-    if since[row] >= params[P_REFACTOR]:
-        return refactor_row(G, inv, logdet, since, stale, row, params[P_LAM])
+    pol.logdet[row] += np.log(denom)
+    add_outer(pol.G[row], x, y)
+    pol.count[row] += 1
+    pol.since_refactor[row] += 1
+    if pol.since_refactor[row] >= p.refactor_every:
+        return refactor(pol, row, p.lam)
+    return True
+
+
+@jit
+def refactor(pol: PolicyRows, row: int, lam: float) -> bool:
+    """Recompute row ``row``'s inverse (V + λI)^{-1} and log det from its Gram matrix G[row, :d, :d].
+
+    Resets its update counter and stale flag; returns False (state untouched) if V + λI is not positive definite.
+    """
+    d = pol.inv.shape[1]
+    L = np.empty((d, d))
+    ld = cholesky_logdet(pol.G[row, :d, :d], lam, L)
+    if np.isnan(ld):
+        return False
+    inverse_from_cholesky(L, pol.inv[row])
+    pol.logdet[row] = ld
+    pol.since_refactor[row] = 0
+    pol.stale[row] = False
     return True
 
 
