@@ -56,8 +56,8 @@ def stream_key(seed: int, name: str, *indices: int) -> np.uint64:
 def substream(key: np.uint64, owner: np.int64) -> np.uint64:
     """The state of owner ``owner``'s stream under ``key`` (owner >= 0): mix(key ⊕ mix(owner + φ)), a bijection of
     the key for a fixed owner. Its result is itself a key: ``substream(substream(key, a), b)`` nests streams.
-    (Called from Python, numba returns the state as an int; keys and states are read as uint64 whatever their
-    integer type.)"""
+    Called from Python it returns a Python int: wrap it in ``np.uint64`` before passing it on (numba refuses ints
+    above 2^63 - 1 where it compiled for int64; keys and states are read as uint64 whatever their integer type)."""
     return _mix(np.uint64(key) ^ _mix(np.uint64(owner) + _GOLDEN))
 
 

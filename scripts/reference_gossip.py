@@ -60,8 +60,9 @@ def dyadic_intervals(t: int) -> list[tuple[int, int]]:
 
 
 def keyed_uniform(key: np.uint64, row: int, counter: int) -> float:
-    """Uniform draw ``counter`` of stream ``row`` under ``key``, drawn by fedrec's scalar helpers."""
-    return float(uniform(substream(key, row), counter))
+    """Uniform draw ``counter`` of stream ``row`` under ``key``, drawn by fedrec's scalar helpers (``substream``
+    returns the uint64 state as a Python int, handed back as ``np.uint64``)."""
+    return float(uniform(np.uint64(substream(key, row)), counter))
 
 
 def pick_uniform(candidates: list[int], u: float) -> int:

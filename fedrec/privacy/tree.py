@@ -250,8 +250,12 @@ def cached_noise(key: int | np.uint64, rows: Tensor, t: Tensor, kind: int, scale
     """:func:`fedrec.privacy.tree_noise.cached_prefix_noise` of a batch of streams ``rows`` (m,) at times ``t``
     (m,): the (m, W) float64 noise of their prefixes, each node drawn once (by the compiled node draw) into the
     per-level cache ``node`` (m, levels), ``value`` (m, levels, W), updated in place; levels summed lowest first,
-    as the compiled form does, so both give the same bits."""
+    as the compiled form does, so both give the same bits. ``t`` must lie below 2^levels and ``scale`` be > 0 (the
+    compiled form, inside parallel loops, cannot report either)."""
     m, levels, width = value.shape
+    check_float("scale", scale, low=0.0, low_open=True)
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >> levels):
+        raise ConfigError(f"t must lie in [0, {1 << levels}) for a cache of {levels} levels, got {t.tolist()}")
     total = torch.zeros(m, width, dtype=torch.float64, device=value.device)
     for level in range(levels):
         index = t >> level
