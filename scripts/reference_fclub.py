@@ -62,15 +62,16 @@ class Privatiser:
 
     def __init__(self, d: int, sigma: float, seed: int, uid: int) -> None:
         self.d, self.sigma, self.seed, self.uid = d, sigma, seed, uid
+        self.key = stream_key(seed, "fclub.privatiser")  # fedrec's privatisers' tree key
         self.cache: dict[tuple[int, int], np.ndarray] = {}
         self.calls = 0
 
     def node(self, key: tuple[int, int]) -> np.ndarray:
         """The symmetric noise (Z + Zᵀ)/√2 of dyadic node ``key``, Z i.i.d. N(0, σ²) drawn by fedrec's tree node
-        noise at (seed's privatiser key, privatiser, node), so that fedrec's kernel draws the same numbers."""
+        noise at (the seed's privatiser key, privatiser, node), so that fedrec's kernel draws the same numbers."""
         if key not in self.cache:
             z = np.empty((self.d + 1) ** 2)
-            node_noise(stream_key(self.seed, "fclub.privatiser"), self.uid, key[0], key[1], SYMMETRIC, self.sigma, z)
+            node_noise(self.key, self.uid, key[0], key[1], SYMMETRIC, self.sigma, z)
             self.cache[key] = z.reshape(self.d + 1, self.d + 1)
         return self.cache[key]
 

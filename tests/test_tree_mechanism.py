@@ -106,19 +106,21 @@ def test_prefix_noise_is_the_sum_of_its_cover_nodes_drawn_directly(t: int, row: 
 
 
 def run_cache(present: list[bool], kind: int, width: int, noise_empty: bool, row: int = 5, levels: int = 7):
-    """Play a stream whose record t is present or not, with the compiled cache, querying the prefix after every
-    record; return the prefixes, every (level, index) the cache drew (in order) and the final cache."""
-    last, prev, node = (np.zeros(levels, dtype=np.int64) for _ in range(3))
-    value, out = np.zeros((levels, width)), np.empty(width)
+    """Play stream ``row`` whose record t is present or not through the compiled cache (one row per stream),
+    querying the prefix after every record; return the prefixes, every (level, index) the cache drew (in order)
+    and the row's final cache."""
+    last, prev, node = (np.zeros((row + 1, levels), dtype=np.int64) for _ in range(3))
+    value, out = np.zeros((row + 1, levels, width)), np.empty(width)
     prefixes, drawn = [], []
     for t, p in enumerate(present, start=1):
         if p:
-            mark_record(t, last, prev)
-        before = node.copy()
+            mark_record(row, t, last, prev)
+        before = node[row].copy()
         cached_prefix_noise(KEY, row, t, kind, 1.3, noise_empty, last, prev, node, value, out)
-        drawn += [(level, int(node[level])) for level in range(levels) if node[level] != before[level]]
+        drawn += [(level, int(node[row, level])) for level in range(levels) if node[row, level] != before[level]]
         prefixes.append(out.copy())
-    return prefixes, drawn, (last, prev, node, value)
+    assert not (node[:row].any() or value[:row].any())  # other streams' rows stay untouched
+    return prefixes, drawn, (last[row], prev[row], node[row], value[row])
 
 
 @settings(max_examples=40, deadline=None)
@@ -160,49 +162,40 @@ def test_torch_form_equals_compiled_form(schedule: list[list[bool]], noise_empty
     tree = TreeAggregator(shape, 64, sensitivity=1.0, mechanism=mechanism, scale=1.3, num_rows=4, seed=9,
                           symmetric=kind == SYMMETRIC, noise_empty_nodes=noise_empty)
     levels = tree.levels
-    state = [[np.zeros(levels, dtype=np.int64) for _ in range(3)] + [np.zeros((levels, width))] for _ in range(4)]
-    out = np.empty(width)
+    last, prev, node = (np.zeros((4, levels), dtype=np.int64) for _ in range(3))
+    value, out = np.zeros((4, levels, width)), np.empty(width)
     for present in schedule:
         got = tree.add(None, torch.zeros(4, *shape), present=torch.tensor(present))
         for row in range(4):
-            last, prev, node, value = state[row]
             if present[row]:
-                mark_record(int(tree.count[row]), last, prev)
+                mark_record(row, int(tree.count[row]), last, prev)
             cached_prefix_noise(np.uint64(tree.key), row, int(tree.count[row]), kind, 1.3, noise_empty, last, prev,
                                 node, value, out)
             assert got[row].flatten().tolist() == out.tolist()
-    for row in range(4):
-        last, prev, node, value = state[row]
-        assert tree.node_last[row].tolist() == last.tolist() and tree.node_prev[row].tolist() == prev.tolist()
-        assert tree.node_index[row].tolist() == node.tolist()
-        assert tree.node_value[row].tolist() == value.tolist()
+    assert tree.node_last.tolist() == last.tolist() and tree.node_prev.tolist() == prev.tolist()
+    assert tree.node_index.tolist() == node.tolist() and tree.node_value.tolist() == value.tolist()
 
 
 def test_torch_mark_and_cache_functions_equal_the_compiled_ones_on_shared_times() -> None:
-    """mark_records / cached_noise on a batch of streams at one time (Fed_UCB's torch path) equal the compiled
-    functions stream by stream."""
+    """mark_records / cached_noise on some streams at one time (Fed_UCB's torch path) equal the compiled functions
+    stream by stream, caches included."""
     gen = np.random.default_rng(3)
-    rows, levels = np.arange(6) * 11, 5
-    last, prev, node = (torch.zeros(6, levels, dtype=torch.long) for _ in range(3))
-    value = torch.zeros(6, levels, 1, dtype=torch.float64)
-    compiled = [[np.zeros(levels, dtype=np.int64) for _ in range(3)] + [np.zeros((levels, 1))] for _ in rows]
-    out = np.empty(1)
+    streams, levels = 12, 5
+    last, prev, node = (torch.zeros(streams, levels, dtype=torch.long) for _ in range(3))
+    value = torch.zeros(streams, levels, 1, dtype=torch.float64)
+    c_last, c_prev, c_node = (np.zeros((streams, levels), dtype=np.int64) for _ in range(3))
+    c_value, out = np.zeros((streams, levels, 1)), np.empty(1)
     for t in range(1, 31):
-        pulled = torch.from_numpy(gen.random(6) < 0.4)
-        times = torch.full((int(pulled.sum()),), t)
-        sub = [x[pulled] for x in (last, prev, node, value)]
-        mark_records(times, sub[0], sub[1])
-        noise = cached_noise(KEY, torch.from_numpy(rows)[pulled], times, LAPLACE, 2.0, False, *sub)
-        last[pulled], prev[pulled], node[pulled], value[pulled] = sub
-        for m, r in enumerate(np.flatnonzero(pulled.numpy())):
-            a, b, c, v = compiled[r]
-            mark_record(t, a, b)
-            cached_prefix_noise(KEY, rows[r], t, LAPLACE, 2.0, False, a, b, c, v, out)
+        rows = torch.from_numpy(np.flatnonzero(gen.random(streams) < 0.4))
+        times = torch.full((len(rows),), t)
+        mark_records(rows, times, last, prev)
+        noise = cached_noise(KEY, rows, times, LAPLACE, 2.0, False, last, prev, node, value)
+        for m, row in enumerate(rows.tolist()):
+            mark_record(row, t, c_last, c_prev)
+            cached_prefix_noise(KEY, row, t, LAPLACE, 2.0, False, c_last, c_prev, c_node, c_value, out)
             assert float(noise[m, 0]) == float(out[0])
-    for r in range(6):
-        a, b, c, v = compiled[r]
-        assert last[r].tolist() == a.tolist() and prev[r].tolist() == b.tolist() and node[r].tolist() == c.tolist()
-        assert value[r].tolist() == v.tolist()
+    assert last.tolist() == c_last.tolist() and prev.tolist() == c_prev.tolist() and node.tolist() == c_node.tolist()
+    assert value.tolist() == c_value.tolist() and bool(value.any())
 
 
 # ---- variance per node ------------------------------------------------------------------------------------------

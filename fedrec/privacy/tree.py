@@ -235,41 +235,45 @@ def split_augmented(m: Tensor) -> tuple[Tensor, Tensor]:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def mark_records(t: Tensor, last: Tensor, prev: Tensor) -> None:
-    """:func:`fedrec.privacy.tree_noise.mark_record` of a batch of streams, in place: a present record at time
-    ``t[m]`` in row m of the per-level node indices ``last``, ``prev`` ((m, levels))."""
+def mark_records(rows: Tensor, t: Tensor, last: Tensor, prev: Tensor) -> None:
+    """:func:`fedrec.privacy.tree_noise.mark_record` of the distinct streams ``rows`` (m,) at times ``t`` (m,), in
+    place on the per-level node indices ``last``, ``prev`` (streams × levels)."""
+    lst, prv = last[rows], prev[rows]
     for level in range(last.shape[1]):
         c = ((t - 1) >> level) + 1  # the level-l node holding record t
-        moved = last[:, level] != c  # unmoved: an earlier record lies in this node (and the ones above)
-        prev[:, level] = torch.where(moved, last[:, level], prev[:, level])
-        last[:, level] = c
+        moved = lst[:, level] != c  # unmoved: an earlier record lies in this node (and the ones above)
+        prv[:, level] = torch.where(moved, lst[:, level], prv[:, level])
+        lst[:, level] = c
+    last[rows], prev[rows] = lst, prv
 
 
 def cached_noise(key: int | np.uint64, rows: Tensor, t: Tensor, kind: int, scale: float, noise_empty: bool,
                  last: Tensor, prev: Tensor, node: Tensor, value: Tensor) -> Tensor:
-    """:func:`fedrec.privacy.tree_noise.cached_prefix_noise` of a batch of streams ``rows`` (m,) at times ``t``
+    """:func:`fedrec.privacy.tree_noise.cached_prefix_noise` of the distinct streams ``rows`` (m,) at times ``t``
     (m,): the (m, W) float64 noise of their prefixes, each node drawn once (by the compiled node draw) into the
-    per-level cache ``node`` (m, levels), ``value`` (m, levels, W), updated in place; levels summed lowest first,
-    as the compiled form does, so both give the same bits. ``t`` must lie below 2^levels and ``scale`` be > 0 (the
-    compiled form, inside parallel loops, cannot report either)."""
-    m, levels, width = value.shape
+    caches ``node`` (streams × levels) and ``value`` (streams × levels × W), updated in place; levels summed lowest
+    first, as the compiled form does, so both give the same bits. ``t`` must lie below 2^levels and ``scale`` be > 0
+    (the compiled form, inside parallel loops, cannot report either)."""
+    levels, width = value.shape[1], value.shape[2]
     check_float("scale", scale, low=0.0, low_open=True)
     if t.numel() and (int(t.min()) < 0 or int(t.max()) >> levels):
         raise ConfigError(f"t must lie in [0, {1 << levels}) for a cache of {levels} levels, got {t.tolist()}")
-    total = torch.zeros(m, width, dtype=torch.float64, device=value.device)
+    lst, prv, nd, val = last[rows], prev[rows], node[rows], value[rows]
+    total = torch.zeros(len(rows), width, dtype=torch.float64, device=value.device)
     for level in range(levels):
         index = t >> level
         noised = (index & 1).bool()  # the level-l node (l, t >> l) is in the cover of t
         if not noise_empty:
-            noised &= (last[:, level] == index) | (prev[:, level] == index)
-        fresh = noised & (node[:, level] != index)
+            noised &= (lst[:, level] == index) | (prv[:, level] == index)
+        fresh = noised & (nd[:, level] != index)
         if bool(fresh.any()):
             draws = np.empty((int(fresh.sum()), width))
             node_noise_many(np.uint64(key), rows[fresh].cpu().numpy(), np.full(len(draws), level, dtype=np.int64),
                             index[fresh].cpu().numpy(), kind, scale, draws)
-            value[fresh, level] = torch.from_numpy(draws).to(value.device)
-            node[fresh, level] = index[fresh]
-        total = total + torch.where(noised.unsqueeze(1), value[:, level], 0.0)
+            val[fresh, level] = torch.from_numpy(draws).to(value.device)
+            nd[fresh, level] = index[fresh]
+        total = total + torch.where(noised.unsqueeze(1), val[:, level], 0.0)
+    node[rows], value[rows] = nd, val
     return total
 
 
@@ -452,10 +456,7 @@ class TreeAggregator(nn.Module):
             r = int(idx[c > self.horizon][0])
             raise ValueError(f"row {r} already holds horizon={self.horizon} records; a longer stream is not covered "
                              "by the privacy guarantee")
-        marked = idx[pres]
-        last, prev = self.node_last[marked], self.node_prev[marked]
-        mark_records(c[pres], last, prev)
-        self.node_last[marked], self.node_prev[marked] = last, prev
+        mark_records(idx[pres], c[pres], self.node_last, self.node_prev)
         self.total[idx] += v
         self.count[idx] = c
         return self._prefix(idx)
@@ -469,10 +470,8 @@ class TreeAggregator(nn.Module):
 
     def _prefix(self, idx: Tensor) -> Tensor:
         """Clean sums plus cached tree noise of rows ``idx``, drawing (and caching) the cover nodes not yet drawn."""
-        node, value = self.node_index[idx], self.node_value[idx]
         noise = cached_noise(self.key, idx, self.count[idx], self.kind, self.scale, self.noise_empty_nodes,
-                             self.node_last[idx], self.node_prev[idx], node, value)
-        self.node_index[idx], self.node_value[idx] = node, value
+                             self.node_last, self.node_prev, self.node_index, self.node_value)
         return self.total[idx] + noise.view(len(idx), *self.shape).to(self.total.dtype)
 
     def _rows(self, rows: Tensor | Sequence[int] | None) -> Tensor:

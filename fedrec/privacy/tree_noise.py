@@ -27,9 +27,8 @@ from fedrec.jit import jit
 from fedrec.rng import LAPLACE as _LAPLACE_DRAW
 from fedrec.rng import NORMAL, fill, substream
 
-#: node noise kinds (module docstring), and their names
+#: node noise kinds (module docstring)
 LAPLACE, GAUSSIAN, SYMMETRIC = 0, 1, 2
-NOISE_KINDS = {"laplace": LAPLACE, "gaussian": GAUSSIAN, "symmetric": SYMMETRIC}
 #: bits of a node code that hold its level (levels < 64)
 LEVEL_BITS = 6
 
@@ -88,36 +87,39 @@ def prefix_noise(key: np.uint64, row: int, t: int, kind: int, scale: float, out:
 
 
 @jit
-def mark_record(t: int, last: np.ndarray, prev: np.ndarray) -> None:
-    """Mark a present record at time ``t`` (after every earlier mark) in a stream's per-level node indices:
-    ``last[l]`` is the level-l node of the latest present record, ``prev[l]`` the one before it (0: none)."""
-    for level in range(last.shape[0]):
+def mark_record(row: int, t: int, last: np.ndarray, prev: np.ndarray) -> None:
+    """Mark a present record at time ``t`` (after every earlier mark) of stream ``row`` in the per-level node indices
+    ``last``, ``prev`` (streams × levels): ``last[row, l]`` is the level-l node of the latest present record,
+    ``prev[row, l]`` the one before it (0: none)."""
+    for level in range(last.shape[1]):
         c = ((t - 1) >> level) + 1  # the level-l node holding record t
-        if last[level] == c:
+        if last[row, level] == c:
             break  # an earlier record lies in this node, hence in every node above it, all already marked
-        prev[level] = last[level]
-        last[level] = c
+        prev[row, level] = last[row, level]
+        last[row, level] = c
 
 
 @jit
 def cached_prefix_noise(key: np.uint64, row: int, t: int, kind: int, scale: float, noise_empty: bool,
                         last: np.ndarray, prev: np.ndarray, node: np.ndarray, value: np.ndarray,
                         out: np.ndarray) -> None:
-    """:func:`prefix_noise` with each node drawn once: the level-l node's noise is cached in ``value[l]`` (levels ×
-    W) with its index in ``node[l]``. With ``noise_empty`` False, a cover node gets noise only if it holds a
-    record marked by :func:`mark_record` (Fed_UCB's prose, spec gossip.md §2.6 [AMBIG-7]); t must be at or after
-    the last mark."""
-    out[:] = 0.0
+    """:func:`prefix_noise` of stream ``row`` with each node drawn once: the caches hold one row per stream, the
+    level-l node's noise in ``value[row, l]`` (streams × levels × W) with its index in ``node[row, l]`` (streams ×
+    levels). With ``noise_empty`` False, a cover node gets noise only if it holds a record marked by
+    :func:`mark_record` (Fed_UCB's prose, spec gossip.md §2.6 [AMBIG-7]). ``t`` must lie at or after the last mark
+    and below 2^levels (unchecked: this runs inside the kernels' parallel loops)."""
+    for j in range(out.shape[0]):
+        out[j] = 0.0
     level = 0
     while t >> level:  # the cover of t, as in cover() but without allocating: node (l, t >> l) for odd t >> l
         if (t >> level) & 1:
             m = t >> level
-            if noise_empty or last[level] == m or prev[level] == m:
-                if node[level] != m:
-                    node_noise(key, row, level, m, kind, scale, value[level])
-                    node[level] = m
+            if noise_empty or last[row, level] == m or prev[row, level] == m:
+                if node[row, level] != m:
+                    node_noise(key, row, level, m, kind, scale, value[row, level])
+                    node[row, level] = m
                 for j in range(out.shape[0]):
-                    out[j] += value[level, j]
+                    out[j] += value[row, level, j]
         level += 1
 
 
@@ -130,5 +132,5 @@ def node_noise_many(key: np.uint64, rows: np.ndarray, levels: np.ndarray, indice
         node_noise(key, rows[m], levels[m], indices[m], kind, scale, out[m])
 
 
-__all__ = ["GAUSSIAN", "LAPLACE", "LEVEL_BITS", "NOISE_KINDS", "SYMMETRIC", "cached_prefix_noise", "cover",
+__all__ = ["GAUSSIAN", "LAPLACE", "LEVEL_BITS", "SYMMETRIC", "cached_prefix_noise", "cover",
            "mark_record", "node_code", "node_noise", "node_noise_many", "prefix_noise"]

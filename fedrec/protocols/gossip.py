@@ -93,8 +93,8 @@ class GossipBandit(MultiAgentProtocol):
 
     State (buffers, (R, N, M) unless noted): ``n`` pulls incl. the time-0 pull, ``ntil`` ñ, ``x0`` X(0), ``sums``
     Σ_{τ>=1} of the rewards, ``xbar`` X̃ (noisy for finite ε), ``theta`` ϑ, the per-level noise state
-    ``noise_last``/``noise_prev``/``noise_node`` (R, N, M, L) and ``noise_value`` (R, N, M, L, 1), L = ⌊log₂ T⌋ + 1
-    (the cached tree noise of :mod:`fedrec.privacy.tree_noise`), ``regret`` (R, N) the
+    ``noise_last``/``noise_prev``/``noise_node``/``noise_value`` (R, N, M, ⌊log₂ T⌋ + 1) (the cached tree noise of
+    :mod:`fedrec.privacy.tree_noise`, one stream per (r, i, k)), ``regret`` (R, N) the
     pseudo-regret Σ_t (μ_{k*} − μ_{a_i(t)}) with global means, and ``t`` the rounds played.
     """
 
@@ -139,7 +139,7 @@ class GossipBandit(MultiAgentProtocol):
             self.register_buffer(name, torch.zeros(R, N, M, dtype=torch.float64))
         for name in ("noise_last", "noise_prev", "noise_node"):
             self.register_buffer(name, torch.zeros(R, N, M, L, dtype=torch.long))
-        self.register_buffer("noise_value", torch.zeros(R, N, M, L, 1, dtype=torch.float64))  # scalar nodes
+        self.register_buffer("noise_value", torch.zeros(R, N, M, L, dtype=torch.float64))
         self.register_buffer("regret", torch.zeros(R, N, dtype=torch.float64))
         self.register_buffer("t", torch.zeros((), dtype=torch.long))
 
@@ -208,9 +208,15 @@ class GossipBandit(MultiAgentProtocol):
         return arms if return_arms else None
 
     def _make_kernel_arrays(self) -> tuple[Any, ...]:
-        return tuple(b.numpy() for b in (self.n, self.ntil, self.x0, self.sums, self.xbar, self.theta,
-                                         self.noise_last, self.noise_prev, self.noise_node, self.noise_value,
-                                         self.regret))
+        state = tuple(b.numpy() for b in (self.n, self.ntil, self.x0, self.sums, self.xbar, self.theta))
+        return (*state, *(b.numpy() for b in self._noise_cache()), self.regret.numpy())
+
+    def _noise_cache(self) -> tuple[Tensor, ...]:
+        """Views of the noise buffers as the tree's caches, one row per stream (:meth:`_stream`): the (streams, L)
+        node indices ``last``, ``prev``, ``node`` and the (streams, L, 1) scalar node noises."""
+        L = self.levels
+        return (self.noise_last.view(-1, L), self.noise_prev.view(-1, L), self.noise_node.view(-1, L),
+                self.noise_value.view(-1, L, 1))
 
     def _play_compiled(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
         topo = self.topology
@@ -303,15 +309,11 @@ class GossipBandit(MultiAgentProtocol):
         tree noise (:func:`fedrec.privacy.tree.mark_records`, :func:`~fedrec.privacy.tree.cached_noise`)."""
         R, N = a.shape
         r, i = torch.meshgrid(torch.arange(R), torch.arange(N), indexing="ij")
-        L = self.levels
-        last, prev = self.noise_last[r, i, a].view(R * N, L), self.noise_prev[r, i, a].view(R * N, L)  # copies
-        node, value = self.noise_node[r, i, a].view(R * N, L), self.noise_value[r, i, a].view(R * N, L, 1)
-        times = torch.full((R * N,), t)
-        mark_records(times, last, prev)
-        total = cached_noise(self.key_noise, self._stream(r, i, a).flatten(), times, LAPLACE, self.scale,
-                             self.noise_empty_intervals, last, prev, node, value)
-        self.noise_last[r, i, a], self.noise_prev[r, i, a] = last.view(R, N, L), prev.view(R, N, L)
-        self.noise_node[r, i, a], self.noise_value[r, i, a] = node.view(R, N, L), value.view(R, N, L, 1)
+        rows, times = self._stream(r, i, a).flatten(), torch.full((R * N,), t)
+        last, prev, node, value = self._noise_cache()
+        mark_records(rows, times, last, prev)
+        total = cached_noise(self.key_noise, rows, times, LAPLACE, self.scale, self.noise_empty_intervals, last, prev,
+                             node, value)
         return total.view(R, N)
 
 

@@ -117,7 +117,8 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
     first plays time 0 (every agent pulls every arm once: n = ñ = 1, X̃ = ϑ = X(0); ``CENTRAL``: ϑ = mean_i X(0)).
     ``two_n`` is the factor of ln t / n under the root (2N for eq. 11/12, 2 for the baselines).
     ``arms_out`` (R, steps, N) receives the arms when
-    its second dimension equals ``steps``; ``scale`` = 0 means no noise (ε = ∞)."""
+    its second dimension equals ``steps``; ``scale`` = 0 means no noise (ε = ∞). ``last``, ``prev``, ``node``
+    (R·N·M, L) and ``value`` (R·N·M, L, 1) are the tree's noise caches, one row per stream (r·N + i)·M + k."""
     R, N, M = n.shape
     E = edges.shape[0]
     keep = arms_out.shape[1] == steps
@@ -215,9 +216,10 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
                 sums[r, i, a] += x
                 total = x0[r, i, a] + sums[r, i, a]
                 if scale > 0.0:  # Alg. 2–3: mark the pull, add the noise of t's (non-empty) cover nodes
-                    mark_record(t, last[r, i, a], prev[r, i, a])
-                    cached_prefix_noise(key_noise, (r * N + i) * M + a, t, LAPLACE, scale, noise_empty, last[r, i, a],
-                                        prev[r, i, a], node[r, i, a], value[r, i, a], noise)
+                    stream = (r * N + i) * M + a
+                    mark_record(stream, t, last, prev)
+                    cached_prefix_noise(key_noise, stream, t, LAPLACE, scale, noise_empty, last, prev, node, value,
+                                        noise)
                     total += noise[0]
                 mean = total / n[r, i, a]
                 delta[i] = mean - xbar[r, i, a]
