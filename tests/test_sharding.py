@@ -66,6 +66,64 @@ def test_keyed_uniforms_equal_a_plain_python_splitmix() -> None:
     assert got.tolist() == want
 
 
+def _reference_state(key: int, *owners: int) -> int:
+    """The state of the stream of ``owners`` nested under ``key`` (a stream of a stream), in plain Python integers."""
+    for owner in owners:
+        key = _mix(key ^ _mix((owner + 0x9E3779B97F4A7C15) & MASK))
+    return key
+
+
+def _reference_draw(state: int, c: int, dist: str) -> float:
+    """Draw ``c`` of a stream from the plain-Python uniforms: as is, Box–Muller on pair c // 2 (cosine for even c,
+    sine for odd c), or the Laplace(0, 1) inverse CDF."""
+    def unit(j: int) -> float:
+        bits = _mix((state + (j + 1) * 0x9E3779B97F4A7C15) & MASK)
+        return ((bits >> 11) + 0.5) * 2.0 ** -53
+
+    if dist == "uniform":
+        return unit(c)
+    if dist == "normal":
+        radius, angle = math.sqrt(-2.0 * math.log(unit(c - c % 2))), 2.0 * math.pi * unit(c - c % 2 + 1)
+        return radius * (math.cos(angle) if c % 2 == 0 else math.sin(angle))
+    w = unit(c) - 0.5
+    return -math.copysign(1.0, w) * math.log(1.0 - 2.0 * abs(w))
+
+
+@pytest.mark.parametrize("dist", ["uniform", "normal", "laplace"])
+def test_the_recipe_equals_a_plain_python_splitmix(dist: str) -> None:
+    """The one keyed-draw recipe of fedrec.rng, draw by draw and in blocks, nested streams included, against the
+    plain-Python reference above (to the bit)."""
+    from fedrec.rng import DISTRIBUTIONS, fill, laplace, normal, substream, uniform
+
+    scalar = {"uniform": uniform, "normal": normal, "laplace": laplace}[dist]
+    for key, owners in ((0xDEADBEEF12345678, (0,)), (3, (7, 2 ** 40)), (2 ** 64 - 1, (5, 0, 11))):
+        state = np.uint64(key)
+        for owner in owners:
+            state = np.uint64(substream(state, owner))
+        assert int(state) == _reference_state(key, *owners)
+        want = [_reference_draw(int(state), c, dist) for c in range(9)]
+        assert [scalar(state, c) for c in range(9)] == want
+        for start in (0, 1, 4):
+            out = np.empty(9 - start)
+            fill(state, start, DISTRIBUTIONS[dist], out)
+            assert out.tolist() == want[start:]
+        block = KeyedRows(key, [owners[0]], 0).draw(dist, 9) if len(owners) == 1 else None
+        assert block is None or block[0].tolist() == want
+
+
+def test_lints_normals_are_the_recipe_on_the_nested_stream_seed_row_draw() -> None:
+    from fedrec.rng import fill_normals, normals
+
+    seed, rows, draws = 7, np.array([0, 3, 2 ** 33]), np.array([0, 5, 1])
+    got = normals(seed, rows, draws, 5)
+    want = [[_reference_draw(_reference_state(seed, int(r), int(d)), c, "normal") for c in range(5)]
+            for r, d in zip(rows, draws)]
+    assert got.tolist() == want
+    out = np.empty(3)
+    fill_normals(seed, 3, 5, out)
+    assert out.tolist() == want[1][:3]
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=8), st.integers(0, 20), st.integers(1, 9),
        st.sampled_from(["uniform", "normal", "laplace"]))

@@ -1,4 +1,5 @@
-"""Differential privacy: noise mechanisms, accountants behind a registry, client-level DP, and tree aggregation.
+"""Differential privacy: noise mechanisms, accountants behind a registry, client-level DP, and tree aggregation
+(the binary mechanism: :mod:`fedrec.privacy.tree_noise` compiled, :mod:`fedrec.privacy.tree` its torch form).
 
 ``import fedrec.privacy`` does not import Opacus (it is loaded on the first accounting call) or Lightning.
 """
@@ -31,10 +32,12 @@ from fedrec.privacy.tree import (
     Node,
     TreeAggregator,
     augmented_gram,
+    cached_noise,
     dyadic_cover,
     fclub_node_sigma,
     gaussian_node_sigma,
     laplace_node_scale,
+    mark_records,
     nodes_touched,
     split_augmented,
 )
@@ -56,6 +59,7 @@ __all__ = [
     "analytic_gaussian_noise_multiplier",
     "augmented_gram",
     "best_rdp_order",
+    "cached_noise",
     "classical_gaussian_noise_multiplier",
     "dyadic_cover",
     "fclub_node_sigma",
@@ -64,6 +68,7 @@ __all__ = [
     "gaussian_rdp_rho",
     "laplace_node_scale",
     "make_accountant",
+    "mark_records",
     "nodes_touched",
     "opacus_accountant",
     "rdp_conversion_cost",

@@ -20,10 +20,12 @@ Algorithms 2–3 (spec gossip.md §2.5–2.6) use it. A record lies in at most �
     i.i.d. Laplace(0, b) per entry with b = Δ₁/ε' (Fed_UCB Alg. 3); nodes compose by basic composition.
 
 ``sensitivity`` Δ bounds how much one record can change (L2/Frobenius norm for Gaussian, L1 for Laplace); the
-caller guarantees it. Memory is O(log T) per row (spec gossip.md §2.6): the clean running sum and the noise of the
-node at each level of the current cover. Noise is counter based: node (l, k) of row r is a pure function of
-(seed, r, l, k) (a SplitMix64 sequence started from a hash of those numbers), so the same seed gives the same
-noise however rows are batched into calls, a resumed run draws the same numbers, and rows are independent.
+caller guarantees it. Memory is O(log T) per row (spec gossip.md §2.6): the clean running sum and, per level, the
+noise of the level's latest cover node with its index. The noise itself is :mod:`fedrec.privacy.tree_noise`
+(compiled, shared with Fed_UCB and CDP-FCLUB): node (l, k) of row r is a pure function of (key, r, l, k), so the
+same seed gives the same noise however rows are batched into calls, a resumed run draws the same numbers, and rows
+are independent. :func:`mark_records` and :func:`cached_noise` are its torch form, which this module's
+:class:`TreeAggregator` and Fed_UCB's torch path run and which is tested equal to the compiled one.
 """
 from __future__ import annotations
 
@@ -34,7 +36,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from scipy.special import ndtri
 from torch import Tensor, nn
 
 from fedrec.errors import ConfigError, check_float, check_int
@@ -45,12 +46,14 @@ from fedrec.privacy.accountant import (
     gaussian_rdp_rho,
     uniform_epsilon_per_round,
 )
-from fedrec.rng import keyed_uniforms, stream_key
+from fedrec.privacy.tree_noise import GAUSSIAN, LAPLACE, SYMMETRIC, node_noise_many
+from fedrec.rng import stream_key
 
 __all__ = [
     "Node",
     "TreeAggregator",
     "augmented_gram",
+    "cached_noise",
     "dyadic_cover",
     "fclub_accounted_sigma",
     "fclub_epsilon",
@@ -58,6 +61,7 @@ __all__ = [
     "fclub_phases",
     "gaussian_node_sigma",
     "laplace_node_scale",
+    "mark_records",
     "nodes_touched",
     "split_augmented",
 ]
@@ -227,6 +231,53 @@ def split_augmented(m: Tensor) -> tuple[Tensor, Tensor]:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# The cached tree noise, torch form (the compiled form is fedrec.privacy.tree_noise)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def mark_records(rows: Tensor, t: Tensor, last: Tensor, prev: Tensor) -> None:
+    """:func:`fedrec.privacy.tree_noise.mark_record` of the distinct streams ``rows`` (m,) at times ``t`` (m,), in
+    place on the per-level node indices ``last``, ``prev`` (streams × levels)."""
+    lst, prv = last[rows], prev[rows]
+    for level in range(last.shape[1]):
+        c = ((t - 1) >> level) + 1  # the level-l node holding record t
+        moved = lst[:, level] != c  # unmoved: an earlier record lies in this node (and the ones above)
+        prv[:, level] = torch.where(moved, lst[:, level], prv[:, level])
+        lst[:, level] = c
+    last[rows], prev[rows] = lst, prv
+
+
+def cached_noise(key: int | np.uint64, rows: Tensor, t: Tensor, kind: int, scale: float, noise_empty: bool,
+                 last: Tensor, prev: Tensor, node: Tensor, value: Tensor) -> Tensor:
+    """:func:`fedrec.privacy.tree_noise.cached_prefix_noise` of the distinct streams ``rows`` (m,) at times ``t``
+    (m,): the (m, W) float64 noise of their prefixes, each node drawn once (by the compiled node draw) into the
+    caches ``node`` (streams × levels) and ``value`` (streams × levels × W), updated in place; levels summed lowest
+    first, as the compiled form does, so both give the same bits. ``t`` must lie below 2^levels and ``scale`` be > 0
+    (the compiled form, inside parallel loops, cannot report either)."""
+    levels, width = value.shape[1], value.shape[2]
+    check_float("scale", scale, low=0.0, low_open=True)
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >> levels):
+        raise ConfigError(f"t must lie in [0, {1 << levels}) for a cache of {levels} levels, got {t.tolist()}")
+    lst, prv, nd, val = last[rows], prev[rows], node[rows], value[rows]
+    total = torch.zeros(len(rows), width, dtype=torch.float64, device=value.device)
+    for level in range(levels):
+        index = t >> level
+        noised = (index & 1).bool()  # the level-l node (l, t >> l) is in the cover of t
+        if not noise_empty:
+            noised &= (lst[:, level] == index) | (prv[:, level] == index)
+        fresh = noised & (nd[:, level] != index)
+        if bool(fresh.any()):
+            draws = np.empty((int(fresh.sum()), width))
+            node_noise_many(np.uint64(key), rows[fresh].cpu().numpy(), np.full(len(draws), level, dtype=np.int64),
+                            index[fresh].cpu().numpy(), kind, scale, draws)
+            val[fresh, level] = torch.from_numpy(draws).to(value.device)
+            nd[fresh, level] = index[fresh]
+        total = total + torch.where(noised.unsqueeze(1), val[:, level], 0.0)
+    node[rows], value[rows] = nd, val
+    return total
+
+
+# --------------------------------------------------------------------------------------------------------------
 # The aggregator
 # --------------------------------------------------------------------------------------------------------------
 
@@ -245,9 +296,9 @@ class TreeAggregator(nn.Module):
             :meth:`epsilon`.
         num_rows: number of independent streams.
         seed, name, indices: key of the noise, derived as ``fedrec.rng.stream_key(seed, name, *indices)``
-            (e.g. ``indices=(replicate, phase)`` for a fresh privatiser per phase).
-        symmetric: Gaussian only: symmetric matrix noise (Ñ + Ñᵀ)/√2 over the last two (equal) dimensions; the
-            records must then be symmetric.
+            (e.g. ``indices=(replicate, phase)`` for a fresh privatiser per phase); row r is stream r under it.
+        symmetric: Gaussian only: symmetric matrix noise (Ñ + Ñᵀ)/√2 on a square ``shape`` (n, n); the records
+            must then be symmetric.
         laplace_split: how ``epsilon`` is split over the nodes for Laplace (see :func:`laplace_node_scale`).
         noise_empty_nodes: ``False`` leaves nodes without any present record noise-free (Fed_UCB's prose,
             spec gossip.md §2.6 [AMBIG-7]). Which records are present (e.g. which arm was pulled) is then treated
@@ -284,9 +335,9 @@ class TreeAggregator(nn.Module):
         self.mechanism = mechanism
         self.num_rows = check_int("num_rows", num_rows, minimum=1)
         self.symmetric = bool(symmetric)
-        if self.symmetric and (mechanism != "gaussian" or len(self.shape) < 2 or self.shape[-1] != self.shape[-2]):
-            raise ConfigError(f"symmetric noise needs mechanism='gaussian' and a shape ending in two equal "
-                              f"dimensions, got mechanism={mechanism!r}, shape={self.shape}")
+        if self.symmetric and (mechanism != "gaussian" or len(self.shape) != 2 or self.shape[0] != self.shape[1]):
+            raise ConfigError(f"symmetric noise needs mechanism='gaussian' and a square shape (n, n), got "
+                              f"mechanism={mechanism!r}, shape={self.shape}")
         if not dtype.is_floating_point:
             raise ConfigError(f"dtype must be a floating dtype, got {dtype}")
         self.delta = None if delta is None else check_float("delta", delta, low=0.0, high=1.0,
@@ -305,15 +356,17 @@ class TreeAggregator(nn.Module):
         self.noise_empty_nodes = bool(noise_empty_nodes)
         self.key = int(stream_key(check_int("seed", seed, minimum=0), name,
                                   *(check_int("indices", i, minimum=0) for i in indices)))
+        #: the node noise kind of :mod:`fedrec.privacy.tree_noise`
+        self.kind = LAPLACE if mechanism == "laplace" else SYMMETRIC if self.symmetric else GAUSSIAN
         levels = self.levels
-        # per row: records so far, their clean sum, and per level the noise of that level's node in the current
-        # cover (levels whose bit of the count is 0 hold stale entries that prefix masks out); with
-        # noise_empty_nodes=False also the present records so far and in each cover node
+        # per row: records so far, their clean sum, and the cached tree noise (tree_noise.cached_prefix_noise):
+        # per level the nodes of the latest two present records and the latest drawn node with its noise
         self.register_buffer("count", torch.zeros(self.num_rows, dtype=torch.long))
         self.register_buffer("total", torch.zeros(self.num_rows, *self.shape, dtype=dtype))
-        self.register_buffer("noise", torch.zeros(self.num_rows, levels, *self.shape, dtype=dtype))
-        self.register_buffer("present", torch.zeros(self.num_rows, dtype=torch.long))
-        self.register_buffer("node_present", torch.zeros(self.num_rows, levels, dtype=torch.long))
+        for buffer in ("node_last", "node_prev", "node_index"):
+            self.register_buffer(buffer, torch.zeros(self.num_rows, levels, dtype=torch.long))
+        self.register_buffer("node_value", torch.zeros(self.num_rows, levels, math.prod(self.shape),
+                                                       dtype=torch.float64))
 
     # ---- privacy ---------------------------------------------------------------------------------------------
 
@@ -363,10 +416,13 @@ class TreeAggregator(nn.Module):
     def node_noise(self, rows: Tensor | Sequence[int] | None, node: Node) -> Tensor:
         """The noise of ``node`` in the given rows (``None``: all), regenerated from the key. In a prefix it counts
         only if the node is in the cover (and, with ``noise_empty_nodes=False``, holds a present record)."""
-        idx = self._rows(rows)
+        idx = self._rows(rows).cpu().numpy()
         level = check_int("node.level", node.level, minimum=0)
         index = check_int("node.index", node.index, minimum=1)
-        return self._draw(idx, torch.full_like(idx, level), torch.full_like(idx, index))
+        out = np.empty((len(idx), math.prod(self.shape)))
+        node_noise_many(np.uint64(self.key), idx, np.full(len(idx), level), np.full(len(idx), index), self.kind,
+                        self.scale, out)
+        return torch.from_numpy(out).view(len(idx), *self.shape).to(device=self.total.device, dtype=self.total.dtype)
 
     def add(self, rows: Tensor | Sequence[int] | None, values: Tensor, present: Tensor | None = None) -> Tensor:
         """Append one record to the stream of each of ``rows`` and return their private prefix sums.
@@ -400,19 +456,7 @@ class TreeAggregator(nn.Module):
             r = int(idx[c > self.horizon][0])
             raise ValueError(f"row {r} already holds horizon={self.horizon} records; a longer stream is not covered "
                              "by the privacy guarantee")
-        # the one new node of record c: level l0 = ctz(c), index c >> l0. Levels below l0 leave the cover; their
-        # stale entries are masked out by the bits of the count (see prefix).
-        l0 = (c & -c).double().log2().round().long()
-        fresh = self._draw(idx, l0, c >> l0)
-        if not self.noise_empty_nodes:
-            grid = torch.arange(self.levels, device=c.device)
-            cover_above = ((c[:, None] >> grid) & 1).bool() & (grid > l0[:, None])
-            total_present = self.present[idx] + pres.long()
-            node_count = total_present - (self.node_present[idx] * cover_above).sum(1)
-            fresh = torch.where((node_count > 0).view(-1, *[1] * len(self.shape)), fresh, torch.zeros_like(fresh))
-            self.node_present[idx, l0] = node_count
-            self.present[idx] = total_present
-        self.noise[idx, l0] = fresh
+        mark_records(idx[pres], c[pres], self.node_last, self.node_prev)
         self.total[idx] += v
         self.count[idx] = c
         return self._prefix(idx)
@@ -425,11 +469,10 @@ class TreeAggregator(nn.Module):
     # ---- internals -------------------------------------------------------------------------------------------
 
     def _prefix(self, idx: Tensor) -> Tensor:
-        grid = torch.arange(self.levels, device=self.count.device)
-        bits = ((self.count[idx][:, None] >> grid[None, :]) & 1).bool()
-        mask = bits.view(idx.numel(), self.levels, *[1] * len(self.shape))
-        noise = torch.where(mask, self.noise[idx], torch.zeros((), dtype=self.noise.dtype, device=self.noise.device))
-        return self.total[idx] + noise.sum(1)
+        """Clean sums plus cached tree noise of rows ``idx``, drawing (and caching) the cover nodes not yet drawn."""
+        noise = cached_noise(self.key, idx, self.count[idx], self.kind, self.scale, self.noise_empty_nodes,
+                             self.node_last, self.node_prev, self.node_index, self.node_value)
+        return self.total[idx] + noise.view(len(idx), *self.shape).to(self.total.dtype)
 
     def _rows(self, rows: Tensor | Sequence[int] | None) -> Tensor:
         if rows is None:
@@ -443,20 +486,6 @@ class TreeAggregator(nn.Module):
         if torch.unique(idx).numel() != idx.numel():
             raise ValueError(f"rows must be distinct, got {idx.tolist()}")
         return idx.long().to(self.count.device)
-
-    def _draw(self, idx: Tensor, level: Tensor, index: Tensor) -> Tensor:
-        """The noise of node (level[i], index[i]) of row idx[i], for every i: ``(len(idx), *shape)``."""
-        fields = [t.cpu().numpy() for t in (idx, level, index)]
-        u = keyed_uniforms(self.key, fields, math.prod(self.shape))
-        if self.mechanism == "gaussian":
-            unit = ndtri(u)
-        else:  # inverse CDF of Laplace(0, 1); |u − ½| < ½ so the log is finite
-            w = u - 0.5
-            unit = -np.sign(w) * np.log1p(-2.0 * np.abs(w))
-        out = torch.from_numpy(unit).view(len(idx), *self.shape) * self.scale
-        if self.symmetric:
-            out = (out + out.mT) / math.sqrt(2.0)
-        return out.to(device=self.total.device, dtype=self.total.dtype)
 
     def _config(self) -> dict[str, Any]:
         return {"mechanism": self.mechanism, "shape": list(self.shape), "horizon": self.horizon,

@@ -26,7 +26,8 @@ from fedrec.protocols.clustering import Radius, confidence_shape
 from fedrec.protocols.kernels.clustering import (
     P_BASE, P_KAPPA, P_LOG_D, P_LOG_U, P_PRIVATE, P_RATIO, P_RHO, P_RHO_MAX, P_SCALARS, P_SIGMA_NODE,
 )
-from fedrec.protocols.kernels.fclub import NODE_LEVEL_SHIFT, PHASE_RUN, count, release
+from fedrec.protocols.kernels.fclub import PHASE_RUN, count, release
+from fedrec.rng import stream_key
 
 
 #: how CDP-FCLUB-DC's node noise is calibrated (see ``calibration``)
@@ -148,6 +149,11 @@ class FederatedClustering(StepProtocol):
     def set_extra_state(self, state: dict) -> None:
         self.seed = int(state["seed"])
 
+    @property
+    def noise_key(self) -> np.uint64:
+        """The key of the privatisers' tree noise (privatiser ``uid`` is stream ``uid`` under it), from the seed."""
+        return stream_key(self.seed, "fclub.privatiser")
+
     # ---------------------------------------------------------------------------------------------- steps
     def _run(self, clients: torch.Tensor, contexts: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
         arms = torch.empty(clients.shape, dtype=torch.long)
@@ -162,7 +168,7 @@ class FederatedClustering(StepProtocol):
             kernel_call(PHASE_RUN[self.replicates > 1], clients[:, block].contiguous().numpy(),
                         contexts[:, block].contiguous().numpy(), rewards[:, block].contiguous().numpy(),
                         arms[:, block].numpy() if stop - done == S else _view(arms, block),
-                        self.params, int(self.t), self.seed, self.server, *self._views())
+                        self.params, int(self.t), self.noise_key, self.server, *self._views())
             self.t += stop - done
             done = stop
         return arms
@@ -274,7 +280,7 @@ class FederatedClustering(StepProtocol):
         """(H, h) of release ``calls`` of privatiser ``uid`` (Alg. 5)."""
         d = self.dim
         N, Z = np.zeros((d + 1, d + 1)), np.zeros((d + 1, d + 1))
-        release(self.seed, uid, calls, float(self.params[P_SIGMA_NODE]), d, N, Z)
+        release(self.noise_key, uid, calls, float(self.params[P_SIGMA_NODE]), d, N, Z)
         return N[:d, :d].copy(), N[:d, d].copy()
 
     def _count(self, r: int, server: int, kind: str) -> None:
@@ -305,4 +311,4 @@ def _view(arms: torch.Tensor, block: slice) -> np.ndarray:
     return arms.numpy()[:, block]
 
 
-__all__ = ["FederatedClustering", "NODE_LEVEL_SHIFT", "confidence_shape"]
+__all__ = ["FederatedClustering", "confidence_shape"]

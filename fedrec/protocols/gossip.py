@@ -27,10 +27,11 @@ from torch import Tensor
 from fedrec.errors import ConfigError, check_float
 from fedrec.federation.topology import Topology
 from fedrec.privacy.accountant import LaplaceBasicAccountant
-from fedrec.privacy.tree import LAPLACE_SPLITS, laplace_node_scale
+from fedrec.privacy.tree import LAPLACE_SPLITS, cached_noise, laplace_node_scale, mark_records
+from fedrec.privacy.tree_noise import LAPLACE, node_noise_many
 from fedrec.protocols.base import MultiAgentProtocol, kernel_call
-from fedrec.protocols.kernels.gossip import CENTRAL, GOSSIP, GOSSIP_RUN, LOCAL, laplace_many, uniforms_many
-from fedrec.rng import stream_key
+from fedrec.protocols.kernels.gossip import CENTRAL, GOSSIP, GOSSIP_RUN, LOCAL
+from fedrec.rng import KeyedRows, stream_key
 
 if TYPE_CHECKING:  # the environment imports this package's kernels for its reward draws
     from fedrec.envs.mab import MultiAgentMAB
@@ -66,7 +67,8 @@ class GossipBandit(MultiAgentProtocol):
 
     State (buffers, (R, N, M) unless noted): ``n`` pulls incl. the time-0 pull, ``ntil`` ñ, ``x0`` X(0), ``sums``
     Σ_{τ>=1} of the rewards, ``xbar`` X̃ (noisy for finite ε), ``theta`` ϑ, the per-level noise state
-    ``noise_last``/``noise_prev``/``noise_node``/``noise_value`` (R, N, M, ⌊log₂ T⌋ + 1), ``regret`` (R, N) the
+    ``noise_last``/``noise_prev``/``noise_node``/``noise_value`` (R, N, M, ⌊log₂ T⌋ + 1) (the cached tree noise of
+    :mod:`fedrec.privacy.tree_noise`, one stream per (r, i, k)), ``regret`` (R, N) the
     pseudo-regret Σ_t (μ_{k*} − μ_{a_i(t)}) with global means, and ``t`` the rounds played.
     """
 
@@ -149,7 +151,17 @@ class GossipBandit(MultiAgentProtocol):
         (array arguments broadcast)."""
         r, i, k, lv, m = (np.ascontiguousarray(a, dtype=np.int64).ravel()
                           for a in np.broadcast_arrays(replicate, agent, arm, level, index))
-        return laplace_many(self.key_noise, self.num_agents, self.num_arms, r, i, k, lv, m, self.scale)
+        out = np.empty((len(r), 1))
+        node_noise_many(self.key_noise, self._stream(r, i, k), lv, m, LAPLACE, self.scale, out)
+        return out[:, 0]
+
+    def _stream(self, replicate: Any, agent: Any, arm: Any) -> Any:
+        """The noise (and reward) stream row (r·N + i)·M + k of (replicate, agent, arm)."""
+        return (replicate * self.num_agents + agent) * self.num_arms + arm
+
+    def _uniforms(self, key: np.uint64, rows: int, t: int) -> Tensor:
+        """Draw t of streams 0 … ``rows`` − 1 under ``key`` (the kernel's choice and edge uniforms): (rows,)."""
+        return torch.from_numpy(KeyedRows(key, np.arange(rows), t).draw("uniform", 1)[:, 0])
 
     # -------------------------------------------------------------------------------------------------- API
     def _play(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
@@ -165,9 +177,15 @@ class GossipBandit(MultiAgentProtocol):
         return {**super().summary(), "epsilon": self.epsilon}
 
     def _kernel_views(self) -> dict[str, tuple]:
-        return {"arrays": tuple(b.numpy() for b in (self.n, self.ntil, self.x0, self.sums, self.xbar, self.theta,
-                                         self.noise_last, self.noise_prev, self.noise_node, self.noise_value,
-                                         self.regret))}
+        state = tuple(b.numpy() for b in (self.n, self.ntil, self.x0, self.sums, self.xbar, self.theta))
+        return {"arrays": (*state, *(b.numpy() for b in self._noise_cache()), self.regret.numpy())}
+
+    def _noise_cache(self) -> tuple[Tensor, ...]:
+        """Views of the noise buffers as the tree's caches, one row per stream (:meth:`_stream`): the (streams, L)
+        node indices ``last``, ``prev``, ``node`` and the (streams, L, 1) scalar node noises."""
+        L = self.levels
+        return (self.noise_last.view(-1, L), self.noise_prev.view(-1, L), self.noise_node.view(-1, L),
+                self.noise_value.view(-1, L, 1))
 
     def _play_compiled(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
         topo = self.topology
@@ -203,7 +221,7 @@ class GossipBandit(MultiAgentProtocol):
                 self.theta.copy_(self.x0.mean(1, keepdim=True).expand_as(self.x0))
         for s in range(steps):
             t = int(self.t) + 1
-            u = torch.from_numpy(uniforms_many(self.key_choice, R, N, t))
+            u = self._uniforms(self.key_choice, R * N, t).view(R, N)
             if central:  # one learner: the pooled index, agent 0's draw breaks ties, every agent pulls its arm
                 q = self.theta[:, :1] + self.width(self.n.sum(1, keepdim=True), t)
                 a = _uniform_pick(q == q.amax(-1, keepdim=True), u[:, :1]).expand(R, N).contiguous()
@@ -237,7 +255,7 @@ class GossipBandit(MultiAgentProtocol):
                 self.theta[reps, :, arm] = pooled.unsqueeze(1)
             elif gossip:
                 # lines 16–22: one uniformly random edge (u, v); ϑ(t) = W(t) ϑ(t−1) + X̃(t) − X̃(t−1)
-                u_edge = torch.from_numpy(uniforms_many(self.key_edge, R, 1, t))[:, 0]
+                u_edge = self._uniforms(self.key_edge, R, t)
                 e = (u_edge * topo.num_edges).floor().long().clamp(max=topo.num_edges - 1)
                 eu, ev = edges[e, 0], edges[e, 1]
                 avg = (self.theta[reps, eu] + self.theta[reps, ev]) * 0.5
@@ -256,30 +274,16 @@ class GossipBandit(MultiAgentProtocol):
 
     def _cover_noise(self, a: Tensor, t: int) -> Tensor:
         """Σ of the cached Laplace noises of the non-empty dyadic nodes covering 1..t (Alg. 2–3, spec §2.6) for the
-        arms ``a`` (R, N) pulled at round t, after marking those pulls: (R, N)."""
+        arms ``a`` (R, N) pulled at round t, after marking those pulls: (R, N). The torch form of the kernel's
+        tree noise (:func:`fedrec.privacy.tree.mark_records`, :func:`~fedrec.privacy.tree.cached_noise`)."""
         R, N = a.shape
         r, i = torch.meshgrid(torch.arange(R), torch.arange(N), indexing="ij")
-        last, prev = self.noise_last[r, i, a], self.noise_prev[r, i, a]  # (R, N, L) copies
-        node, value = self.noise_node[r, i, a], self.noise_value[r, i, a]
-        total = torch.zeros(R, N, dtype=torch.float64)
-        for lv in range(self.levels):  # the pull at t lies in the level-lv node of index ⌈t / 2^lv⌉
-            c = ((t - 1) >> lv) + 1
-            moved = last[..., lv] != c
-            prev[..., lv] = torch.where(moved, last[..., lv], prev[..., lv])
-            last[..., lv] = c
-        for lv in range(self.levels):
-            if not (t >> lv) & 1:
-                continue
-            m = t >> lv  # t's cover holds node (lv, m) = ((m − 1)·2^lv, m·2^lv]
-            noised = (last[..., lv] == m) | (prev[..., lv] == m) | self.noise_empty_intervals
-            fresh = noised & (node[..., lv] != m)
-            if bool(fresh.any()):
-                value[..., lv][fresh] = torch.from_numpy(self.node_noise(r[fresh], i[fresh], a[fresh], lv, m))
-                node[..., lv][fresh] = m
-            total = total + torch.where(noised, value[..., lv], 0.0)
-        self.noise_last[r, i, a], self.noise_prev[r, i, a] = last, prev
-        self.noise_node[r, i, a], self.noise_value[r, i, a] = node, value
-        return total
+        rows, times = self._stream(r, i, a).flatten(), torch.full((R * N,), t)
+        last, prev, node, value = self._noise_cache()
+        mark_records(rows, times, last, prev)
+        total = cached_noise(self.key_noise, rows, times, LAPLACE, self.scale, self.noise_empty_intervals, last, prev,
+                             node, value)
+        return total.view(R, N)
 
 
 def _uniform_pick(candidates: Tensor, u: Tensor) -> Tensor:

@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedrec.rng import fill_normals
+from fedrec.privacy.tree_noise import SYMMETRIC, node_noise
+from fedrec.rng import stream_key
 
 TIE_TOLERANCE = 1e-9
-#: draw index of dyadic node (level, index): level << NODE_LEVEL_SHIFT | index (as fedrec's kernel numbers them)
-NODE_LEVEL_SHIFT = 40
 
 
 def F(x: float) -> float:
@@ -63,17 +62,17 @@ class Privatiser:
 
     def __init__(self, d: int, sigma: float, seed: int, uid: int) -> None:
         self.d, self.sigma, self.seed, self.uid = d, sigma, seed, uid
+        self.key = stream_key(seed, "fclub.privatiser")  # fedrec's privatisers' tree key
         self.cache: dict[tuple[int, int], np.ndarray] = {}
         self.calls = 0
 
     def node(self, key: tuple[int, int]) -> np.ndarray:
-        """The symmetric noise (Z + Zᵀ)/√2 of dyadic node ``key``, Z i.i.d. N(0, σ²) drawn from fedrec's
-        counter-based normals at (seed, privatiser, node), so that fedrec's kernel draws the same numbers."""
+        """The symmetric noise (Z + Zᵀ)/√2 of dyadic node ``key``, Z i.i.d. N(0, σ²) drawn by fedrec's tree node
+        noise at (the seed's privatiser key, privatiser, node), so that fedrec's kernel draws the same numbers."""
         if key not in self.cache:
             z = np.empty((self.d + 1) ** 2)
-            fill_normals(self.seed, self.uid, (key[0] << NODE_LEVEL_SHIFT) | key[1], z)
-            z = z.reshape(self.d + 1, self.d + 1)
-            self.cache[key] = self.sigma * (z + z.T) / math.sqrt(2.0)
+            node_noise(self.key, self.uid, key[0], key[1], SYMMETRIC, self.sigma, z)
+            self.cache[key] = z.reshape(self.d + 1, self.d + 1)
         return self.cache[key]
 
     def next(self) -> tuple[np.ndarray, np.ndarray]:

@@ -19,12 +19,12 @@ Randomness is not the reference's own: every draw calls the same keyed scalar fu
 loop uses, so that on the same seed both make the same decisions and reach the same regret:
 
 * rewards: ``env.reward(r, i, k, t)`` (t = 0: the initialisation pull);
-* the choice uniform of agent i in round t: ``uniform(keyed(key_choice, r·N + i, t), 1)``; it picks the
+* the choice uniform of agent i in round t: ``uniform(substream(key_choice, r·N + i), t)``; it picks the
   ⌊u·c⌋-th (0-based, in arm order) of the c candidates, the lagging arms or the maximisers of the index;
 * the gossip edge of round t: the ⌊u·|E|⌋-th edge of the topology's sorted edge list, u =
-  ``uniform(keyed(key_edge, r, t), 1)``;
+  ``uniform(substream(key_edge, r), t)``;
 * the Laplace noise of the dyadic interval (q, e] = level-l node of index e / 2^l, 2^l = e − q, of stream (i, k):
-  ``laplace(key_noise, (N, M), r, i, k, l, e / 2^l, b)``.
+  ``node_noise(key_noise, (r·N + i)·M + k, l, e / 2^l, LAPLACE, b, out)`` (fedrec.privacy.tree_noise).
 
 The stream keys derive from the seed exactly as :class:`fedrec.protocols.gossip.GossipBandit` derives them
 (:func:`stream_key`).
@@ -38,7 +38,8 @@ import numpy as np
 
 from fedrec.envs.mab import MultiAgentMAB
 from fedrec.federation.topology import Topology
-from fedrec.protocols.kernels.gossip import keyed, laplace, uniform
+from fedrec.privacy.tree_noise import LAPLACE, node_noise
+from fedrec.rng import substream, uniform
 from fedrec.seeding import numpy_generator
 
 
@@ -59,9 +60,9 @@ def dyadic_intervals(t: int) -> list[tuple[int, int]]:
 
 
 def keyed_uniform(key: np.uint64, row: int, counter: int) -> float:
-    """The uniform of stream ``key`` at (row, counter), drawn by fedrec's scalar helpers (``keyed`` returns the
-    uint64 state as a Python int, handed back as ``np.uint64``)."""
-    return float(uniform(np.uint64(keyed(key, row, counter)), 1))
+    """Uniform draw ``counter`` of stream ``row`` under ``key``, drawn by fedrec's scalar helpers (``substream``
+    returns the uint64 state as a Python int, handed back as ``np.uint64``)."""
+    return float(uniform(np.uint64(substream(key, row)), counter))
 
 
 def pick_uniform(candidates: list[int], u: float) -> int:
@@ -160,8 +161,10 @@ class RefGossipUCB:
                 z = agent.noise[key]
             elif pulls > 0:
                 level = (e - q).bit_length() - 1
-                z = float(laplace(self.key_noise, (self.N, self.M), self.replicate, agent.index, k, level,
-                                  e >> level, self.b))
+                out = np.empty(1)
+                node_noise(self.key_noise, (self.replicate * self.N + agent.index) * self.M + k, level, e >> level,
+                           LAPLACE, self.b, out)
+                z = float(out[0])
                 agent.noise[key] = z
             else:
                 z = 0.0

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import fedrec.bandits.linear
 import fedrec.jit
+import fedrec.privacy.tree_noise
 import fedrec.rng
 
 fedrec.jit.drop_stale_caches(
     [*Path(__file__).parent.glob("*.py"), Path(fedrec.rng.__file__), Path(fedrec.jit.__file__),
-     Path(fedrec.bandits.linear.__file__)]
+     Path(fedrec.bandits.linear.__file__), Path(fedrec.privacy.tree_noise.__file__)]
 )

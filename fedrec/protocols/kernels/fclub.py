@@ -13,28 +13,17 @@ from fedrec.jit import jit, parallel_variant, prange
 from fedrec.protocols.kernels.clustering import (
     P_LOG_D, P_LOG_U, P_PRIVATE, P_RHO, P_SCALARS, P_SIGMA_NODE, P_SQUARED, beta, ucb_pick,
 )
+from fedrec.privacy.tree_noise import SYMMETRIC, prefix_noise
 from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
-from fedrec.rng import fill_normals
-
-#: draw index of dyadic node (level, index) in a privatiser's counter-based stream
-NODE_LEVEL_SHIFT = 40
 
 
 @jit
-def release(seed: int, uid: int, calls: int, sigma: float, d: int, N: np.ndarray, Z: np.ndarray) -> None:
-    """Alg. 5's release number ``calls`` of privatiser ``uid`` into N ((d+1) × (d+1)): the sum over the dyadic cover
-    of ``calls`` of the symmetric node noises (Z + Zᵀ)/√2, Z i.i.d. N(0, σ²)."""
-    N[:] = 0.0
-    flat = Z.reshape(-1)
-    r, level = calls, 0
-    while r:
-        if r & 1:
-            fill_normals(seed, uid, (level << NODE_LEVEL_SHIFT) | (calls >> level), flat)
-            for i in range(d + 1):
-                for j in range(d + 1):
-                    N[i, j] += sigma * (Z[i, j] + Z[j, i]) / np.sqrt(2.0)
-        r >>= 1
-        level += 1
+def release(key: np.uint64, uid: int, calls: int, sigma: float, d: int, N: np.ndarray, Z: np.ndarray) -> None:
+    """Alg. 5's release number ``calls`` of privatiser ``uid`` (its tree stream under ``key``) into N ((d+1) ×
+    (d+1), ``Z`` scratch of that shape): the binary mechanism's prefix noise with symmetric Gaussian nodes
+    σ(Z + Zᵀ)/√2, regenerated from the key (:func:`fedrec.privacy.tree_noise.prefix_noise`)."""
+    width = (d + 1) * (d + 1)
+    prefix_noise(np.uint64(key), uid, calls, SYMMETRIC, sigma, N.reshape(width), Z.reshape(width))
 
 
 @jit
@@ -60,7 +49,7 @@ def count(traffic_server: np.ndarray, traffic_global: np.ndarray, r: int, server
 
 
 @jit
-def next_buffer(params: np.ndarray, seed: int, r: int, c: int, puid: np.ndarray, pcalls: np.ndarray, H: np.ndarray,
+def next_buffer(params: np.ndarray, key: np.uint64, r: int, c: int, puid: np.ndarray, pcalls: np.ndarray, H: np.ndarray,
                 h: np.ndarray, Hbar: np.ndarray, hbar: np.ndarray, dS: np.ndarray, du: np.ndarray,
                 N: np.ndarray, Z: np.ndarray) -> None:
     """Restart local cluster c's upload buffer: 0, or 3ρI + H − H̄ with the privatiser's next release (Alg. 3 l.9–10)."""
@@ -72,7 +61,7 @@ def next_buffer(params: np.ndarray, seed: int, r: int, c: int, puid: np.ndarray,
     Hbar[r, c] = H[r, c]
     hbar[r, c] = h[r, c]
     pcalls[r, c] += 1
-    release(seed, puid[r, c], pcalls[r, c], params[P_SIGMA_NODE], d, N, Z)
+    release(key, puid[r, c], pcalls[r, c], params[P_SIGMA_NODE], d, N, Z)
     for i in range(d):
         h[r, c, i] = N[i, d]
         for j in range(d):
@@ -83,7 +72,7 @@ def next_buffer(params: np.ndarray, seed: int, r: int, c: int, puid: np.ndarray,
             dS[r, c, i, j] = H[r, c, i, j] - Hbar[r, c, i, j] + (3.0 * params[P_RHO] if i == j else 0.0)
 
 
-def _phase_run(users, ctx, rew, arms, params, t0, seed, server, lc, gk, mem, nmem, V, bu, Tu,
+def _phase_run(users, ctx, rew, arms, params, t0, key, server, lc, gk, mem, nmem, V, bu, Tu,
                S, u, Tc, Sinv, Slogdet, dS, du, dT, dSm, dum, dTm, Sg, ug, Tg, Sglogdet,
                H, h, Hbar, hbar, puid, pcalls, traffic_server, traffic_global):
     """Play ``users`` (R, S) within one phase, from round ``t0`` + 1 (Alg. 1 l.9–15 with Algorithms 3 and 4)."""
@@ -138,7 +127,7 @@ def _phase_run(users, ctx, rew, arms, params, t0, seed, server, lc, gk, mem, nme
                 u[r, c] += du[r, c]
                 Tc[r, c] += dT[r, c]
                 dT[r, c] = 0.0
-                next_buffer(params, seed, r, c, puid, pcalls, H, h, Hbar, hbar, dS, du, N, Z)
+                next_buffer(params, key, r, c, puid, pcalls, H, h, Hbar, hbar, dS, du, N, Z)
                 refresh(S[r], Sinv[r], Slogdet[r], c, L)
                 Sglogdet[r, k] = cholesky_logdet(Sg[r, k], 0.0, L)
             # Alg. 4: every member lagging the global cluster by det ratio ≥ D downloads its queue

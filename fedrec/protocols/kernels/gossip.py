@@ -23,18 +23,20 @@ The same loop plays our two baselines (spec §4.1 [PROP], not the paper's), chos
 
 The width arithmetic is shared: the baselines pass α₁ = 0, P = 0 and the factor 2 instead of 2N.
 
-Randomness is counter based (:func:`keyed`): a draw is a pure function of a stream key and its counters, so a
-resumed run redraws exactly what an uninterrupted one would, whatever the batching:
+Randomness is counter based (:mod:`fedrec.rng`): draw c of a stream is a pure function of its key, its row and c,
+so a resumed run redraws exactly what an uninterrupted one would, whatever the batching:
 
-* choice (r·N + i, t): one uniform per agent and round, for the consistency pick or the tie break;
-* edge (r, t): the gossip edge ⌊u·|E|⌋ of the sorted edge list;
-* noise ((r·N + i)·M + k, index·64 + level): the Laplace noise of dyadic node (level, index) of stream (i, k) —
-  its own key, so that ε = ∞ (no noise drawn) reproduces Gossip_UCB draw for draw;
-* rewards ((r·N + i)·M + k, t): :func:`draw_reward`, keyed by the environment.
+* choice: ``uniform(substream(key_choice, r·N + i), t)``, one uniform per agent and round, for the consistency
+  pick or the tie break;
+* edge: ``uniform(substream(key_edge, r), t)``, the gossip edge ⌊u·|E|⌋ of the sorted edge list;
+* rewards: :func:`draw_reward` of stream (r·N + i)·M + k under the environment's key, draw t;
+* noise: the binary mechanism of :mod:`fedrec.privacy.tree_noise` with Laplace nodes on stream (r·N + i)·M + k
+  under ``key_noise`` — its own key, so that ε = ∞ (no noise drawn) reproduces Gossip_UCB draw for draw.
 
 Noise memory is O(log T) per (replicate, agent, arm) (spec §2.6): per level l, the level-l node indices of the
 two latest distinct nodes holding a pull of the arm (``last``, ``prev``) decide whether a node of t's cover is
-empty, and the noise of the level's current cover node is cached with its index (``node``, ``value``).
+empty, and the noise of the level's latest drawn node is cached with its index (``node``, ``value``):
+:func:`~fedrec.privacy.tree_noise.mark_record` and :func:`~fedrec.privacy.tree_noise.cached_prefix_noise`.
 """
 from __future__ import annotations
 
@@ -42,9 +44,9 @@ import numpy as np
 
 from fedrec.federation.ledger import KINDS
 from fedrec.jit import jit, parallel_variant, prange
+from fedrec.privacy.tree_noise import LAPLACE, cached_prefix_noise, mark_record
 from fedrec.protocols.kernels.client_server import record
-from fedrec.rng import GOLDEN, S11, TWO_M53  # the same bit-to-float conversion as every keyed draw
-from fedrec.rng import mix64_jit as _mix
+from fedrec.rng import normal, substream, uniform
 
 #: reward kinds of :func:`draw_reward`: μ_{i,k} + σ·N(0, 1), or a record drawn with replacement from the (i, k) pool
 GAUSSIAN, RECORDS = 0, 1
@@ -56,45 +58,21 @@ PEER = KINDS.index("peer")
 
 
 @jit
-def keyed(key: np.uint64, row: int, counter: int) -> np.uint64:
-    """The state of a counter-based draw: ``key`` hashed with a stream row and a counter, both non-negative
-    (each step h ↦ mix(h ⊕ mix(field)) is a bijection of h)."""
-    return _mix(_mix(key ^ _mix(np.uint64(row))) ^ _mix(np.uint64(counter)))
-
-
-@jit
-def uniform(h: np.uint64, j: int) -> float:
-    """Output ``j`` (>= 1) of state ``h`` as a uniform in (0, 1) with 53 random bits (never 0 or 1)."""
-    bits = _mix(h + np.uint64(j) * GOLDEN)
-    return (np.float64(bits >> S11) + 0.5) * TWO_M53
-
-
-@jit
-def laplace(key: np.uint64, shape: tuple, r: int, i: int, k: int, level: int, index: int, scale: float) -> float:
-    """Laplace(0, ``scale``) noise of dyadic node (``level``, ``index``) of stream (agent i, arm k) in replicate r,
-    ``shape`` = (N, M) (inverse CDF; |u − ½| < ½ keeps the log finite)."""
-    N, M = shape[0], shape[1]
-    w = uniform(keyed(key, (r * N + i) * M + k, (index << 6) | level), 1) - 0.5
-    return -scale * np.sign(w) * np.log1p(-2.0 * abs(w))
-
-
-@jit
 def draw_reward(kind: int, key: np.uint64, means: np.ndarray, noise_std: float, pool_ptr: np.ndarray,
                 pool_values: np.ndarray, r: int, i: int, k: int, t: int) -> float:
-    """X_{i,k}(t) of replicate r (t = 0: the initialisation pull).
+    """X_{i,k}(t) of replicate r (t = 0: the initialisation pull): draw t of stream (r·N + i)·M + k under ``key``.
 
-    ``GAUSSIAN``: μ_{i,k} + σ·N(0, 1) (Box–Muller from two uniforms), ``means`` (R, N, M). ``RECORDS``: one value
-    drawn uniformly with replacement from ``pool_values[pool_ptr[i·M + k] : pool_ptr[i·M + k + 1]]``.
+    ``GAUSSIAN``: μ_{i,k} + σ·:func:`~fedrec.rng.normal`, ``means`` (R, N, M). ``RECORDS``: the value
+    ⌊u·size⌋ (u :func:`~fedrec.rng.uniform`) of ``pool_values[pool_ptr[i·M + k] : pool_ptr[i·M + k + 1]]``, a draw
+    with replacement.
     """
     M = means.shape[2]
-    h = keyed(key, (r * means.shape[1] + i) * M + k, t)
+    state = substream(key, (r * means.shape[1] + i) * M + k)
     if kind == RECORDS:
         lo = pool_ptr[i * M + k]
         size = pool_ptr[i * M + k + 1] - lo
-        return pool_values[lo + min(int(uniform(h, 1) * size), size - 1)]
-    u1 = uniform(h, 1)
-    u2 = uniform(h, 2)
-    return means[r, i, k] + noise_std * np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+        return pool_values[lo + min(int(uniform(state, t) * size), size - 1)]
+    return means[r, i, k] + noise_std * normal(state, t)
 
 
 @jit
@@ -120,49 +98,6 @@ def ucb_width(terms: np.ndarray, alpha1: float, privacy_t: float, factor_t: floa
 
 
 @jit
-def pull_noise(key: np.uint64, r: int, i: int, k: int, t: int, scale: float, noise_empty: bool, last: np.ndarray,
-               prev: np.ndarray, node: np.ndarray, value: np.ndarray) -> float:
-    """Mark the pull of arm k by agent i at round t in replicate r and return Σ of the noises of t's dyadic cover
-    (Alg. 2–3).
-
-    ``last``/``prev``/``node``/``value`` are the (R, N, M, levels) noise buffers, read and written at stream
-    (r, i, k) only. A cover node (l, t >> l) is noised iff it holds a pull (or ``noise_empty``); its noise is drawn
-    once per node and cached with its index.
-    """
-    shape = (last.shape[1], last.shape[2])
-    for lv in range(last.shape[3]):
-        c = ((t - 1) >> lv) + 1  # the level-lv node holding round t
-        if last[r, i, k, lv] == c:
-            break  # an earlier pull lies in this node, hence in every node above it, all already marked
-        prev[r, i, k, lv] = last[r, i, k, lv]
-        last[r, i, k, lv] = c
-    total = 0.0
-    lv = 0
-    bits = t
-    while bits:  # the cover of 1..t: the level-lv node t >> lv for every set bit lv of t
-        if bits & 1:
-            m = t >> lv
-            if noise_empty or last[r, i, k, lv] == m or prev[r, i, k, lv] == m:
-                if node[r, i, k, lv] != m:
-                    value[r, i, k, lv] = laplace(key, shape, r, i, k, lv, m, scale)
-                    node[r, i, k, lv] = m
-                total += value[r, i, k, lv]
-        bits >>= 1
-        lv += 1
-    return total
-
-
-@jit
-def laplace_many(key: np.uint64, N: int, M: int, r: np.ndarray, i: np.ndarray, k: np.ndarray, level: np.ndarray,
-                 index: np.ndarray, scale: float) -> np.ndarray:
-    """:func:`laplace` of many nodes (the torch path and the tests draw through this)."""
-    out = np.empty(r.shape[0])
-    for m in range(r.shape[0]):
-        out[m] = laplace(key, (N, M), r[m], i[m], k[m], level[m], index[m], scale)
-    return out
-
-
-@jit
 def rewards_many(kind: int, key: np.uint64, means: np.ndarray, noise_std: float, pool_ptr: np.ndarray,
                  pool_values: np.ndarray, arms: np.ndarray, t: int) -> np.ndarray:
     """:func:`draw_reward` of every (replicate, agent) for ``arms`` (R, N) at round t: (R, N)."""
@@ -174,16 +109,6 @@ def rewards_many(kind: int, key: np.uint64, means: np.ndarray, noise_std: float,
     return out
 
 
-@jit
-def uniforms_many(key: np.uint64, R: int, N: int, t: int) -> np.ndarray:
-    """The uniforms of rows r·N + i and counter t for all r < R, i < N: (R, N) (choice draws; N = 1: the edges)."""
-    out = np.empty((R, N))
-    for r in range(R):
-        for i in range(N):
-            out[r, i] = uniform(keyed(key, r * N + i, t), 1)
-    return out
-
-
 def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice, key_edge, key_noise, alpha1,
                 two_n, privacy, privacy_log2, scale, noise_empty, fresh, kind, key_reward, means, noise_std, pool_ptr,
                 pool_values, global_means, n, ntil, x0, sums, xbar, theta, last, prev, node, value, regret, arms_out,
@@ -192,7 +117,8 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
     first plays time 0 (every agent pulls every arm once: n = ñ = 1, X̃ = ϑ = X(0); ``CENTRAL``: ϑ = mean_i X(0)).
     ``two_n`` is the factor of ln t / n under the root (2N for eq. 11/12, 2 for the baselines).
     ``arms_out`` (R, steps, N) receives the arms when
-    its second dimension equals ``steps``; ``scale`` = 0 means no noise (ε = ∞)."""
+    its second dimension equals ``steps``; ``scale`` = 0 means no noise (ε = ∞). ``last``, ``prev``, ``node``
+    (R·N·M, L) and ``value`` (R·N·M, L, 1) are the tree's noise caches, one row per stream (r·N + i)·M + k."""
     R, N, M = n.shape
     E = edges.shape[0]
     keep = arms_out.shape[1] == steps
@@ -202,6 +128,7 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
         chosen = np.empty(N, dtype=np.int64)
         delta = np.empty(N)
         terms = np.empty((N, M, 3))  # count_terms of n (CENTRAL: of the pooled count, in row 0)
+        noise = np.empty(1)  # the tree noise of one pull
         best = global_means[r].max()
         if initialise:
             for i in range(N):
@@ -245,7 +172,7 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
                 if mode == CENTRAL and i > 0:
                     chosen[i] = chosen[0]
                     continue
-                u = uniform(keyed(key_choice, r * N + i, t), 1)
+                u = uniform(substream(key_choice, r * N + i), t)
                 lagging = 0
                 if mode == GOSSIP:
                     for k in range(M):
@@ -288,8 +215,12 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
                     count_terms(terms[i, a], n[r, i, a], privacy > 0.0)
                 sums[r, i, a] += x
                 total = x0[r, i, a] + sums[r, i, a]
-                if scale > 0.0:
-                    total += pull_noise(key_noise, r, i, a, t, scale, noise_empty, last, prev, node, value)
+                if scale > 0.0:  # Alg. 2–3: mark the pull, add the noise of t's (non-empty) cover nodes
+                    stream = (r * N + i) * M + a
+                    mark_record(stream, t, last, prev)
+                    cached_prefix_noise(key_noise, stream, t, LAPLACE, scale, noise_empty, last, prev, node, value,
+                                        noise)
+                    total += noise[0]
                 mean = total / n[r, i, a]
                 delta[i] = mean - xbar[r, i, a]
                 xbar[r, i, a] = mean
@@ -308,7 +239,7 @@ def _gossip_run(mode, t0, steps, initialise, indptr, indices, edges, key_choice,
                 count_terms(terms[0, a], count, privacy > 0.0)
                 continue
             if mode == GOSSIP:
-                e = min(int(uniform(keyed(key_edge, r, t), 1) * E), E - 1)  # lines 16–22
+                e = min(int(uniform(substream(key_edge, r), t) * E), E - 1)  # lines 16–22
                 eu = edges[e, 0]
                 ev = edges[e, 1]
                 for k in range(M):
