@@ -1,20 +1,18 @@
-"""Build a run from a composed Hydra config, train it, and write the run directory's results."""
+"""Run a composed Hydra config: check its fields, build its task (:mod:`fedrec.build`), train it, and write the run
+directory's results."""
 from __future__ import annotations
 
-import inspect
 import logging
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import InstantiationException
-from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import fedrec.resolvers  # noqa: F401  (registers ${by_conventions:...} before any config is resolved)
-from fedrec.errors import ConfigError, DatasetNotFoundError, check_int
+from fedrec.build import build_task_fetching_data, check_groups, instantiate_group
+from fedrec.errors import ConfigError
 from fedrec.io import atomic_write, atomic_write_json, writing
 from fedrec.run_folder import TB_EVENTS, output_errors, prepare_output_dir, resumes_in_place
 from fedrec.trainer import Callback
@@ -28,12 +26,8 @@ RUN_SETTINGS = ("trainer", "logger", "plots", "hydra", "ckpt_path", "resume_allo
                 "download_data")
 #: keys, at any depth, that say where the inputs are rather than what they are (the dataset's sizes are checked)
 LOCATION_KEYS = ("data_dir",)
-#: the config groups a run cannot do without, by task kind (recommendation runs have a ``data`` group; without a
-#: ``privacy`` group they are non-private, as with privacy=none)
-REQUIRED_GROUPS = {
-    "bandit": ("env", "protocol", "task", "trainer", "logger"),
-    "recommendation": ("model", "aggregator", "task", "trainer", "logger"),
-}
+#: the config groups every run needs (the task kind's own groups are checked by :func:`fedrec.build.check_groups`)
+RUN_GROUPS = ("task", "trainer", "logger")
 
 
 class PublicMetricsLogger:
@@ -83,115 +77,6 @@ def mark_private_metrics(summary: dict[str, Any], history: list[dict[str, float]
     names = sorted({name for metrics in history for name in metrics if is_private(name)})
     kept = summary if logged else {k: v for k, v in summary.items() if not is_private(k)}
     return {**kept, "private_metrics": names, "private_metrics_logged": logged}
-
-
-def _one_line(e: Exception) -> str:
-    return re.sub(r"\s+", " ", str(e)).strip()
-
-
-def _accepts(node: DictConfig, key: str, argument: str) -> bool:
-    """Whether the class that config ``node`` builds takes ``argument`` (errors name the config group ``key``)."""
-    try:
-        return argument in inspect.signature(get_class(str(node.get("_target_")))).parameters
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"{key}: cannot find the class {node.get('_target_')!r} ({e})") from e
-
-
-def _build(node: DictConfig, key: str, **kwargs: Any) -> Any:
-    """Instantiate config ``node`` with ``kwargs``; errors name the config group ``key``."""
-    try:  # partial first: Hydra would turn dataclass arguments (e.g. RatingData) into configs
-        factory = instantiate(node, _partial_=True, _recursive_=False)
-    except InstantiationException as e:
-        raise ConfigError(f"{key}: {_one_line(e)}") from e
-    try:
-        return factory(**kwargs)
-    except (ConfigError, DatasetNotFoundError) as e:
-        raise type(e)(f"{key}: {e}") from e
-    except TypeError as e:
-        if "argument" not in str(e):  # not a bad or missing config key: a genuine error
-            raise
-        raise ConfigError(f"{key}: {e}") from e
-
-
-def _policy_factory(node: DictConfig, dim: int, seed: int, key: str = "policy") -> Any:
-    """A policy node as a factory for a protocol, checked by building one row (errors name ``key``)."""
-    from fedrec.protocols.base import build_policy
-
-    try:
-        factory = instantiate(node, _partial_=True)
-        build_policy(factory, dim, (), seed)
-    except InstantiationException as e:
-        raise ConfigError(f"{key}: {_one_line(e)}") from e
-    except ConfigError as e:
-        raise ConfigError(f"{key}: {str(e).removeprefix('policy: ')}") from e
-    return factory
-
-
-def _protocol_and_policy(cfg: DictConfig, dim: int) -> tuple[DictConfig, Any]:
-    """The protocol node and its policy factory: the protocol's own ``policy`` node when it has one (the vertical
-    protocols: VFUCB is LinUCB's, VFTS LinTS's), else the ``policy`` group."""
-    node, policy, key = cfg.protocol, cfg.get("policy"), "policy"
-    if "policy" in cfg.protocol:
-        policy, key = cfg.protocol.policy, "protocol.policy"
-        if not isinstance(policy, DictConfig) or "_target_" not in policy:
-            raise ConfigError(f"protocol.policy: {cfg.protocol.get('_target_')} takes no policy node of its own "
-                              f"(got {OmegaConf.to_container(policy) if isinstance(policy, DictConfig) else policy!r})")
-        node = OmegaConf.masked_copy(cfg.protocol, [k for k in cfg.protocol if k != "policy"])
-    return node, None if policy is None else _policy_factory(policy, dim, cfg.seed, key)
-
-
-def _build_multi_agent(cfg: DictConfig) -> Any:
-    """Every agent of a topology acts every round (``protocol=gossip_ucb|fed_ucb``); ``privacy=tree_laplace``
-    gives Fed_UCB its ε and noise options."""
-    env = _build(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
-    topology = _build(cfg.topology, "topology")
-    privacy: dict[str, Any] = {}
-    if cfg.get("privacy") is not None:
-        node = OmegaConf.to_container(cfg.privacy)
-        if node.pop("mechanism", None) != "tree_laplace":
-            raise ConfigError("privacy: a multi-agent protocol takes privacy=tree_laplace (or no privacy group)")
-        privacy = node
-    target = str(cfg.protocol.get("_target_"))
-    if privacy and not target.endswith("FedUCB"):  # a protocol without noise is fine only at ε = ∞
-        if not math.isinf(float(privacy["epsilon"])):
-            raise ConfigError(f"privacy.epsilon: {target} adds no privacy noise, so it runs only at epsilon=inf; "
-                              "use protocol=fed_ucb for a finite epsilon")
-        privacy = {}
-    horizon = check_int("task.steps", cfg.task.get("steps"))  # T is also the protocol's horizon (ε', eq. 12)
-    protocol = _build(cfg.protocol, "protocol", topology=topology, num_arms=env.num_arms, horizon=horizon,
-                      replicates=cfg.replicates, seed=cfg.seed, **privacy)
-    return _build(cfg.task, "task", env=env, protocol=protocol)
-
-
-def build_task(cfg: DictConfig) -> Any:
-    """The task a config describes: a bandit task (``env`` + ``protocol``) or federated recommendation
-    (``data`` + ``model`` + ``privacy`` + ``aggregator``)."""
-    if cfg.get("topology") is not None:
-        return _build_multi_agent(cfg)
-    if cfg.get("data") is None:
-        env = _build(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
-        node, policy = _protocol_and_policy(cfg, env.dim)
-        extra = {}
-        if node.get("partition", "absent") is None and getattr(env, "partition", None) is not None:
-            extra["partition"] = list(env.partition)  # a logged dataset's parties (fedrec.envs.replay)
-        if _accepts(node, "protocol", "policy"):
-            extra["policy"] = policy  # protocols with a pluggable local model (FCLUB's are their own)
-        protocol = _build(node, "protocol", num_clients=env.num_clients, dim=env.dim, replicates=cfg.replicates,
-                          seed=cfg.seed, **extra)
-        return _build(cfg.task, "task", env=env, protocol=protocol)
-    if cfg.replicates != 1:
-        raise ConfigError(f"replicates: federated recommendation runs one replicate (got {cfg.replicates}); "
-                          "sweep seeds with -m seed=0,1,2 instead")
-    import torch
-
-    data = _build(cfg.data, "data", seed=cfg.seed, rounds=cfg.task.rounds)
-    torch.manual_seed(cfg.seed)  # model initialisation
-    model = _build(cfg.model, "model", num_users=data.num_users, num_items=data.num_items)
-    privacy = None
-    if cfg.get("privacy") is not None and cfg.privacy.get("mechanism") != "none":
-        privacy = _build(cfg.privacy, "privacy", num_clients=data.num_clients)
-    aggregator = _build(cfg.aggregator, "aggregator")
-    return _build(cfg.task, "task", data=data, model=model, aggregator=aggregator, privacy=privacy, seed=cfg.seed)
 
 
 def identity_config(cfg: DictConfig) -> dict[str, Any]:
@@ -275,75 +160,20 @@ def _whole(value: Any) -> bool:
 
 
 def check_run_fields(cfg: DictConfig) -> None:
-    """The top-level fields and the groups that fit the task kind, before anything runs (errors name the field):
-    bandit runs (``env``) take no ``data``, and a ``privacy`` group only with a ``topology`` (Fed_UCB; FCLUB's
-    privacy is ``protocol.epsilon``); recommendation runs (``data``) take no ``env`` or ``protocol``."""
+    """The top-level fields and the groups every run needs, before anything runs (errors name the field); the
+    groups of the task's kind are checked by :func:`fedrec.build.check_groups`."""
     seed = cfg.get("seed")
     if not _whole(seed) or seed < 0:
         raise ConfigError(f"seed: must be an integer >= 0, got {seed!r}")
     threads = cfg.get("num_threads")
     if threads is not None and (not _whole(threads) or threads < 1):
         raise ConfigError(f"num_threads: must be an integer >= 1 or null, got {threads!r}")
-    if cfg.get("data") is not None:
-        for group in ("env", "protocol"):
-            if cfg.get(group) is not None:
-                raise ConfigError(f"data: a run takes either a dataset (data=, recommendation) or env and protocol "
-                                  f"(bandits), got data={cfg.data.get('name', '…')} and a {group} group")
-    elif cfg.get("privacy") is not None and cfg.get("topology") is None:
-        mechanism = cfg.privacy.get("mechanism") if isinstance(cfg.privacy, DictConfig) else cfg.privacy
-        if mechanism != "none":
-            raise ConfigError(f"privacy: {mechanism} applies to recommendation runs (data=...) and to decentralised "
-                              "protocols (privacy=tree_laplace with a topology); bandit protocols here take none "
-                              "(CDP-FCLUB-DC: protocol.epsilon)")
-
-
-def check_groups(cfg: DictConfig) -> None:
-    """The config groups the run's kind needs are there (not removed with ``~env``, ``~model``, ...) and
-    ``download_data`` is a flag, before anything runs (errors name the group or field)."""
-    kind = "recommendation" if cfg.get("data") is not None else "bandit"
-    for group in REQUIRED_GROUPS[kind]:
-        if cfg.get(group) is None:
-            what = "a recommendation run (data=...)" if kind == "recommendation" else "a bandit run (no data group)"
-            raise ConfigError(f"{group}: {what} needs the {group} group ({group}=NAME, a file of conf/{group}/)")
     if not isinstance(cfg.get("download_data", False), bool):
         raise ConfigError(f"download_data: must be true or false, got {cfg.download_data!r}")
-
-
-def run_dataset(cfg: DictConfig) -> tuple[str, str, Path] | None:
-    """(config group, name, data directory) of the downloadable dataset the run reads (:mod:`fedrec.data.download`):
-    its ``data`` group's, or the ``dataset`` its environment's class declares; None for other runs."""
-    from fedrec.data.download import REGISTRY
-
-    key = "data" if cfg.get("data") is not None else "env"
-    node = cfg.get(key)
-    if key == "data":
-        name = node.get("name")
-    else:
-        target = node.get("_target_")
-        name = None if target is None else getattr(get_class(str(target)), "dataset", None)
-    if name not in REGISTRY or node.get("data_dir") is None:
-        return None
-    return key, str(name), Path(str(node.data_dir))
-
-
-def build_task_fetching_data(cfg: DictConfig) -> Any:
-    """:func:`build_task`; if the dataset it reads is missing, download it first with ``download_data=true`` (a
-    message and a progress bar on stderr), else raise a DatasetNotFoundError naming the flag and the download command.
-    A failed download is a DatasetNotFoundError too (the run cannot get its data), naming the config group."""
-    try:
-        return build_task(cfg)
-    except DatasetNotFoundError:
-        from fedrec.data.download import DownloadError, ensure_dataset, missing_files
-
-        dataset = run_dataset(cfg)
-        if dataset is None or not missing_files(*dataset[1:]):  # another file is missing: the loader's message
-            raise
-        key, name, data_dir = dataset
-        try:
-            ensure_dataset(name, data_dir, download=cfg.get("download_data", False))
-        except (DatasetNotFoundError, DownloadError) as e:
-            raise DatasetNotFoundError(f"{key}: {e}") from e
-    return build_task(cfg)
+    for group in RUN_GROUPS:
+        if cfg.get(group) is None:
+            raise ConfigError(f"{group}: a run needs the {group} group ({group}=NAME, a file of conf/{group}/)")
+    check_groups(cfg)
 
 
 def run_title(name: str, overrides: Sequence[str]) -> str:
@@ -367,7 +197,6 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     from hydra.core.hydra_config import HydraConfig
 
     check_run_fields(cfg)
-    check_groups(cfg)
     if output_dir is None:
         output_dir = HydraConfig.get().runtime.output_dir
     out = Path(output_dir)
@@ -386,7 +215,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
         task = build_task_fetching_data(cfg)
     check_shardable(task, devices)  # before launching any process
     is_private = getattr(task, "is_private_metric", None)  # tasks whose metrics may come from clients' raw data
-    planner = _build(cfg.planner, "planner") if cfg.get("planner") is not None else None
+    planner = instantiate_group(cfg.planner, "planner") if cfg.get("planner") is not None else None
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []  # none without Hydra's CLI
     results = RunResults(cfg, out, planner, is_private, run_title(str(cfg.name), overrides))
     trainer = FederatedTrainer(

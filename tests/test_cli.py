@@ -213,8 +213,8 @@ MISFITS = [  # (overrides, the field the one-line error names): top-level fields
     (("num_threads=-2",), "num_threads"),
     (("data=ml100k",), "data"),
     (("privacy=gaussian",), "privacy"),
-    (("+experiment=fedgnn_ml100k", "protocol=async", "task.rounds=1"), "data"),
-    (("+experiment=fedgnn_ml100k", "env=synthetic", "task.rounds=1"), "data"),
+    (("+experiment=fedgnn_ml100k", "protocol=async", "task.rounds=1"), "protocol"),  # the group the task cannot use
+    (("+experiment=fedgnn_ml100k", "env=synthetic", "task.rounds=1"), "env"),
 ]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.cli import run_dataset
+from fedrec.build import RunDataset, run_dataset
 from fedrec.data import download as dl
 from fedrec.data import read_ratings
 from fedrec.data.__main__ import main
@@ -360,4 +360,4 @@ def test_run_without_its_dataset_is_one_error_line(
 def test_a_run_knows_the_dataset_it_reads(tmp_path: Path, experiment: str, dataset: tuple[str, str] | None,
                                           compose_cfg: Callable[..., DictConfig]) -> None:
     cfg = compose_cfg(f"+experiment={experiment}", f"data_dir={tmp_path}")
-    assert run_dataset(cfg) == (None if dataset is None else (*dataset, tmp_path))
+    assert run_dataset(cfg) == (None if dataset is None else RunDataset(*dataset, tmp_path))

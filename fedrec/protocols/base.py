@@ -107,6 +107,8 @@ class ProtocolModule(nn.Module):
     backends: tuple[str, ...] = ("compiled", "torch")
     #: every message's payload passes the channel's ``deliver`` (kernels that count messages in bulk do not)
     honours_channel: bool = True
+    #: the privacy mechanisms (``privacy`` config group names) it applies; others are refused
+    privacy_mechanisms: tuple[str, ...] = ()
 
     def __init__(self, replicates: int, seed: int, backend: str, endpoints: Mapping[str, int]) -> None:
         super().__init__()
@@ -181,6 +183,13 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
     max_agents_per_step: int | None = 1
     #: implements :meth:`replay` (offline evaluation on logged streams)
     supports_replay: bool = False
+    #: its clients run a pluggable local policy (the ``policy`` argument: LinUCB or LinTS)
+    takes_policy: bool = False
+
+    @classmethod
+    def world(cls, env: Any) -> dict[str, Any]:
+        """The arguments this protocol takes from the environment it plays: its clients and dimension."""
+        return {"num_clients": env.num_clients, "dim": env.dim}
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int = 1, seed: int = 0, backend: str = "auto",

@@ -18,6 +18,8 @@ class CentralizedLinUCB(StepProtocol):
     (``clients`` (R, S, A)): they act in agent order, each after the previous one's update.
     """
 
+    takes_policy = True
+
     max_agents_per_step = None
     supports_replay = True
 

@@ -32,6 +32,8 @@ class ClientServerLinUCB(StepProtocol):
     :attr:`kernel_settings`).
     """
 
+    takes_policy = True
+
     def __init__(
         self, num_clients: int, dim: int, replicates: int, policy: PolicyFactory | None, seed: int, backend: str,
         preregister: bool,

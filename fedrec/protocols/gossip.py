@@ -74,6 +74,7 @@ class GossipBandit(MultiAgentProtocol):
 
     #: the kernel counts the gossip exchanges straight into the ledger (their payloads never pass the channel)
     honours_channel = False
+    privacy_mechanisms = ("tree_laplace",)
 
     def __init__(
         self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0,
@@ -296,6 +297,8 @@ def _uniform_pick(candidates: Tensor, u: Tensor) -> Tensor:
 class GossipUCB(GossipBandit):
     """Gossip_UCB (Algorithm 1): UCB index ϑ + C of eq. 11, no privacy noise."""
 
+    privacy_mechanisms = ()  # ε = ∞ only
+
     def __init__(self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0, *,
                  consistency_fresh: bool = False, backend: str = "auto") -> None:
         super().__init__(topology, num_arms, horizon, replicates, seed, math.inf,
@@ -313,6 +316,8 @@ class LocalUCB(GossipBandit):
     """Our local-only baseline (spec §4.1 [PROP], not the paper's): UCB1 per agent, index X̃_{i,k} + sqrt(2 ln t /
     n_{i,k}), no communication (``mode="local"``); it converges to each agent's local best arm."""
 
+    privacy_mechanisms = ()  # ε = ∞ only
+
     def __init__(self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0, *,
                  backend: str = "auto") -> None:
         super().__init__(topology, num_arms, horizon, replicates, seed, mode="local", backend=backend)
@@ -322,6 +327,8 @@ class CentralUCB(GossipBandit):
     """Our centralised baseline (spec §4.1 [PROP], not the paper's): one UCB1 learner per replicate on the global
     means pulls one arm for all N agents each round, index (mean of all observations of k) + sqrt(2 ln t / Σ_i
     n_{i,k}) with the count in observations (``mode="central"``)."""
+
+    privacy_mechanisms = ()  # ε = ∞ only
 
     def __init__(self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0, *,
                  backend: str = "auto") -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +48,12 @@ class VerticalLinearBandit(CentralizedLinUCB):
     """
 
     max_agents_per_step = 1
+
+    @classmethod
+    def world(cls, env: Any) -> dict[str, Any]:
+        """Sizes, and the parties' column blocks of a logged dataset that defines them (``env.partition``)."""
+        partition = getattr(env, "partition", None)
+        return {**super().world(env), **({} if partition is None else {"partition": list(partition)})}
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int = 1, policy: PolicyFactory | None = None, seed: int = 0,

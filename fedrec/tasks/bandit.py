@@ -29,6 +29,8 @@ class BanditTask(FederatedTask):
     uniformly random policy, whose replay CTR converges to the mean click of the replayed events.
     """
 
+    kind = "bandit"
+
     def __init__(
         self, env: BanditEnv, protocol: StepProtocol, steps: int | None, steps_per_round: int = 100
     ) -> None:

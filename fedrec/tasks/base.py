@@ -13,6 +13,8 @@ class FederatedTask(ABC):
 
     #: rounds in a full run
     num_rounds: int = 0
+    #: how a config builds this task (a key of :data:`fedrec.build.BUILDERS`); None: built in Python only
+    kind: str | None = None
 
     def setup(self, trainer: Any) -> None:
         """Called once before the first round (also after a resume)."""

@@ -22,6 +22,8 @@ class MultiAgentTask(FederatedTask):
     communication.
     """
 
+    kind = "multi_agent"
+
     def __init__(self, env: MultiAgentMAB, protocol: MultiAgentProtocol, steps: int | None = None,
                  steps_per_round: int = 10_000) -> None:
         self.env, self.protocol = env, protocol

@@ -85,6 +85,8 @@ class FedRecTask(FederatedTask):
         seed: the run seed.
     """
 
+    kind = "recommendation"
+
     #: a run of several processes shards the clients (``trainer.devices``)
     supports_sharding = True
 

@@ -1,0 +1,258 @@
+"""Turn a composed config into a task: one builder per task kind, chosen by the ``kind`` that the class
+``task._target_`` names declares (:attr:`fedrec.tasks.FederatedTask.kind`).
+
+A builder instantiates the config groups its kind needs and wires them together from what the objects declare,
+never from class names or signatures: the sizes a protocol takes from its environment
+(:meth:`~fedrec.protocols.StepProtocol.world`), a local policy only for protocols that ``takes_policy``, the
+dataset an environment reads (``dataset``). Errors name the config group (``error: protocol: ...``).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from fedrec.errors import ConfigError, DatasetNotFoundError, check_int
+
+#: the config groups each task kind needs; groups of other kinds are refused
+GROUPS = {
+    "bandit": ("env", "protocol"),
+    "multi_agent": ("env", "protocol", "topology"),
+    "recommendation": ("data", "model", "aggregator"),
+}
+#: groups that belong to one kind only: a run of another kind refuses them
+_OWN = {"env", "protocol", "topology", "data", "model", "aggregator"}
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line."""
+    return re.sub(r"\s+", " ", str(e)).strip()
+
+
+def instantiate_group(node: DictConfig, key: str, **kwargs: Any) -> Any:
+    """Instantiate config ``node`` with ``kwargs``; errors name the config group ``key``."""
+    try:  # partial first: Hydra would turn dataclass arguments (e.g. RatingData) into configs
+        factory = instantiate(node, _partial_=True, _recursive_=False)
+    except InstantiationException as e:
+        raise ConfigError(f"{key}: {one_line(e)}") from e
+    try:
+        return factory(**kwargs)
+    except (ConfigError, DatasetNotFoundError) as e:
+        raise type(e)(f"{key}: {e}") from e
+    except TypeError as e:
+        if "argument" not in str(e):  # not a bad or missing config key: a genuine error
+            raise
+        raise ConfigError(f"{key}: {e}") from e
+
+
+def group_class(node: Any, key: str) -> type:
+    """The class a config group's ``_target_`` names (errors name the group)."""
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    if target is None:
+        raise ConfigError(f"{key}: the group builds nothing (it has no _target_)")
+    try:
+        return get_class(str(target))
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"{key}: cannot find the class {target!r} ({one_line(e)})") from e
+
+
+def task_kind(cfg: DictConfig) -> str:
+    """The kind of task ``cfg`` describes: what the class ``task._target_`` names declares."""
+    if cfg.get("task") is None:
+        raise ConfigError("task: a run needs the task group (task=NAME, a file of conf/task/)")
+    kind = getattr(group_class(cfg.task, "task"), "kind", None)
+    if kind not in BUILDERS:
+        raise ConfigError(f"task: {cfg.task._target_} declares no task kind fedrec builds (kind one of "
+                          f"{list(BUILDERS)}, got {kind!r})")
+    return kind
+
+
+def check_groups(cfg: DictConfig) -> None:
+    """The config groups the run's kind needs are there (not removed with ``~env``, ``~model``, ...) and those of
+    other kinds are absent, before anything is built (errors name the group)."""
+    kind = task_kind(cfg)
+    what = f"a {kind.replace('_', '-')} run (task={cfg.task._target_})"
+    for group in GROUPS[kind]:
+        if cfg.get(group) is None:
+            raise ConfigError(f"{group}: {what} needs the {group} group ({group}=NAME, a file of conf/{group}/)")
+    for group in sorted(_OWN - set(GROUPS[kind])):
+        if cfg.get(group) is not None:
+            raise ConfigError(f"{group}: {what} does not use the {group} group (remove it with ~{group}, or pick "
+                              f"the task of a run that uses it)")
+
+
+def build_task(cfg: DictConfig) -> Any:
+    """The task a config describes, built by its kind's builder."""
+    check_groups(cfg)
+    return BUILDERS[task_kind(cfg)](cfg)
+
+
+# ---------------------------------------------------------------------------------------------------- bandits
+def _policy_factory(node: DictConfig, dim: int, seed: int, key: str) -> Any:
+    """A policy node as a factory for a protocol, checked by building one row (errors name ``key``)."""
+    from fedrec.protocols.base import build_policy
+
+    try:
+        factory = instantiate(node, _partial_=True)
+        build_policy(factory, dim, (), seed)
+    except InstantiationException as e:
+        raise ConfigError(f"{key}: {one_line(e)}") from e
+    except ConfigError as e:
+        raise ConfigError(f"{key}: {str(e).removeprefix('policy: ')}") from e
+    return factory
+
+
+def _protocol_and_policy(cfg: DictConfig, dim: int) -> tuple[DictConfig, Any]:
+    """The protocol node and its policy factory: the protocol's own ``policy`` node when it has one (the vertical
+    protocols: VFUCB is LinUCB's, VFTS LinTS's), else the ``policy`` group."""
+    node, policy, key = cfg.protocol, cfg.get("policy"), "policy"
+    if "policy" in cfg.protocol:
+        policy, key = cfg.protocol.policy, "protocol.policy"
+        if not isinstance(policy, DictConfig) or "_target_" not in policy:
+            raise ConfigError(f"protocol.policy: {cfg.protocol.get('_target_')} takes no policy node of its own "
+                              f"(got {OmegaConf.to_container(policy) if isinstance(policy, DictConfig) else policy!r})")
+        node = OmegaConf.masked_copy(cfg.protocol, [k for k in cfg.protocol if k != "policy"])
+    return node, None if policy is None else _policy_factory(policy, dim, cfg.seed, key)
+
+
+def _from_world(node: DictConfig, world: Mapping[str, Any]) -> dict[str, Any]:
+    """What a protocol takes from its environment; a config value that contradicts it is refused."""
+    for field, value in world.items():
+        mine = node.get(field)
+        mine = OmegaConf.to_container(mine) if OmegaConf.is_config(mine) else mine
+        if mine is not None and mine != value:
+            raise ConfigError(f"protocol.{field}: the environment sets it to {value}, got {mine}")
+    return dict(world)
+
+
+def _privacy_mechanism(cfg: DictConfig) -> str | None:
+    """The ``privacy`` group's mechanism, None without one (or with privacy=none)."""
+    node = cfg.get("privacy")
+    mechanism = node.get("mechanism") if isinstance(node, DictConfig) else node
+    return None if mechanism in (None, "none") else str(mechanism)
+
+
+def _check_privacy(cls: type, mechanism: str | None) -> None:
+    """A protocol applies only the privacy mechanisms it declares (``privacy_mechanisms``)."""
+    if mechanism is not None and mechanism not in cls.privacy_mechanisms:
+        takes = " or ".join(f"privacy={m}" for m in cls.privacy_mechanisms) or "no privacy group"
+        raise ConfigError(f"privacy: {cls.__name__} takes {takes}, got privacy={mechanism}")
+
+
+def build_bandit(cfg: DictConfig) -> Any:
+    """A step-wise bandit run: the environment, then the protocol sized for it (with the local policy when the
+    protocol takes one), then the task."""
+    env = instantiate_group(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
+    cls = group_class(cfg.protocol, "protocol")
+    _check_privacy(cls, _privacy_mechanism(cfg))
+    node, policy = _protocol_and_policy(cfg, env.dim)
+    extra = _from_world(node, cls.world(env))
+    if getattr(cls, "takes_policy", False):
+        extra["policy"] = policy
+    protocol = instantiate_group(node, "protocol", replicates=cfg.replicates, seed=cfg.seed, **extra)
+    return instantiate_group(cfg.task, "task", env=env, protocol=protocol)
+
+
+def build_multi_agent(cfg: DictConfig) -> Any:
+    """Every agent of a topology acts every round: the environment, the graph, then the protocol with the
+    horizon T = ``task.steps`` (it enters the privacy calibration), then the task. ``privacy=tree_laplace`` gives
+    Fed_UCB its ε and noise options."""
+    import math
+
+    env = instantiate_group(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
+    topology = instantiate_group(cfg.topology, "topology")
+    cls = group_class(cfg.protocol, "protocol")
+    mechanism = _privacy_mechanism(cfg)
+    privacy: dict[str, Any] = {}
+    if mechanism is not None:
+        node = OmegaConf.to_container(cfg.privacy)
+        node.pop("mechanism")
+        if mechanism in cls.privacy_mechanisms:
+            privacy = node
+        elif mechanism == "tree_laplace" and not math.isinf(float(node["epsilon"])):
+            raise ConfigError(f"privacy.epsilon: {cls.__name__} adds no privacy noise, so it runs only at epsilon=inf; "
+                              "pick a protocol that takes privacy=tree_laplace (protocol=fed_ucb)")
+        else:  # tree_laplace at ε = ∞ adds no noise: any gossip protocol runs under it
+            _check_privacy(cls, None if mechanism == "tree_laplace" else mechanism)
+    horizon = check_int("task.steps", cfg.task.get("steps"))
+    protocol = instantiate_group(cfg.protocol, "protocol", topology=topology, num_arms=env.num_arms,
+                                 horizon=horizon, replicates=cfg.replicates, seed=cfg.seed, **privacy)
+    return instantiate_group(cfg.task, "task", env=env, protocol=protocol)
+
+
+# ------------------------------------------------------------------------------------------- recommendation
+def build_recommendation(cfg: DictConfig) -> Any:
+    """Round-based federated recommendation: the split ratings, the model sized for them (seeded first), client
+    DP for the data's clients, the aggregator, then the task."""
+    if cfg.replicates != 1:
+        raise ConfigError(f"replicates: federated recommendation runs one replicate (got {cfg.replicates}); "
+                          "sweep seeds with -m seed=0,1,2 instead")
+    import torch
+
+    data = instantiate_group(cfg.data, "data", seed=cfg.seed, rounds=cfg.task.rounds)
+    torch.manual_seed(cfg.seed)  # model initialisation
+    model = instantiate_group(cfg.model, "model", num_users=data.num_users, num_items=data.num_items)
+    privacy = None
+    if cfg.get("privacy") is not None and cfg.privacy.get("mechanism") != "none":
+        privacy = instantiate_group(cfg.privacy, "privacy", num_clients=data.num_clients)
+    aggregator = instantiate_group(cfg.aggregator, "aggregator")
+    return instantiate_group(cfg.task, "task", data=data, model=model, aggregator=aggregator, privacy=privacy,
+                             seed=cfg.seed)
+
+
+#: the builder of each task kind (:attr:`fedrec.tasks.FederatedTask.kind`)
+BUILDERS: dict[str, Callable[[DictConfig], Any]] = {
+    "bandit": build_bandit,
+    "multi_agent": build_multi_agent,
+    "recommendation": build_recommendation,
+}
+
+
+# -------------------------------------------------------------------------------------------------- datasets
+@dataclass(frozen=True)
+class RunDataset:
+    """The downloadable dataset a run reads (:data:`fedrec.data.download.REGISTRY`)."""
+
+    group: str  #: the config group that reads it (``data`` or ``env``)
+    name: str
+    data_dir: Path
+
+
+def run_dataset(cfg: DictConfig) -> RunDataset | None:
+    """The downloadable dataset the run reads: its ``data`` group's, or what its environment's class declares
+    (``dataset``); None for runs on generated data."""
+    from fedrec.data.download import REGISTRY
+
+    key = "data" if cfg.get("data") is not None else "env"
+    node = cfg.get(key)
+    if node is None:
+        return None
+    name = node.get("name") if key == "data" else getattr(group_class(node, "env"), "dataset", None)
+    if name not in REGISTRY or node.get("data_dir") is None:
+        return None
+    return RunDataset(key, str(name), Path(str(node.data_dir)))
+
+
+def build_task_fetching_data(cfg: DictConfig) -> Any:
+    """:func:`build_task`; if the dataset it reads is missing, download it first with ``download_data=true`` (a
+    message and a progress bar on stderr), else raise a DatasetNotFoundError naming the flag and the download
+    command. A failed download is a DatasetNotFoundError too (the run cannot get its data), naming the group."""
+    try:
+        return build_task(cfg)
+    except DatasetNotFoundError:
+        from fedrec.data.download import DownloadError, ensure_dataset, missing_files
+
+        dataset = run_dataset(cfg)
+        if dataset is None or not missing_files(dataset.name, dataset.data_dir):  # another file: the loader's text
+            raise
+        try:
+            ensure_dataset(dataset.name, dataset.data_dir, download=cfg.get("download_data", False))
+        except (DatasetNotFoundError, DownloadError) as e:
+            raise DatasetNotFoundError(f"{dataset.group}: {e}") from e
+    return build_task(cfg)
