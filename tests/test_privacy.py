@@ -379,8 +379,8 @@ def test_other_bad_arguments_are_rejected_by_name():
     acc = ClientAccountant(3, "gaussian")
     with pytest.raises(ConfigError, match="noise_multiplier"):
         acc.step(torch.tensor([1.0, 0.0, 1.0]))
-    with pytest.raises(ConfigError, match="participating"):
-        acc.step(1.0, torch.tensor([1, 0, 1]))
+    with pytest.raises(ConfigError, match="count must be a"):
+        acc.step(1.0, torch.tensor([2, 0, 1]))  # a client takes part in a round once or not at all
     acc.step(torch.tensor([1.0, 0.0, 1.0]), torch.tensor([True, False, True]))  # non-participants' levels unused
     assert acc.spent()[1].item() == 0.0 and acc.spent()[0].item() > 0
 
@@ -432,3 +432,24 @@ def test_client_accountant_is_a_registered_accountant_with_epsilon_at_any_delta(
     assert torch.equal(lap.epsilon(0.1), lap.spent())  # pure ε-DP: δ does not matter
     with pytest.raises(ConfigError, match="delta"):
         acc.epsilon(0.0)
+
+
+def test_every_accountant_steps_with_the_same_typed_signature():
+    """``Accountant.step(level, count)`` is one signature: a mechanism's level and how many runs it had (per client for
+    the per-client ledger: 0 or 1), so code written against the interface drives every registered ledger."""
+    import inspect
+
+    from fedrec.privacy.accountant import Accountant, ClientAccountant, GaussianRDPAccountant, LaplaceBasicAccountant
+
+    for cls in (GaussianRDPAccountant, LaplaceBasicAccountant, ClientAccountant):
+        assert list(inspect.signature(cls.step).parameters) == ["self", "level", "count"], cls
+    gauss, lap = GaussianRDPAccountant(delta=1e-5), LaplaceBasicAccountant()
+    gauss.step(2.0, 3)
+    lap.step(0.5, 3)
+    assert gauss.rho == pytest.approx(3 / (2 * 2.0 ** 2), rel=1e-15) and lap.epsilon() == 1.5
+    by_mask, by_count = (ClientAccountant(3, "laplace", epsilon_total=10.0) for _ in range(2))
+    by_mask.step(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([True, False, True]))
+    by_count.step(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1, 0, 1]))
+    assert torch.equal(by_mask.epsilon(), by_count.epsilon())
+    assert by_mask.epsilon().tolist() == [1.0, 0.0, 3.0]
+    assert issubclass(ClientAccountant, Accountant)

@@ -94,8 +94,9 @@ class Accountant(abc.ABC):
     or one per client for per-client ledgers), and the state round-trips through ``state_dict``."""
 
     @abc.abstractmethod
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        """Record mechanism runs; the first argument is their level (a noise multiplier, or an ε for Laplace)."""
+    def step(self, level: float | Tensor, count: int | Tensor = 1) -> None:
+        """Record ``count`` runs of a mechanism at ``level``: its noise multiplier (Gaussian) or its ε (Laplace).
+        A per-client ledger takes a level and a count per client (0 or 1: whether the client took part)."""
 
     @abc.abstractmethod
     def epsilon(self, delta: float | None = None) -> float | Tensor:
@@ -251,9 +252,9 @@ class GaussianRDPAccountant(Accountant):
         self.delta = None if delta is None else _check_delta(delta)
         self._history: dict[float, int] = {}
 
-    def step(self, noise_multiplier: float, count: int = 1) -> None:
-        """Record ``count`` Gaussian mechanisms with ``σ = noise_multiplier · sensitivity``."""
-        z = check_float("noise_multiplier", noise_multiplier, low=0.0, low_open=True)
+    def step(self, level: float, count: int = 1) -> None:
+        """Record ``count`` Gaussian mechanisms whose noise multiplier is ``level`` (σ = level · sensitivity)."""
+        z = check_float("noise_multiplier", level, low=0.0, low_open=True)
         self._history[z] = self._history.get(z, 0) + check_int("count", count, minimum=1)
 
     @property
@@ -286,9 +287,9 @@ class LaplaceBasicAccountant(Accountant):
     def __init__(self) -> None:
         self._history: dict[float, int] = {}
 
-    def step(self, epsilon: float, count: int = 1) -> None:
-        """Record ``count`` mechanisms that are each ``epsilon``-DP."""
-        e = check_float("epsilon", epsilon, low=0.0, low_open=True)
+    def step(self, level: float, count: int = 1) -> None:
+        """Record ``count`` mechanisms that are each ``level``-DP (pure ε)."""
+        e = check_float("epsilon", level, low=0.0, low_open=True)
         self._history[e] = self._history.get(e, 0) + check_int("count", count, minimum=1)
 
     def epsilon(self, delta: float | None = None) -> float:
@@ -419,7 +420,8 @@ class ClientAccountant(Accountant):
         eps, _ = rdp_analysis.get_privacy_spent(orders=orders, rdp=sum(curves), delta=delta)
         return float(eps)
 
-    def _check(self, levels: Tensor | float, participating: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _check(self, levels: Tensor | float, participating: Tensor | None, name: str = "participating"
+               ) -> tuple[Tensor, Tensor]:
         lv = torch.as_tensor(levels, dtype=torch.float64).detach().cpu()
         if lv.dim() == 0:
             lv = lv.expand(self.num_clients)
@@ -430,8 +432,10 @@ class ClientAccountant(Accountant):
             part = torch.ones(self.num_clients, dtype=torch.bool)
         else:
             part = torch.as_tensor(participating).detach().cpu()
+            if part.dtype != torch.bool and not part.dtype.is_floating_point and bool(((part == 0) | (part == 1)).all()):
+                part = part.bool()  # per-client counts of 0 or 1
             if part.dtype != torch.bool or part.shape != (self.num_clients,):
-                raise ConfigError(f"participating must be a ({self.num_clients},) bool tensor, "
+                raise ConfigError(f"{name} must be a ({self.num_clients},) bool tensor or counts of 0 and 1, "
                                   f"got {tuple(part.shape)} {part.dtype}")
         sel = lv[part]
         bad = ~(torch.isfinite(sel) & (sel > 0))
@@ -504,12 +508,13 @@ class ClientAccountant(Accountant):
     def _exceeding(self, lv: Tensor, part: Tensor) -> Tensor:
         return part & (self._epsilon_after(lv, part) > self.epsilon_total)
 
-    def step(self, levels: Tensor | float, participating: Tensor | None = None) -> None:
-        """Record one round: each participating client's level (noise multiplier or ε_t).
+    def step(self, level: Tensor | float, count: Tensor | None = None) -> None:
+        """Record one round: each client's level (noise multiplier or ε_t), for the clients whose ``count`` is 1
+        or True (they took part; None: all).
 
         Raises PrivacyBudgetExceeded (recording nothing) if a participating client would exceed its total.
         """
-        lv, part = self._check(levels, participating)
+        lv, part = self._check(level, count, "count")
         idx, keys, inv = self._next_groups(lv, part)
         if keys:
             capped = torch.isfinite(self.epsilon_total[idx])
