@@ -16,10 +16,10 @@ from test_fedrec import write_ml1m
 from fedrec.cli import run
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
-from fedrec.federation.aggregators import FedSGD
 from fedrec.models import FedGNN
 from fedrec.privacy import ClientDP
 from fedrec.privacy.client_dp import rdp_conversion_cost
+from fedrec.recsys import FedSGD
 from fedrec.rng import KeyedRows
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer

@@ -6,9 +6,9 @@ One round ``t`` (paper Fig. 1, steps ①–⑤):
    their item ids X^t (:meth:`FedRecTask.upload_items`);
 2. each client gets the round's budget, set by a callback through :meth:`FedRecTask.set_round_budget` (the
    planner hook) or else the uniform split; clients it would take past their total sit the round out;
-3. all clients compute their updates together (:func:`fedrec.federation.local.local_updates`), clip and noise
+3. all clients compute their updates together (:func:`fedrec.recsys.local.local_updates`), clip and noise
    ω and their real item rows (:class:`fedrec.privacy.ClientDP`), append FedGNN's synthesised pseudo rows and
-   shuffle their rows (:func:`fedrec.federation.local.upload_order`), so that neither position nor order tells
+   shuffle their rows (:func:`fedrec.recsys.upload.upload_order`), so that neither position nor order tells
    real items from pseudo ones; user rows stay on the client and are updated there;
 4. the channel counts the uploads, the aggregator combines them, the server optimiser steps and broadcasts;
 5. the model is evaluated on the test (and validation) ratings.
@@ -33,21 +33,15 @@ from torch import Tensor
 
 from fedrec.data.ratings import RatingData, Ratings
 from fedrec.errors import ConfigError, check_float, check_int
-from fedrec.federation.aggregators import AggregateSums, Aggregator, Uploads
 from fedrec.federation.channel import Channel
 from fedrec.federation.collective import Collective
-from fedrec.federation.local import (
-    RoundData,
-    local_updates,
-    pseudo_item_rows,
-    round_data,
-    sample_pseudo_items,
-    upload_item_ids,
-    upload_order,
-)
 from fedrec.metrics import metrics_from_sums, rating_sums
 from fedrec.models.recommender import FederatedRecommender
 from fedrec.privacy.client_dp import ClientDP
+from fedrec.recsys.aggregate import AggregateSums, Aggregator, Uploads
+from fedrec.recsys.data import RoundData, round_data
+from fedrec.recsys.local import local_updates
+from fedrec.recsys.upload import pseudo_item_rows, sample_pseudo_items, upload_item_ids, upload_order
 from fedrec.rng import stream_key
 from fedrec.tasks.base import FederatedTask
 
