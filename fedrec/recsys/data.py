@@ -2,7 +2,8 @@
 
 :class:`RoundData` holds one entry per rating and one *row* per (client, item) pair, i.e. per item-embedding row the
 client uploads; a client may hold several users (ML-1M). :func:`round_data` builds it from the ratings streamed so
-far; :meth:`RoundData.select` cuts out the clients one process of a sharded run computes.
+far, and :func:`shard_bounds` / :func:`shard` cut it into the contiguous client ranges the processes of a sharded
+run compute (:meth:`RoundData.select`).
 """
 from __future__ import annotations
 
@@ -118,3 +119,21 @@ def round_data(
     )
 
 
+
+def shard_bounds(data: RoundData, world_size: int, pseudo_items: int) -> list[tuple[int, int]]:
+    """Each process's clients of ``data``: ``world_size`` contiguous ranges of its clients with about equal work,
+    counted as ratings (the local graphs) plus uploaded rows, real and (``pseudo_items`` per client) pseudo."""
+    if world_size == 1:
+        return [(0, data.num_clients)]
+    cum = torch.cumsum(data.ratings_per_client() + data.rows_per_client() + pseudo_items, 0)
+    total = int(cum[-1]) if data.num_clients else 0
+    cuts = [0, *(int(torch.searchsorted(cum, total * r // world_size)) for r in range(1, world_size)),
+            data.num_clients]
+    cuts = [min(max(c, lo), data.num_clients) for c, lo in zip(cuts, [0] + cuts[:-1])]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def shard(data: RoundData, bounds: list[tuple[int, int]], rank: int) -> tuple[RoundData, int, int]:
+    """Process ``rank``'s part of ``data`` (of ``bounds``, :func:`shard_bounds`) and its client range."""
+    lo, hi = bounds[rank]
+    return (data if (lo, hi) == (0, data.num_clients) else data.select(lo, hi)), lo, hi

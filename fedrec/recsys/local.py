@@ -26,6 +26,13 @@ class LocalUpdates:
     users: Tensor  # (S, k) user rows (stay on the client)
     loss: Tensor  # (C,) each client's loss before its local steps
 
+    def flat_shared(self) -> Tensor:
+        """The ω updates flattened, one row per client: ``(C, P)``, the tensors in the model's order (P = 0 for
+        models without ω). This is what a client uploads for ω."""
+        num_clients = self.loss.shape[0]
+        if not self.shared:
+            return torch.zeros(num_clients, 0, device=self.rows.device)
+        return torch.cat([v.reshape(num_clients, -1) for v in self.shared.values()], 1)
 
 
 def client_losses(

@@ -2,18 +2,22 @@
 
 A client's upload is its ω update and one row per uploaded item: its real items' rows and, for FedGNN's
 pseudo-interacted items (spec §1.2), synthesised rows that look like real ones. :func:`sample_pseudo_items` draws
-the pseudo items and :func:`upload_item_ids` gives the item ids X^t (known before the round's budget is
-set); after privatisation, the synthesised pseudo rows (:func:`pseudo_item_rows`) are appended and every client's
-rows shuffled (:func:`upload_order`), so that neither position nor order tells real items from pseudo ones. Every draw comes from the client's own stream under the round's key, so a
+the pseudo items and :func:`upload_item_ids` / :func:`upload_matrix` give the item ids X^t (known before the
+round's budget is set); after privatisation, :func:`assemble_uploads` appends the pseudo rows
+(:func:`pseudo_item_rows`) and shuffles every client's rows (:func:`upload_order`), so that neither position nor
+order tells real items from pseudo ones. Every draw comes from the client's own stream under the round's key, so a
 client draws the same in any shard.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from fedrec.jit import jit
+from fedrec.recsys.aggregate import Uploads
 from fedrec.recsys.data import RoundData
 from fedrec.rng import KeyedRows, keyed_group_shuffle, keyed_sample_excluding
 
@@ -66,6 +70,18 @@ def _merge_upload_ids(clients: np.ndarray, row_start: np.ndarray, row_item: np.n
             q += 1 - take_real
 
 
+def upload_matrix(data: RoundData, pseudo: Tensor, valid: Tensor, num_clients: int, num_items: int) -> Any:
+    """X^t as a float64 ``scipy.sparse.csr_matrix`` (``num_clients`` × ``num_items``, 0/1): the items each client
+    of ``data`` uploads, real and (``valid``) pseudo. Each row's item ids are stored sorted, so the matrix is the
+    set of uploaded ids and nothing more."""
+    import scipy.sparse as sp
+
+    indptr, ids = upload_item_ids(data, pseudo, valid, num_clients)
+    X = sp.csr_matrix((np.ones(len(ids)), ids, indptr), shape=(num_clients, num_items))
+    X.has_sorted_indices = True
+    return X
+
+
 def pseudo_item_rows(rows: Tensor, row_client: Tensor, clients: Tensor, valid: Tensor, key: int) -> Tensor:
     """FedGNN's synthesised gradient rows for pseudo items: i.i.d. ``N(mean, std)`` of the non-zero entries of
     the client's real item rows ``rows`` (whatever the client uploads for them), so pseudo rows look like real
@@ -99,3 +115,29 @@ def upload_order(row_client: Tensor, clients: Tensor, key: int) -> Tensor:
     np.cumsum(np.bincount(rc, minlength=clients.numel()), out=indptr[1:])
     keyed_group_shuffle(np.uint64(key), clients.numpy(), indptr, order)
     return torch.from_numpy(order)
+
+
+def upload_scalars(data: RoundData, valid: Tensor, num_shared: int, dim: int) -> Tensor:
+    """``(C,)``: the scalars each client of ``data`` uploads: ω's ``num_shared``, and its real and (``valid``) pseudo
+    rows of ``dim`` values, each with its item id."""
+    return num_shared + (data.rows_per_client() + valid.sum(1)) * (dim + 1)
+
+
+def assemble_uploads(data: RoundData, shared: Tensor, rows: Tensor, pseudo: Tensor, valid: Tensor, rows_key: int,
+                     order_key: int, private: bool) -> Uploads:
+    """What the clients of ``data`` send: ω ``shared`` ``(C, P)``, and their real item ``rows`` (privatised, if
+    ``private``) with the pseudo rows of ``pseudo`` (``valid``) appended and every client's rows shuffled, so real
+    rows are not told apart by position. Rating counts go along only when not ``private`` (under DP they are
+    private: only the uploaded item ids are seen)."""
+    fake = pseudo_item_rows(rows.detach(), data.row_client, data.clients, valid, rows_key)
+    pc = torch.arange(data.num_clients).unsqueeze(1).expand_as(pseudo)[valid]
+    row_client = torch.cat([data.row_client, pc])
+    order = upload_order(row_client, data.clients, order_key)
+    return Uploads(
+        clients=data.clients,
+        shared=shared,
+        row_client=row_client[order],
+        row_item=torch.cat([data.row_item, pseudo[valid]])[order],
+        rows=torch.cat([rows, fake[valid]])[order],
+        num_ratings=None if private else data.ratings_per_client(),
+    )
