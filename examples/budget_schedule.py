@@ -25,10 +25,10 @@ import torch
 from torch import Tensor
 
 from fedrec.data import load_ratings
-from fedrec.federation.aggregators import FedSGD
 from fedrec.models import FedGNN
 from fedrec.planners import SchedulePlanner
 from fedrec.privacy import ClientDP
+from fedrec.recsys import FedSGD
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
 

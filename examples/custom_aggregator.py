@@ -1,6 +1,6 @@
 """A custom server aggregator for federated recommendation: the coordinate-wise median.
 
-An aggregator (``fedrec/federation/aggregators.py``) is called once per round with the clients' ``Uploads``
+An aggregator (``fedrec/recsys/aggregate.py``) is called once per round with the clients' ``Uploads``
 (ω updates, one row per client; item-row updates, one row per uploaded item with its client and item id) and
 returns ``(ω update, item ids, item-row updates)``; the task's server optimiser then steps on the result. The
 built-in ``FedSGD`` and ``FedAvg`` take weighted means. ``CoordinateMedian`` takes, coordinate by coordinate, the
@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from fedrec.data import RatingData, load_ratings
-from fedrec.federation.aggregators import Aggregator, FedSGD, Uploads
 from fedrec.models import FedGNN
+from fedrec.recsys import Aggregator, FedSGD, Uploads
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
 

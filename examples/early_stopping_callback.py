@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from fedrec.data import load_ratings
-from fedrec.federation.aggregators import FedSGD
 from fedrec.models import FedGNN
+from fedrec.recsys import FedSGD
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import Callback, FederatedTrainer
 

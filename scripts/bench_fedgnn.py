@@ -2,7 +2,7 @@
 
 Cases (one run, one JSON line each):
   round  the clients' computation of one round (943 clients: every gradient of ω, user rows and item rows),
-         batched (``fedrec.federation.local.local_updates``, one backward pass) vs the per-client reference
+         batched (``fedrec.recsys.local.local_updates``, one backward pass) vs the per-client reference
          loop (``tests/reference/fedrec_round.py``: PyG ``GATConv`` per user, autograd per client). Both see the same
          model and data; the largest gradient difference is printed. Also the whole batched round
          (``FedRecTask.run_round``: pseudo items, DP, aggregation, server step, evaluation).
@@ -28,10 +28,11 @@ from pathlib import Path
 import torch
 
 from fedrec.data import load_ratings
-from fedrec.federation.aggregators import FedSGD
-from fedrec.federation.local import local_updates, round_data
 from fedrec.models import FedGNN
 from fedrec.privacy import ClientDP
+from fedrec.recsys import FedSGD
+from fedrec.recsys.data import round_data
+from fedrec.recsys.local import local_updates
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
 from tests.reference.fedrec_round import reference_client_gradients

@@ -45,7 +45,7 @@ started = time.perf_counter()
 {prelude}
 import torch
 from fedrec.data import load_ratings
-from fedrec.federation.aggregators import FedSGD
+from fedrec.recsys import FedSGD
 from fedrec.models import FedGNN
 from fedrec.privacy import ClientDP
 from fedrec.tasks import FedRecTask

@@ -16,10 +16,11 @@ from test_fedrec import write_ml1m
 from fedrec.cli import run
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
-from fedrec.federation.aggregators import FedSGD
 from fedrec.models import FedGNN
 from fedrec.privacy import ClientDP
 from fedrec.privacy.client_dp import rdp_conversion_cost
+from fedrec.recsys import FedSGD
+from fedrec.recsys.privatize import privatize_uploads
 from fedrec.rng import KeyedRows
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
@@ -49,8 +50,8 @@ def test_noise_is_there_at_the_authors_scale(mechanism: str) -> None:
     (Kolmogorov–Smirnov against N(0, σ²) or Laplace(0, b), and the sample variance within its 99.9% band)."""
     dp = ClientDP(4, mechanism, epsilon=10.0, clip=CLIP, conventions="authors")
     budget = torch.full((4,), 0.1, dtype=torch.float64)
-    shared, rows = dp.privatize(torch.zeros(4, 3000), [1000, 2000], torch.zeros(4000, 8),
-                                torch.arange(4).repeat_interleave(1000), budget, torch.arange(4), key=0)
+    shared, rows = privatize_uploads(dp, torch.zeros(4, 3000), [1000, 2000], torch.zeros(4000, 8),
+                                     torch.arange(4).repeat_interleave(1000), budget, torch.arange(4), key=0)
     noise = torch.cat([shared.flatten(), rows.flatten()]).double().numpy()
     if mechanism == "gaussian":
         scale = math.sqrt(0.4)
@@ -77,7 +78,7 @@ def test_every_tensor_is_clipped_alone(mechanism: str) -> None:
     dp = ClientDP(3, mechanism, epsilon=10.0, clip=CLIP, conventions="authors")
     budget = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
     clients = torch.tensor([4, 9, 2])  # global ids: each client's noise comes from its own stream
-    got_shared, got_rows = dp.privatize(shared, sizes, rows, row_client, budget, clients, key=5)
+    got_shared, got_rows = privatize_uploads(dp, shared, sizes, rows, row_client, budget, clients, key=5)
     order = 2 if mechanism == "gaussian" else 1
 
     def clip(v: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ PUBLIC = (
     "fedrec.planners",
     "fedrec.privacy",
     "fedrec.protocols",
+    "fedrec.recsys",
     "fedrec.tasks",
     "fedrec.trainer",
 )

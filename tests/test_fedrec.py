@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
-from fedrec.federation.aggregators import Aggregator, FedAvg, FedSGD, Uploads
-from fedrec.federation.local import local_updates, pseudo_item_rows, round_data, sample_pseudo_items
 from fedrec.metrics import rating_metrics
 from fedrec.models import FedGNN, MatrixFactorization, StarGAT
 from fedrec.privacy import ClientDP, GaussianMechanism, LaplaceMechanism
+from fedrec.recsys import Aggregator, FedAvg, FedSGD, Uploads
+from fedrec.recsys.data import round_data
+from fedrec.recsys.local import local_updates
+from fedrec.recsys.upload import pseudo_item_rows, sample_pseudo_items
 from tests.reference.fedrec_round import reference_client_gradients
 
 

@@ -15,10 +15,12 @@ from test_fedrec import write_ml1m
 
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
-from fedrec.federation.aggregators import FedAvg, FedSGD
-from fedrec.federation.local import local_updates, round_data, sample_pseudo_items, upload_item_ids
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP, opacus_accountant
+from fedrec.recsys import FedAvg, FedSGD
+from fedrec.recsys.data import round_data
+from fedrec.recsys.local import local_updates
+from fedrec.recsys.upload import sample_pseudo_items, upload_item_ids
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import Callback, FederatedTrainer
 

@@ -14,9 +14,9 @@ from test_fedrec import write_ml1m
 
 from fedrec.data import load_ratings
 from fedrec.errors import ConfigError
-from fedrec.federation.aggregators import FedSGD
 from fedrec.models import FedGNN
 from fedrec.privacy import ClientDP
+from fedrec.recsys import FedSGD
 from fedrec.tasks import FedRecTask
 from fedrec.tasks.base import FederatedTask
 from fedrec.trainer import Callback, FederatedTrainer, torch_threads

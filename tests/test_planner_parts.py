@@ -18,7 +18,6 @@ from threadpoolctl import threadpool_info
 import fedrec.planners.bgtplanner as bgt
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
-from fedrec.federation.aggregators import FedSGD
 from fedrec.models import MatrixFactorization
 from fedrec.planners.bgtplanner import (
     DENSE_SIDE,
@@ -31,6 +30,7 @@ from fedrec.planners.bgtplanner import (
     upload_context,
 )
 from fedrec.privacy import ClientDP
+from fedrec.recsys import FedSGD
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
 

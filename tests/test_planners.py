@@ -15,9 +15,8 @@ from test_fedrec import write_ml1m
 
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
-from fedrec.federation.aggregators import FedSGD
 from fedrec.models import MatrixFactorization
-from fedrec.privacy import ClientDP
+from fedrec.planners import ADAPPlanner, ADPMLPlanner, UniformPlanner
 from fedrec.planners.bgtplanner import (
     BGTPlanner,
     RewardGP,
@@ -27,7 +26,8 @@ from fedrec.planners.bgtplanner import (
     solve_opt,
     upload_context,
 )
-from fedrec.planners import ADAPPlanner, ADPMLPlanner, UniformPlanner
+from fedrec.privacy import ClientDP
+from fedrec.recsys import FedSGD
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
 

@@ -21,12 +21,12 @@ from fedrec.cli import run
 from fedrec.data import RatingData, load_ratings
 from fedrec.envs.synthetic import LinearEnv
 from fedrec.errors import ConfigError
-from fedrec.federation.aggregators import Aggregator, FedSGD, Uploads
-from fedrec.federation.local import upload_order
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP, GaussianMechanism, LaplaceMechanism
 from fedrec.privacy.mechanisms import check_sensitivity
 from fedrec.protocols import AsyncLinUCB, paper_linucb
+from fedrec.recsys import Aggregator, FedSGD, Uploads
+from fedrec.recsys.upload import upload_order
 from fedrec.rng import KeyedRows, stream_key
 from fedrec.tasks import FedRecTask
 

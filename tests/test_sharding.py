@@ -28,16 +28,16 @@ from test_fedrec import write_ml1m
 
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
-from fedrec.federation.aggregators import AggregateSums, FedAvg, FedSGD, Uploads
-from fedrec.federation.local import _unique_inverse, round_data
+from fedrec.federation.collective import Collective
 from fedrec.metrics import metrics_from_sums, rating_metrics, rating_sums
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP
+from fedrec.recsys import AggregateSums, FedAvg, FedSGD, Uploads
+from fedrec.recsys.data import _unique_inverse, round_data
 from fedrec.rng import KeyedRows, keyed_group_shuffle, keyed_sample_excluding, rank_within
 from fedrec.sweeps import without_timings
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
-from fedrec.federation.collective import Collective
 from fedrec.trainer.distributed import check_distribution
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,6 @@
-"""Plumbing every protocol and task shares: the addressed channel and its ledger, topologies, aggregators and
-the clients' local updates of federated learning (protocols themselves are in :mod:`fedrec.protocols`).
+"""Plumbing every protocol and task shares: the addressed channel and its ledger, the processes of a run, and
+topologies (protocols themselves are in :mod:`fedrec.protocols`, the round of federated recommendation in
+:mod:`fedrec.recsys`).
 
 The channel and ledger load with the package; the other names load on first use (topologies need networkx).
 """
@@ -10,13 +11,8 @@ from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
 
 _LAZY, __getattr__ = lazy_exports(__name__, {
-    "AggregateSums": "aggregators",
     "Collective": "collective",
-    "Aggregator": "aggregators",
-    "FedAvg": "aggregators",
-    "FedSGD": "aggregators",
     "Topology": "topology",
-    "Uploads": "aggregators",
     "make_topology": "topology",
 })
 __all__ = sorted(["Channel", "CommLedger", *_LAZY])

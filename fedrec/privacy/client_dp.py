@@ -10,7 +10,8 @@ Budget units (what a budget callback such as a planner sets per round, spec bgtp
   gives ε_total at δ. ``rdp_alpha="auto"`` takes the order (among Opacus's default orders) at which a uniform
   split needs the least noise (α ≈ 3.5 at ε_total = 10, δ = 1e-5).
 
-Conventions (``conventions``, spec §1.4):
+Conventions (``conventions``, spec §1.4; a recommendation round's uploads are clipped and noised by
+:func:`fedrec.recsys.privatize.privatize_uploads`):
 
 * ``"paper"`` (the default): the above. Each client's whole upload (ω and its real item rows) is clipped once and
   noised at the round's level, and the accountant's ε never exceeds ε_total.
@@ -55,7 +56,7 @@ from fedrec.privacy.mechanisms import (
     check_sensitivity,
     rdp_noise_multiplier,
 )
-from fedrec.rng import KeyedRows, rank_within, stream_key
+from fedrec.rng import stream_key
 
 #: where privacy draws come from (see the module docstring)
 RNGS = ("reproducible", "secure")
@@ -108,7 +109,8 @@ def _orders_with(alpha: float | None) -> list[float] | None:
 
 
 class ClientDP:
-    """Clip-and-noise every client's upload and account each client's privacy (see the module docstring).
+    """A run's client-level DP: the mechanism that clips and noises uploads, each client's accountant and the
+    per-round budgets (see the module docstring).
 
     Args:
         num_clients: clients of the run.
@@ -219,27 +221,6 @@ class ClientDP:
         b = torch.as_tensor(budget, dtype=torch.float64)
         b = b.expand(participating.shape[0]) if b.dim() == 0 else b
         return bool(self.admissible(b, participating)[participating].all())
-
-    def privatize(self, shared: Tensor, tensor_sizes: list[int], rows: Tensor, row_client: Tensor,
-                  budget: Tensor, clients: Tensor, key: int) -> tuple[Tensor, Tensor]:
-        """Clip and noise a round's uploads: ``shared`` (one row per client: its ω tensors of ``tensor_sizes``
-        values each, concatenated) and ``rows`` (real item rows, row ``j`` of client ``row_client[j]``, each
-        client's rows in a fixed order), at each client's ``budget``. Paper: each client's whole upload clipped
-        once; authors: every tensor clipped alone, all noised at the full level. Client ``clients[c]`` draws its
-        noise from its stream under ``key``: ω takes draws 0..P−1, its j-th row the next k."""
-        levels = self.levels(budget)
-        mech = self.mechanism
-        P, k = shared.shape[1], (rows.shape[1] if rows.dim() > 1 else 1)
-        ids, row_owner = clients.cpu().numpy(), row_client.cpu().numpy()
-        sources = [KeyedRows(key, ids, 0), KeyedRows(key, ids[row_owner], P + k * rank_within(row_owner))]
-        if self.nominal is None:
-            (shared, rows), _ = mech.privatize_parts([shared, rows], [None, row_client], shared.shape[0], levels,
-                                                     sources)
-            return shared, rows
-        pieces = [mech.clip_rows(p) for p in shared.split(list(tensor_sizes), dim=1) if p.shape[1]]
-        shared = torch.cat(pieces, 1) if pieces else shared
-        return (mech.add_noise(shared, levels, sources[0]),
-                mech.add_noise(mech.clip_rows(rows), levels[row_client.cpu()], sources[1]) if rows.numel() else rows)
 
     def record(self, budget: Tensor, run: Tensor, tensors: Tensor | None = None) -> None:
         """Account a round at per-client ``budget`` for the clients in ``run``; ``tensors`` (authors'

@@ -3,15 +3,15 @@
 Each client is handled on its own, in a Python loop: its users' star graphs are built as PyG ``edge_index``
 tensors and run through ``torch_geometric.nn.GATConv`` (for FedGNN), the loss is the RMSE over the client's
 ratings, and plain autograd gives its gradients. Nothing is shared with the batched path in
-``fedrec.federation.local`` except the model's parameter values.
+``fedrec.recsys.local`` except the model's parameter values.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from fedrec.federation.local import RoundData
 from fedrec.models import FederatedRecommender, FedGNN
+from fedrec.recsys.data import RoundData
 
 
 def _gatconv(model: FedGNN) -> torch.nn.Module:

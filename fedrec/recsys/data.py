@@ -1,0 +1,139 @@
+"""A round's training data (step ① of the round): every participating client's ratings, flat and grouped by client.
+
+:class:`RoundData` holds one entry per rating and one *row* per (client, item) pair, i.e. per item-embedding row the
+client uploads; a client may hold several users (ML-1M). :func:`round_data` builds it from the ratings streamed so
+far, and :func:`shard_bounds` / :func:`shard` cut it into the contiguous client ranges the processes of a sharded
+run compute (:meth:`RoundData.select`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class RoundData:
+    """One round's training ratings of the participating clients, flat.
+
+    ``clients`` are global client ids; every other index is local: ``user_client`` and ``row_client`` index
+    ``clients``, ``entry_user`` indexes ``users``, ``entry_row`` indexes the rows. A *row* is one (client, item)
+    pair, i.e. one item-embedding row the client uploads; entries of two users of one client on the same item
+    share a row.
+    """
+
+    clients: Tensor  # (C,) global client ids, increasing
+    users: Tensor  # (S,) global user ids
+    user_client: Tensor  # (S,)
+    entry_user: Tensor  # (E,)
+    entry_row: Tensor  # (E,)
+    entry_rating: Tensor  # (E,) float32 in [0, 1]
+    row_client: Tensor  # (R,)
+    row_item: Tensor  # (R,) global item ids
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.clients.numel())
+
+    @property
+    def entry_client(self) -> Tensor:
+        return self.user_client[self.entry_user]
+
+    def ratings_per_client(self) -> Tensor:
+        return torch.bincount(self.entry_client, minlength=self.num_clients)
+
+    def rows_per_client(self) -> Tensor:
+        return torch.bincount(self.row_client, minlength=self.num_clients)
+
+    def to(self, device: torch.device | str) -> RoundData:
+        """The same data on ``device`` (itself when it is there already)."""
+        if self.clients.device == torch.device(device):
+            return self
+        return RoundData(**{f: getattr(self, f).to(device) for f in self.__dataclass_fields__})
+
+    def select(self, lo: int, hi: int) -> RoundData:
+        """The data of clients ``clients[lo:hi]`` alone (a shard), with local indices renumbered: entries and rows
+        are sorted by client, so theirs are slices; each client's rows keep their order."""
+        e0, e1 = (int(v) for v in torch.searchsorted(self.entry_client, torch.tensor([lo, hi])))
+        r0, r1 = (int(v) for v in torch.searchsorted(self.row_client, torch.tensor([lo, hi])))
+        keep = (self.user_client >= lo) & (self.user_client < hi)
+        new_user = torch.cumsum(keep.long(), 0) - 1
+        return RoundData(
+            clients=self.clients[lo:hi],
+            users=self.users[keep],
+            user_client=self.user_client[keep] - lo,
+            entry_user=new_user[self.entry_user[e0:e1]],
+            entry_row=self.entry_row[e0:e1] - r0,
+            entry_rating=self.entry_rating[e0:e1],
+            row_client=self.row_client[r0:r1] - lo,
+            row_item=self.row_item[r0:r1],
+        )
+
+
+def _unique_inverse(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_inverse=True)`` for keys in ``[0, bound)``: by a table over the key range when it is
+    small next to the keys (linear time), else by sorting."""
+    if bound > 8 * len(keys) + 4096:
+        return np.unique(keys, return_inverse=True)
+    present = np.bincount(keys, minlength=bound) > 0
+    unique = np.flatnonzero(present)
+    position = np.cumsum(present) - 1
+    return unique, position[keys]
+
+
+def round_data(
+    user: np.ndarray, item: np.ndarray, rating: np.ndarray, client_of_user: np.ndarray, num_items: int,
+    keep_client: np.ndarray | None = None,
+) -> RoundData:
+    """Group ratings by client (sorted by client, user, item). ``keep_client`` (bool per global client) drops the
+    ratings of clients that do not take part."""
+    user = np.asarray(user, dtype=np.int64)
+    client = np.asarray(client_of_user, dtype=np.int64)[user]
+    if keep_client is not None:
+        keep = np.asarray(keep_client, dtype=bool)[client]
+        user, item, rating, client = user[keep], np.asarray(item)[keep], np.asarray(rating)[keep], client[keep]
+    item = np.asarray(item, dtype=np.int64)
+    num_users = len(client_of_user)
+    key = torch.from_numpy((client * num_users + user) * num_items + item)  # (client, user, item) as one number
+    order = torch.sort(key, stable=True).indices.numpy()  # torch's stable sort: about twice numpy's speed
+    user, item, client = user[order], item[order], client[order]
+    first = np.r_[True, client[1:] != client[:-1]] if len(client) else np.zeros(0, dtype=bool)
+    clients, entry_client = client[first], np.cumsum(first) - 1  # clients are sorted: their runs give the ids
+    users = np.flatnonzero(np.bincount(user, minlength=num_users))  # the users present, by id
+    position = np.zeros(num_users, dtype=np.int64)
+    position[users] = np.arange(len(users))
+    entry_user = position[user]
+    rows, entry_row = _unique_inverse(entry_client * num_items + item, len(clients) * num_items)
+    t = torch.from_numpy
+    return RoundData(
+        clients=t(clients),
+        users=t(users),
+        user_client=t(np.searchsorted(clients, np.asarray(client_of_user, dtype=np.int64)[users])),
+        entry_user=t(entry_user.reshape(-1)),
+        entry_row=t(entry_row.reshape(-1)),
+        entry_rating=t(np.asarray(rating, dtype=np.float32)[order]),
+        row_client=t(rows // num_items),
+        row_item=t(rows % num_items),
+    )
+
+
+
+def shard_bounds(data: RoundData, world_size: int, pseudo_items: int) -> list[tuple[int, int]]:
+    """Each process's clients of ``data``: ``world_size`` contiguous ranges of its clients with about equal work,
+    counted as ratings (the local graphs) plus uploaded rows, real and (``pseudo_items`` per client) pseudo."""
+    if world_size == 1:
+        return [(0, data.num_clients)]
+    cum = torch.cumsum(data.ratings_per_client() + data.rows_per_client() + pseudo_items, 0)
+    total = int(cum[-1]) if data.num_clients else 0
+    cuts = [0, *(int(torch.searchsorted(cum, total * r // world_size)) for r in range(1, world_size)),
+            data.num_clients]
+    cuts = [min(max(c, lo), data.num_clients) for c, lo in zip(cuts, [0] + cuts[:-1])]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def shard(data: RoundData, bounds: list[tuple[int, int]], rank: int) -> tuple[RoundData, int, int]:
+    """Process ``rank``'s part of ``data`` (of ``bounds``, :func:`shard_bounds`) and its client range."""
+    lo, hi = bounds[rank]
+    return (data if (lo, hi) == (0, data.num_clients) else data.select(lo, hi)), lo, hi
