@@ -99,6 +99,8 @@ class ClientServerLinUCB(StepProtocol):
     kernel_settings: type[tuple]
 
     def _kernel_views(self) -> dict[str, tuple]:
+        """The kernel's structures after :class:`Steps`, in the order it takes them: the policy's parameters and rows,
+        the protocol's state and settings, the ledger's traffic (a subclass may append its own)."""
         ledger = self.channel.ledger
         traffic = {role: ledger.traffic(role) for role in ("client", "server")}
         settings = build(self.kernel_settings, self, bytes_per_scalar=self.channel.bytes_per_scalar,
@@ -167,7 +169,7 @@ class ClientServerLinUCB(StepProtocol):
                    event=event, row_of=self.row_of.numpy())
         v = self.kernel_views()
         while True:
-            kernel_call(kernel, io, v["params"], v["rows"], v["state"], v["settings"], v["traffic"])
+            kernel_call(kernel, io, *v.values())
             if not event.any():
                 break
             if (event < 0).any():

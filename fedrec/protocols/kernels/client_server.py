@@ -108,7 +108,7 @@ def record(sent: np.ndarray, sender: int, received: np.ndarray, receiver: int, r
 
 
 @jit
-def _act(r, s, row, io, p, pol, Ax, buffer, buffer_count, pending, pending_count, refresh) -> bool:
+def act(r, s, row, io, p, pol, Ax, buffer, buffer_count, pending, pending_count, refresh) -> bool:
     """Client row ``row`` plays step ``s`` of replicate ``r``: decide, update its statistics and upload buffer.
 
     A stale row is refactorised first (``refresh``: the paper's client) or absorbs its pending downloads with
@@ -177,7 +177,7 @@ def _async_replicate(r, io, p, pol, st, cfg, traffic):
                     break
                 _download(r, row, c, pol, st, cfg, traffic)
             st.registered[row] = True
-        if not _act(r, s, row, io, p, pol, Ax, st.buffer, st.buffer_count, st.pending, st.pending_count,
+        if not act(r, s, row, io, p, pol, Ax, st.buffer, st.buffer_count, st.pending, st.pending_count,
                     cfg.refresh_on_download):
             io.event[r] = -1
             break
@@ -212,13 +212,44 @@ def _async_run(io, p, pol, st, cfg, traffic):
 
 
 @jit
+def sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g):
+    """A global synchronisation of replicate ``r`` (Algorithm 4): every registered client uploads its buffer, then
+    downloads the aggregate V_g, factorised once (``L`` and ``inv_g`` are d × d scratch)."""
+    N = cfg.num_clients
+    d = pol.inv.shape[1]
+    scalars, bps = cfg.message_scalars, cfg.bytes_per_scalar
+    for c2 in range(N):  # every registered client uploads its buffer ...
+        j = io.row_of[r * N + c2]
+        if st.registered[j]:
+            st.server[r] += st.buffer[j]
+            st.server_count[r] += st.buffer_count[j]
+            record(traffic.client, c2, traffic.server, 0, r, UPLOAD, scalars, bps)
+    ld = cholesky_logdet(st.server[r, :d, :d], p.lam, L)
+    inverse_from_cholesky(L, inv_g)
+    for c2 in range(N):  # ... and downloads V_g
+        j = io.row_of[r * N + c2]
+        if st.registered[j]:
+            pol.G[j] = st.server[r]
+            pol.count[j] = st.server_count[r]
+            pol.inv[j] = inv_g
+            pol.logdet[j] = ld
+            pol.since_refactor[j] = 0
+            pol.stale[j] = False
+            st.synced_logdet[j] = ld
+            st.buffer[j] = 0.0
+            st.buffer_count[j] = 0
+            st.steps_since_sync[j] = 0
+            record(traffic.server, 0, traffic.client, c2, r, DOWNLOAD, scalars, bps)
+    st.sync_rounds[r] += 1
+
+
+@jit
 def _sync_replicate(r, io, p, pol, st, cfg, traffic):
     """Sync-LinUCB (Algorithm 4) in replicate ``r``: a global sync of all registered clients when
     Δt_i · log det ratio > D."""
     S = io.clients.shape[1]
     N = cfg.num_clients
     d = pol.inv.shape[1]
-    scalars, bps = cfg.message_scalars, cfg.bytes_per_scalar
     Ax = np.empty(d)
     L = np.empty((d, d))
     inv_g = np.empty((d, d))
@@ -228,7 +259,7 @@ def _sync_replicate(r, io, p, pol, st, cfg, traffic):
         c = io.clients[r, s]
         row = io.row_of[r * N + c]
         st.registered[row] = True
-        if not _act(r, s, row, io, p, pol, Ax, st.buffer, st.buffer_count, st.buffer, st.buffer_count, True):
+        if not act(r, s, row, io, p, pol, Ax, st.buffer, st.buffer_count, st.buffer, st.buffer_count, True):
             io.event[r] = -1
             break
         st.steps_since_sync[row] += 1
@@ -238,29 +269,7 @@ def _sync_replicate(r, io, p, pol, st, cfg, traffic):
         if cfg.stop_at_comm:
             io.event[r] = 1
             break
-        for c2 in range(N):  # every registered client uploads its buffer ...
-            j = io.row_of[r * N + c2]
-            if st.registered[j]:
-                st.server[r] += st.buffer[j]
-                st.server_count[r] += st.buffer_count[j]
-                record(traffic.client, c2, traffic.server, 0, r, UPLOAD, scalars, bps)
-        ld = cholesky_logdet(st.server[r, :d, :d], p.lam, L)
-        inverse_from_cholesky(L, inv_g)
-        for c2 in range(N):  # ... and downloads V_g (factorised once)
-            j = io.row_of[r * N + c2]
-            if st.registered[j]:
-                pol.G[j] = st.server[r]
-                pol.count[j] = st.server_count[r]
-                pol.inv[j] = inv_g
-                pol.logdet[j] = ld
-                pol.since_refactor[j] = 0
-                pol.stale[j] = False
-                st.synced_logdet[j] = ld
-                st.buffer[j] = 0.0
-                st.buffer_count[j] = 0
-                st.steps_since_sync[j] = 0
-                record(traffic.server, 0, traffic.client, c2, r, DOWNLOAD, scalars, bps)
-        st.sync_rounds[r] += 1
+        sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g)
     io.pos[r] = s
 
 
