@@ -2,6 +2,7 @@
 ``audit.json`` in the output folder; bad values and configurations it cannot audit are one ``error:`` line."""
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -100,3 +101,16 @@ def test_python_dash_m_fedrec_audit_runs(tmp_path: Path) -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr
     assert "ε ≥" in proc.stdout and (out / "audit.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_audit_script_writes_one_row_per_audit(tmp_path: Path) -> None:
+    out = tmp_path / "table"
+    proc = subprocess.run([sys.executable, "scripts/audit_privacy.py", "--scale", "0.01", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    assert proc.returncode == 0, proc.stderr
+    with open(out.with_suffix(".csv"), newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 18 and {r["trials per input"] for r in rows} == {"1,000", "10,000"}
+    assert all(0.0 <= float(r["ε lower bound (95%)"]) for r in rows)
+    assert out.with_suffix(".md").read_text(encoding="utf-8").count("\n| ") == 18

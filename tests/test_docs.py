@@ -29,6 +29,7 @@ PUBLIC = (
     "fedrec.models",
     "fedrec.planners",
     "fedrec.privacy",
+    "fedrec.privacy.audit",
     "fedrec.protocols",
     "fedrec.recsys",
     "fedrec.tasks",
