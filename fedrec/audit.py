@@ -67,7 +67,7 @@ def audit_config(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[
             rows=settings["rows"], width=model.embed_dim, rounds=settings["rounds"] or task.num_rounds,
             trials=settings["trials"], seed=cfg.seed, confidence=settings["confidence"],
             dtype=model.item_emb.dtype)
-    record = {**result.to_dict(), "experiment": cfg.name,
+    record = {**result.to_dict(), "experiment": cfg.name, "exceeds": result.exceeds,
               "threat_model": f"{result.mechanism}, {result.threat_model}"}
     out = Path(HydraConfig.get().runtime.output_dir if output_dir is None else output_dir)
     atomic_write_json(out / "audit.json", record)
@@ -79,7 +79,7 @@ def headline(record: dict[str, Any]) -> str:
     reported = f"reported ε = {record['epsilon_reported']:.4g}"
     if record.get("epsilon_nominal") is not None:
         reported = f"nominal ε = {record['epsilon_nominal']:.4g} (accountant: {record['epsilon_reported']:.4g})"
-    verdict = "EXCEEDS the reported ε" if record["epsilon_lower"] > record["epsilon_reported"] else "consistent"
+    verdict = "EXCEEDS the reported ε" if record["exceeds"] else "consistent"
     return (f"{record['experiment']}: ε ≥ {record['epsilon_lower']:.4g} at {record['confidence']:.0%} confidence "
             f"({record['trials']} trials per input) vs {reported} [{record['threat_model']}]: {verdict}")
 

@@ -89,8 +89,6 @@ __all__ = [
     "regenerated_tree_noise",
 ]
 
-#: the events a test may use: the score at or above a threshold, or below it
-EVENTS = (">=", "<")
 #: the most thresholds the selection half tries per statistic (ranks spaced geometrically from both tails)
 MAX_THRESHOLDS = 256
 #: scores are rounded to this many decimal digits below their largest magnitude (see "Floating point" above)
@@ -109,8 +107,8 @@ class AuditResult:
     """What an audit found: the ε lower bound and the test that gave it.
 
     ``trials`` counts the mechanism's runs on each of the two inputs; half of them chose the test, the other half
-    (``held_out``) gave the bound. ``rate_in``/``rate_out`` are the held-out frequencies of the chosen event in
-    the world it points to and in the other one.
+    (``held_out``) gave the bound. ``rate_in``/``rate_out`` are the held-out frequencies of the chosen event on D'
+    and on D.
     """
 
     epsilon_lower: float  #: the ε lower bound at ``confidence``
@@ -324,7 +322,7 @@ def one_run_epsilon_lower_bound(scores: Tensor, included: Tensor, guesses: int, 
     the mechanism runs once, and every canary gets a score. The auditor guesses "included" for the ``guesses``/2
     highest scores and "excluded" for the ``guesses``/2 lowest (a number fixed in advance) and abstains on the
     rest. If the mechanism is ε-DP with respect to each canary, the number of correct guesses is dominated by
-    Binomial(guesses, e^ε/(1 + e^ε)) (their Theorem 3.1 at δ = 0), so the ε whose success probability is the
+    Binomial(guesses, e^ε/(1 + e^ε)) (their main theorem at δ = 0), so the ε whose success probability is the
     one-sided Clopper–Pearson lower bound of the correct fraction, at ``confidence``, is a lower bound. Mechanisms
     with δ > 0 need the theorem's δ term, which is not implemented: audit them with many runs (:func:`audit`).
     """
