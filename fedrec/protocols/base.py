@@ -16,13 +16,14 @@ import functools
 import math
 from abc import ABCMeta, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from fedrec.bandits.linear import LinearBandit, LinTS, LinUCB
+from fedrec.envs.mab import MultiAgentMAB
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
@@ -30,9 +31,6 @@ from fedrec.federation.topology import Topology
 from fedrec.jit import HAVE_NUMBA, build
 from fedrec.protocols.kernels.checks import BAD_CLIENT, BAD_CONTEXT, BAD_REWARD, VALID, first_invalid
 from fedrec.protocols.kernels.linear import LinearParams, PolicyRows
-
-if TYPE_CHECKING:  # the environment's reward draws still live in the gossip kernel (a cycle at import time)
-    from fedrec.envs.mab import MultiAgentMAB
 
 BACKENDS = ("auto", "compiled", "torch")
 

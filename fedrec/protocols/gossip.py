@@ -18,23 +18,24 @@ rewards are drawn inside the step loop from the environment's counter-based stre
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from fedrec.envs.mab import MultiAgentMAB
 from fedrec.errors import ConfigError
 from fedrec.federation.topology import Topology
+from fedrec.jit import build
 from fedrec.privacy.accountant import LaplaceBasicAccountant
 from fedrec.privacy.tree import TreeLaplace, cached_noise, mark_records
 from fedrec.privacy.tree_noise import LAPLACE, node_noise_many
 from fedrec.protocols.base import MultiAgentProtocol, kernel_call
-from fedrec.protocols.kernels.gossip import CENTRAL, GOSSIP, GOSSIP_RUN, LOCAL
+from fedrec.protocols.kernels.gossip import (
+    CENTRAL, GOSSIP, GOSSIP_RUN, LOCAL, GossipSettings, GossipState, Graph, PeerTraffic, Rounds,
+)
 from fedrec.rng import KeyedRows, stream_key
-
-if TYPE_CHECKING:  # the environment imports this package's kernels for its reward draws
-    from fedrec.envs.mab import MultiAgentMAB
 
 
 #: ``mode`` of :class:`GossipBandit` → the kernel's code
@@ -177,8 +178,12 @@ class GossipBandit(MultiAgentProtocol):
         return {**super().summary(), "epsilon": self.epsilon}
 
     def _kernel_views(self) -> dict[str, tuple]:
-        state = tuple(b.numpy() for b in (self.n, self.ntil, self.x0, self.sums, self.xbar, self.theta))
-        return {"arrays": (*state, *(b.numpy() for b in self._noise_cache()), self.regret.numpy())}
+        noise = dict(zip(("noise_last", "noise_prev", "noise_node", "noise_value"), self._noise_cache()))
+        noise_empty = self.privacy is not None and self.privacy.noise_empty_intervals
+        settings = build(GossipSettings, self, mode=MODES[self.mode], noise_empty_intervals=noise_empty,
+                         bytes_per_scalar=self.channel.bytes_per_scalar)
+        return {"graph": build(Graph, self.topology), "settings": settings, "state": build(GossipState, self, **noise),
+                "traffic": build(PeerTraffic, {"client": self.ledger.traffic("client")})}
 
     def _noise_cache(self) -> tuple[Tensor, ...]:
         """Views of the noise buffers as the tree's caches, one row per stream (:meth:`_stream`): the (streams, L)
@@ -188,14 +193,11 @@ class GossipBandit(MultiAgentProtocol):
                 self.noise_value.view(-1, L, 1))
 
     def _play_compiled(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
-        topo = self.topology
         t0 = int(self.t)
-        noise_empty = self.privacy is not None and self.privacy.noise_empty_intervals
-        kernel_call(GOSSIP_RUN[self.replicates > 1], MODES[self.mode], t0, steps, t0 == 0, topo.indptr, topo.indices,
-                    topo.edges, self.key_choice, self.key_edge, self.key_noise, self.alpha1, self.width_factor,
-                    self.privacy_factor, self.privacy_log2, self.scale, noise_empty, self.consistency_fresh,
-                    *env.reward_spec(), np.ascontiguousarray(env.global_means), *self.kernel_views()["arrays"], arms.numpy(),
-                    self.ledger.traffic("client").numpy(), self.channel.bytes_per_scalar)
+        v = self.kernel_views()
+        rounds = Rounds(t0=t0, steps=steps, initialise=t0 == 0, arms=arms.numpy())
+        kernel_call(GOSSIP_RUN[self.replicates > 1], rounds, v["graph"], v["settings"], v["state"],
+                    env.reward_source(), v["traffic"])
         self.t += steps
 
     # ------------------------------------------------------------------------------------- torch reference
