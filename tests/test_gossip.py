@@ -257,6 +257,67 @@ def test_resume_equals_uninterrupted(backend: str) -> None:
         states_equal(whole, resumed, atol=0.0 if other == backend else 1e-10)
 
 
+def test_kernel_structures_are_views_of_the_buffers() -> None:
+    """The kernel takes the protocol's buffers, settings and ledger and the environment's reward source as named
+    structures of zero-copy views, so the kernel's in-place writes are the protocol's."""
+    env = MultiAgentMAB(4, 3, replicates=2, seed=1)
+    p = FedUCB(ring(4), 3, 50, replicates=2, privacy=TreeLaplace(1.0, noise_empty_intervals=True))
+    v = p.kernel_views()
+    assert np.shares_memory(v["state"].theta, p.theta.numpy())
+    assert np.shares_memory(v["state"].noise_value, p.noise_value.numpy()) and v["state"].noise_value.ndim == 3
+    assert np.shares_memory(v["traffic"].client, p.ledger.traffic("client").numpy())
+    assert np.shares_memory(v["graph"].edges, p.topology.edges)
+    assert v["settings"].scale == p.scale > 0 and v["settings"].noise_empty_intervals
+    assert np.shares_memory(env.reward_source().means, env.means)
+
+
+def _rename_buffer(p: GossipBandit, name: str) -> None:
+    p.register_buffer(name + "_", p._buffers.pop(name))
+
+
+def _rename_attribute(obj: object, name: str) -> None:
+    value = getattr(obj, name)
+    object.__delattr__(obj, name)  # Topology is a frozen dataclass
+    object.__setattr__(obj, name + "_", value)
+
+
+#: (how the protocol or environment is broken, the error naming the structure's field) for each gossip structure
+BROKEN = {
+    "Graph renamed": (lambda p, env: _rename_attribute(p.topology, "edges"),
+                      r"^Graph\.edges: Topology has no field 'edges'$"),
+    "Graph retyped": (lambda p, env: object.__setattr__(p.topology, "indptr", p.topology.indptr.astype(np.int32)),
+                      r"^Graph\.indptr: expected a int64 array of 1 dimension\(s\), got int32"),
+    "GossipSettings renamed": (lambda p, env: _rename_attribute(p, "alpha1"),
+                               r"^GossipSettings\.alpha1: FedUCB has no field 'alpha1'$"),
+    "GossipSettings retyped": (lambda p, env: setattr(p, "consistency_fresh", 1),
+                               r"^GossipSettings\.consistency_fresh: expected bool, got int 1$"),
+    "GossipState renamed": (lambda p, env: _rename_buffer(p, "ntil"),
+                            r"^GossipState\.ntil: FedUCB has no field 'ntil'$"),
+    "GossipState retyped": (lambda p, env: setattr(p, "n", p.n.double()),
+                            r"^GossipState\.n: expected a int64 array of 3 dimension\(s\), got float64"),
+    "PeerTraffic retyped": (lambda p, env: setattr(p.ledger, "traffic_client", p.ledger.traffic_client.int()),
+                            r"^PeerTraffic\.client: expected a int64 array of 5 dimension\(s\), got int32"),
+    "RewardSource renamed": (lambda p, env: _rename_attribute(env, "noise_std"),
+                             r"^RewardSource\.noise_std: MultiAgentMAB has no field 'noise_std'$"),
+    "RewardSource retyped": (lambda p, env: setattr(env, "pool_ptr", env.pool_ptr.astype(np.int32)),
+                             r"^RewardSource\.pool_ptr: expected a int64 array of 1 dimension\(s\), got int32"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_field_of_a_kernel_structure_fails_where_it_is_built(case: str) -> None:
+    """Each structure the gossip kernel takes is built by field name and checked: a field missing under its name or
+    of the wrong type stops the call with an error naming the field, before any round is played. (``Rounds`` is
+    made by the call itself from its arguments, as ``Steps`` is for the star protocols.)"""
+    env = MultiAgentMAB(4, 3, seed=1)
+    p = FedUCB(ring(4), 3, 50, privacy=TreeLaplace(1.0), backend="compiled")
+    breaks, message = BROKEN[case]
+    breaks(p, env)
+    with pytest.raises(TypeError, match=message):
+        p.play(env, 1)
+    assert int(p.t) == 0 and int(p.ledger.traffic("client").sum()) == 0
+
+
 # ----------------------------------------------------------------------------------------------------- behaviour
 def test_consensus_and_global_best_under_heterogeneity() -> None:
     """§6.14–15 ϑ agrees across agents and approaches the global means; every agent, including the one whose local
