@@ -131,18 +131,21 @@ def _from_world(node: DictConfig, world: Mapping[str, Any]) -> dict[str, Any]:
     return dict(world)
 
 
-def _privacy_mechanism(cfg: DictConfig) -> str | None:
-    """The ``privacy`` group's mechanism, None without one (or with privacy=none)."""
+def _privacy_mechanism(cfg: DictConfig) -> type | None:
+    """The class the ``privacy`` group builds, None without one (no group, no ``_target_``, or privacy=none)."""
     node = cfg.get("privacy")
-    mechanism = node.get("mechanism") if isinstance(node, DictConfig) else node
-    return None if mechanism in (None, "none") else str(mechanism)
+    if not isinstance(node, DictConfig) or node.get("_target_") is None or node.get("mechanism") == "none":
+        return None
+    return group_class(node, "privacy")
 
 
-def _check_privacy(cls: type, mechanism: str | None) -> None:
-    """A protocol applies only the privacy mechanisms it declares (``privacy_mechanisms``)."""
-    if mechanism is not None and mechanism not in cls.privacy_mechanisms:
-        takes = " or ".join(f"privacy={m}" for m in cls.privacy_mechanisms) or "no privacy group"
-        raise ConfigError(f"privacy: {cls.__name__} takes {takes}, got privacy={mechanism}")
+def _check_privacy(cls: type, mechanism: type | None) -> None:
+    """A protocol applies only the privacy mechanisms it declares (``privacy_mechanisms``: classes the ``privacy``
+    group may build, subclasses included)."""
+    if mechanism is not None and not issubclass(mechanism, cls.privacy_mechanisms):
+        takes = " or ".join(m.__name__ for m in cls.privacy_mechanisms)
+        applies = f"applies only {takes}" if takes else "applies no privacy mechanism"
+        raise ConfigError(f"privacy: {cls.__name__} {applies}, got {mechanism.__name__}")
 
 
 def build_bandit(cfg: DictConfig) -> Any:
@@ -161,25 +164,24 @@ def build_bandit(cfg: DictConfig) -> Any:
 
 def build_multi_agent(cfg: DictConfig) -> Any:
     """Every agent of a topology acts every round: the environment, the graph, then the protocol with the
-    horizon T = ``task.steps`` (it enters the privacy calibration), then the task. ``privacy=tree_laplace`` gives
-    Fed_UCB its ε and noise options."""
-    import math
+    horizon T = ``task.steps`` (it enters the privacy calibration), then the task. The ``privacy`` group's
+    mechanism (``privacy=tree_laplace``: :class:`~fedrec.privacy.TreeLaplace`) goes to the protocols that declare
+    it; the others run under ``tree_laplace`` only at ε = ∞, where it adds no noise."""
+    from fedrec.privacy import TreeLaplace
 
     env = instantiate_group(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
     topology = instantiate_group(cfg.topology, "topology")
     cls = group_class(cfg.protocol, "protocol")
     mechanism = _privacy_mechanism(cfg)
     privacy: dict[str, Any] = {}
-    if mechanism is not None:
-        node = OmegaConf.to_container(cfg.privacy)
-        node.pop("mechanism")
-        if mechanism in cls.privacy_mechanisms:
-            privacy = node
-        elif mechanism == "tree_laplace" and not math.isinf(float(node["epsilon"])):
+    if mechanism is not None and issubclass(mechanism, cls.privacy_mechanisms):
+        privacy["privacy"] = instantiate_group(cfg.privacy, "privacy")
+    elif mechanism is not None and issubclass(mechanism, TreeLaplace):
+        if instantiate_group(cfg.privacy, "privacy").adds_noise:
             raise ConfigError(f"privacy.epsilon: {cls.__name__} adds no privacy noise, so it runs only at epsilon=inf; "
                               "pick a protocol that takes privacy=tree_laplace (protocol=fed_ucb)")
-        else:  # tree_laplace at ε = ∞ adds no noise: any gossip protocol runs under it
-            _check_privacy(cls, None if mechanism == "tree_laplace" else mechanism)
+    else:
+        _check_privacy(cls, mechanism)
     horizon = check_int("task.steps", cfg.task.get("steps"))
     protocol = instantiate_group(cfg.protocol, "protocol", topology=topology, num_arms=env.num_arms,
                                  horizon=horizon, replicates=cfg.replicates, seed=cfg.seed, **privacy)

@@ -38,6 +38,7 @@ import torch
 import fedrec.protocols.gossip as gossip_module
 from fedrec.envs.mab import MultiAgentMAB
 from fedrec.federation.topology import Topology, complete, ring
+from fedrec.privacy import TreeLaplace
 from fedrec.protocols.gossip import FedUCB
 from tests.reference.gossip import RefGossipUCB
 
@@ -105,9 +106,9 @@ def warm() -> None:
     for replicates in (1, 2):
         env = MultiAgentMAB(3, 2, replicates, seed=args.seed)
         for eps in EPSILONS:
-            FedUCB(complete(3), 2, 64, replicates, args.seed, eps).play(env, 64)
+            FedUCB(complete(3), 2, 64, replicates, args.seed, TreeLaplace(eps)).play(env, 64)
             with serial_kernel():
-                FedUCB(complete(3), 2, 64, replicates, args.seed, eps).play(env, 64)
+                FedUCB(complete(3), 2, 64, replicates, args.seed, TreeLaplace(eps)).play(env, 64)
     RefGossipUCB(complete(3), 2, 64, 1.0, args.seed).play(MultiAgentMAB(3, 2, seed=args.seed), 64)
 
 
@@ -117,7 +118,7 @@ def compare(case: str, N: int, M: int, topology: Topology, eps: float) -> None:
     env = MultiAgentMAB(N, M, seed=args.seed)
     ref = RefGossipUCB(topology, M, horizon=T_long, epsilon=eps, seed=args.seed)
     ref_time, ref_arms = timed(lambda: np.array(ref.play(env, T)))
-    ours = FedUCB(topology, M, T_long, 1, args.seed, eps)
+    ours = FedUCB(topology, M, T_long, 1, args.seed, TreeLaplace(eps))
     ours_time, arms = timed(lambda: ours.play(env, T, return_arms=True))
     arms = arms[0].numpy()
     mismatch = np.flatnonzero((arms != ref_arms).any(axis=1))
@@ -132,7 +133,7 @@ def compare(case: str, N: int, M: int, topology: Topology, eps: float) -> None:
         "regret_mean_over_agents": round(float(np.mean(ref.regret)), 4),
     }
     if T_long > T:
-        long_run = FedUCB(topology, M, T_long, 1, args.seed, eps)
+        long_run = FedUCB(topology, M, T_long, 1, args.seed, TreeLaplace(eps))
         long_time, _ = timed(lambda: long_run.play(env, T_long))
         record.update({"long_steps": T_long, "long_ours_trial_steps_per_s": round(T_long / long_time, 1),
                        "long_ratio_vs_reference": round((T_long / long_time) / (T / ref_time), 1)})
@@ -144,9 +145,9 @@ def batched(case: str, N: int, M: int, topology: Topology, eps: float) -> float:
     R, T = args.c_replicates, args.c_steps
     env = MultiAgentMAB(N, M, R, seed=args.seed)
     with serial_kernel():
-        serial = FedUCB(topology, M, args.full_steps, R, args.seed, eps)
+        serial = FedUCB(topology, M, args.full_steps, R, args.seed, TreeLaplace(eps))
         serial_time, _ = timed(lambda: serial.play(env, T))
-    parallel = FedUCB(topology, M, args.full_steps, R, args.seed, eps)
+    parallel = FedUCB(topology, M, args.full_steps, R, args.seed, TreeLaplace(eps))
     parallel_time, _ = timed(lambda: parallel.play(env, T))
     rate = R * T / parallel_time
     emit({"case": f"c_batched_{case[2:]}", "N": N, "M": M, "epsilon": eps_name(eps), "replicates": R, "steps": T,

@@ -18,6 +18,7 @@ from fedrec.envs.mab import MultiAgentMAB
 from fedrec.errors import ConfigError
 from fedrec.federation.ledger import KINDS
 from fedrec.federation.topology import Topology, complete, gossip_matrix, path, ring
+from fedrec.privacy import TreeLaplace
 from fedrec.privacy.tree import dyadic_cover
 from fedrec.protocols.gossip import CentralUCB, FedUCB, GossipBandit, GossipUCB, LocalUCB
 
@@ -65,7 +66,7 @@ def test_mean_preservation_and_matrix_form(backend: str, epsilon: float) -> None
     """§6.3 mean_i ϑ = mean_i X̃ every round; eq. 9/13 ϑ(t) = W(t) ϑ(t−1) + X̃(t) − X̃(t−1) with the ledger's edge."""
     top = ring(5)
     env = MultiAgentMAB(5, 4, replicates=2, seed=1)
-    p = FedUCB(top, 4, 64, replicates=2, seed=2, epsilon=epsilon, backend=backend)
+    p = FedUCB(top, 4, 64, replicates=2, seed=2, privacy=TreeLaplace(epsilon), backend=backend)
     traj = trajectory(p, env, 60)
     for prev, cur in zip(traj[:-1], traj[1:]):
         torch.testing.assert_close(cur["theta"].mean(1), cur["xbar"].mean(1), atol=1e-12, rtol=0)
@@ -132,7 +133,7 @@ def test_lemmas_2_and_3(epsilon: float) -> None:
     for top, M in ((complete(3), 5), (ring(6), 3)):
         N = top.num_agents
         env = MultiAgentMAB(N, M, replicates=4, seed=N)
-        traj = trajectory(FedUCB(top, M, 400, replicates=4, seed=9, epsilon=epsilon), env, 400)
+        traj = trajectory(FedUCB(top, M, 400, replicates=4, seed=9, privacy=TreeLaplace(epsilon)), env, 400)
         seen = False
         for prev, cur in zip(traj[:-1], traj[1:]):
             n = prev["n"]
@@ -150,7 +151,7 @@ def test_dyadic_cover_noise_identity(noise_empty: bool) -> None:
     only, unless flagged), recomputed from the pull times; at most popcount(t) terms; cached noise is the node's."""
     N, M, T = 3, 3, 100
     env = MultiAgentMAB(N, M, replicates=2, seed=3)
-    p = FedUCB(complete(N), M, T, replicates=2, seed=4, epsilon=1.0, noise_empty_intervals=noise_empty,
+    p = FedUCB(complete(N), M, T, replicates=2, seed=4, privacy=TreeLaplace(1.0, noise_empty_intervals=noise_empty),
                backend="compiled")
     traj = trajectory(p, env, T)
     pulls: dict[tuple[int, int, int], list[int]] = {}
@@ -177,7 +178,7 @@ def test_laplace_scale_and_accounting() -> None:
     """§6.11 node noise is Laplace with b = ⌈log₂ T⌉/ε (variance 2b²); ε spent from the basic-composition tree
     accountant; the "levels" split spends at most ε."""
     T, eps = 1000, 2.0
-    p = FedUCB(complete(3), 4, T, seed=1, epsilon=eps)
+    p = FedUCB(complete(3), 4, T, seed=1, privacy=TreeLaplace(eps))
     b = math.ceil(math.log2(T)) / eps
     assert p.scale == pytest.approx(b)
     m = np.arange(1, 100_001)
@@ -185,8 +186,8 @@ def test_laplace_scale_and_accounting() -> None:
     assert z.var() == pytest.approx(2 * b * b, rel=0.03)
     assert stats.kstest(z, stats.laplace(scale=b).cdf).pvalue > 1e-3
     assert p.levels == 10 and torch.allclose(p.epsilon_spent(), torch.full((1, 3), eps, dtype=torch.float64))
-    assert FedUCB(complete(3), 4, 1024, epsilon=eps).epsilon_spent()[0, 0] > eps  # paper split at T = 2^10
-    assert FedUCB(complete(3), 4, 1024, epsilon=eps, laplace_split="levels").epsilon_spent()[0, 0] <= eps
+    assert FedUCB(complete(3), 4, 1024, privacy=TreeLaplace(eps)).epsilon_spent()[0, 0] > eps  # paper split at 2^10
+    assert FedUCB(complete(3), 4, 1024, privacy=TreeLaplace(eps, "levels")).epsilon_spent()[0, 0] <= eps
     assert math.isinf(GossipUCB(complete(3), 4, T).epsilon_spent()[0, 0])
 
 
@@ -201,7 +202,7 @@ def test_width_formula() -> None:
     assert gossip.alpha1 == 64 / 3**17
     prev = None
     for eps in (0.5, 1.0, 2.0, 5.0, math.inf):
-        fed = FedUCB(complete(N), 2, T, epsilon=eps)
+        fed = FedUCB(complete(N), 2, T, privacy=TreeLaplace(eps))
         ct = fed.width(n, t)
         nd = n.double()
         expect = torch.sqrt(2 * N * (128 * N * math.log(T) ** 2 * math.log(t) * torch.log(nd) / (nd**2 * eps**2)
@@ -219,16 +220,16 @@ def test_fed_ucb_at_infinity_is_gossip_ucb() -> None:
     """§6.12 the same seed gives the same trajectory (arms, ϑ, n, everything)."""
     env = MultiAgentMAB(10, 6, replicates=3, seed=2)
     g = GossipUCB(ring(10), 6, 500, replicates=3, seed=11)
-    f = FedUCB(ring(10), 6, 500, replicates=3, seed=11, epsilon=math.inf)
+    f = FedUCB(ring(10), 6, 500, replicates=3, seed=11, privacy=TreeLaplace(math.inf))
     assert torch.equal(g.play(env, 500, return_arms=True), f.play(env, 500, return_arms=True))
     states_equal(g, f)
 
 
 @pytest.mark.parametrize("flags", [
-    dict(epsilon=math.inf),
-    dict(epsilon=1.5),
-    dict(epsilon=0.7, noise_empty_intervals=True, consistency_fresh=True),
-    dict(epsilon=3.0, laplace_split="levels", privacy_log2=True),
+    dict(privacy=TreeLaplace(math.inf)),
+    dict(privacy=TreeLaplace(1.5)),
+    dict(privacy=TreeLaplace(0.7, noise_empty_intervals=True), consistency_fresh=True),
+    dict(privacy=TreeLaplace(3.0, laplace_split="levels"), privacy_log2=True),
 ])
 @pytest.mark.parametrize("replicates", [1, 3])
 def test_compiled_equals_torch(flags: dict, replicates: int) -> None:
@@ -244,7 +245,7 @@ def test_compiled_equals_torch(flags: dict, replicates: int) -> None:
 def test_resume_equals_uninterrupted(backend: str) -> None:
     """A state_dict taken mid-run and loaded into a fresh protocol continues bit for bit (also across backends)."""
     env = MultiAgentMAB(3, 4, replicates=2, seed=8)
-    kw = dict(replicates=2, seed=3, epsilon=1.0)
+    kw = dict(replicates=2, seed=3, privacy=TreeLaplace(1.0))
     whole = FedUCB(complete(3), 4, 256, backend=backend, **kw)
     whole.play(env, 200)
     half = FedUCB(complete(3), 4, 256, backend=backend, **kw)
@@ -254,6 +255,67 @@ def test_resume_equals_uninterrupted(backend: str) -> None:
         resumed.load_state_dict(half.state_dict())
         resumed.play(env, 123)
         states_equal(whole, resumed, atol=0.0 if other == backend else 1e-10)
+
+
+def test_kernel_structures_are_views_of_the_buffers() -> None:
+    """The kernel takes the protocol's buffers, settings and ledger and the environment's reward source as named
+    structures of zero-copy views, so the kernel's in-place writes are the protocol's."""
+    env = MultiAgentMAB(4, 3, replicates=2, seed=1)
+    p = FedUCB(ring(4), 3, 50, replicates=2, privacy=TreeLaplace(1.0, noise_empty_intervals=True))
+    v = p.kernel_views()
+    assert np.shares_memory(v["state"].theta, p.theta.numpy())
+    assert np.shares_memory(v["state"].noise_value, p.noise_value.numpy()) and v["state"].noise_value.ndim == 3
+    assert np.shares_memory(v["traffic"].client, p.ledger.traffic("client").numpy())
+    assert np.shares_memory(v["graph"].edges, p.topology.edges)
+    assert v["settings"].scale == p.scale > 0 and v["settings"].noise_empty_intervals
+    assert np.shares_memory(env.reward_source().means, env.means)
+
+
+def _rename_buffer(p: GossipBandit, name: str) -> None:
+    p.register_buffer(name + "_", p._buffers.pop(name))
+
+
+def _rename_attribute(obj: object, name: str) -> None:
+    value = getattr(obj, name)
+    object.__delattr__(obj, name)  # Topology is a frozen dataclass
+    object.__setattr__(obj, name + "_", value)
+
+
+#: (how the protocol or environment is broken, the error naming the structure's field) for each gossip structure
+BROKEN = {
+    "Graph renamed": (lambda p, env: _rename_attribute(p.topology, "edges"),
+                      r"^Graph\.edges: Topology has no field 'edges'$"),
+    "Graph retyped": (lambda p, env: object.__setattr__(p.topology, "indptr", p.topology.indptr.astype(np.int32)),
+                      r"^Graph\.indptr: expected a int64 array of 1 dimension\(s\), got int32"),
+    "GossipSettings renamed": (lambda p, env: _rename_attribute(p, "alpha1"),
+                               r"^GossipSettings\.alpha1: FedUCB has no field 'alpha1'$"),
+    "GossipSettings retyped": (lambda p, env: setattr(p, "consistency_fresh", 1),
+                               r"^GossipSettings\.consistency_fresh: expected bool, got int 1$"),
+    "GossipState renamed": (lambda p, env: _rename_buffer(p, "ntil"),
+                            r"^GossipState\.ntil: FedUCB has no field 'ntil'$"),
+    "GossipState retyped": (lambda p, env: setattr(p, "n", p.n.double()),
+                            r"^GossipState\.n: expected a int64 array of 3 dimension\(s\), got float64"),
+    "PeerTraffic retyped": (lambda p, env: setattr(p.ledger, "traffic_client", p.ledger.traffic_client.int()),
+                            r"^PeerTraffic\.client: expected a int64 array of 5 dimension\(s\), got int32"),
+    "RewardSource renamed": (lambda p, env: _rename_attribute(env, "noise_std"),
+                             r"^RewardSource\.noise_std: MultiAgentMAB has no field 'noise_std'$"),
+    "RewardSource retyped": (lambda p, env: setattr(env, "pool_ptr", env.pool_ptr.astype(np.int32)),
+                             r"^RewardSource\.pool_ptr: expected a int64 array of 1 dimension\(s\), got int32"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_field_of_a_kernel_structure_fails_where_it_is_built(case: str) -> None:
+    """Each structure the gossip kernel takes is built by field name and checked: a field missing under its name or
+    of the wrong type stops the call with an error naming the field, before any round is played. (``Rounds`` is
+    made by the call itself from its arguments, as ``Steps`` is for the star protocols.)"""
+    env = MultiAgentMAB(4, 3, seed=1)
+    p = FedUCB(ring(4), 3, 50, privacy=TreeLaplace(1.0), backend="compiled")
+    breaks, message = BROKEN[case]
+    breaks(p, env)
+    with pytest.raises(TypeError, match=message):
+        p.play(env, 1)
+    assert int(p.t) == 0 and int(p.ledger.traffic("client").sum()) == 0
 
 
 # ----------------------------------------------------------------------------------------------------- behaviour
@@ -277,7 +339,7 @@ def test_consensus_and_global_best_under_heterogeneity() -> None:
 def test_no_starvation_with_privacy() -> None:
     """§6.19 with the un-noised X(0) every arm is pulled again (no arm stays at n = 1), even at small ε."""
     env = MultiAgentMAB(3, 3, replicates=4, seed=0, means=HETERO)
-    p = FedUCB(complete(3), 3, 20_000, replicates=4, seed=2, epsilon=1.0)
+    p = FedUCB(complete(3), 3, 20_000, replicates=4, seed=2, privacy=TreeLaplace(1.0))
     p.play(env, 20_000)
     assert (p.n >= 2).all()
 
@@ -285,7 +347,8 @@ def test_no_starvation_with_privacy() -> None:
 def test_privacy_ordering() -> None:
     """§6.17 mean regret R(ε=1) > R(ε=2) > R(ε=5) > R(ε=∞) at every checkpoint of a small heterogeneous case."""
     env = MultiAgentMAB(3, 3, replicates=8, seed=1, means=HETERO)
-    ps = [FedUCB(complete(3), 3, 20_000, replicates=8, seed=2, epsilon=eps) for eps in (1.0, 2.0, 5.0, math.inf)]
+    ps = [FedUCB(complete(3), 3, 20_000, replicates=8, seed=2, privacy=TreeLaplace(eps))
+          for eps in (1.0, 2.0, 5.0, math.inf)]
     for _ in range(4):
         regrets = []
         for p in ps:
@@ -319,9 +382,9 @@ def test_bad_input_names_the_field() -> None:
         GossipUCB(complete(3), 3, 0)
     for eps in (0.0, -1.0, float("nan")):
         with pytest.raises(ConfigError, match="epsilon"):
-            FedUCB(complete(3), 3, 10, epsilon=eps)
+            FedUCB(complete(3), 3, 10, privacy=TreeLaplace(eps))
     with pytest.raises(ConfigError, match="laplace_split"):
-        FedUCB(complete(3), 3, 10, laplace_split="ln")
+        FedUCB(complete(3), 3, 10, privacy=TreeLaplace(laplace_split="ln"))
     with pytest.raises(ConfigError, match="env.num_arms"):
         GossipUCB(complete(3), 3, 10).play(MultiAgentMAB(3, 4), 1)
     with pytest.raises(ConfigError, match="steps"):
@@ -383,7 +446,7 @@ def test_baseline_bad_input() -> None:
     with pytest.raises(ConfigError, match="mode"):
         GossipBandit(complete(3), 3, 10, mode="federated")
     with pytest.raises(ConfigError, match="epsilon"):
-        GossipBandit(complete(3), 3, 10, epsilon=1.0, mode="local")
+        GossipBandit(complete(3), 3, 10, privacy=TreeLaplace(1.0), mode="local")
 
 
 def test_gossip_ucb_regret_is_sublinear_and_shared_by_the_agents() -> None:

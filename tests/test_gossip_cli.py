@@ -10,8 +10,11 @@ from typing import Callable
 import pytest
 from omegaconf import DictConfig
 
+from fedrec.build import _check_privacy
 from fedrec.cli import run
 from fedrec.errors import ConfigError, DatasetNotFoundError
+from fedrec.privacy import TreeLaplace
+from fedrec.protocols import FedUCB, GossipUCB
 
 QUICK = ("+experiment=gossip_synthetic_k3", "replicates=3", "task.steps=3000", "task.steps_per_round=500",
          "logger.tensorboard=false", "plots=false", "trainer.checkpoint_every=2")
@@ -47,6 +50,31 @@ def test_protocols_without_noise_run_only_at_infinite_epsilon(compose_cfg: Compo
     assert math.isfinite(s["cumulative_regret"])
     with pytest.raises(ConfigError, match=r"privacy\.epsilon.*fed_ucb"):
         run(compose_cfg(*QUICK, f"protocol={protocol}", "privacy.epsilon=1"), output_dir=tmp_path / "one")
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (("protocol=fed_ucb", "privacy=gaussian"), "privacy: FedUCB applies only TreeLaplace, got ClientDP"),
+    (("protocol=gossip_ucb", "privacy=laplace"), "privacy: GossipUCB applies no privacy mechanism, got ClientDP"),
+])
+def test_the_builder_refuses_a_mechanism_the_protocol_does_not_declare(compose_cfg: Compose, tmp_path: Path,
+                                                                       overrides: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        run(compose_cfg(*QUICK, *overrides), output_dir=tmp_path)
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_bandit_protocol_refuses_the_tree_mechanism_by_class(compose_cfg: Compose, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="^privacy: AsyncLinUCB applies no privacy mechanism, got TreeLaplace$"):
+        run(compose_cfg("privacy=tree_laplace", "task.steps=10"), output_dir=tmp_path)
+
+
+def test_privacy_mechanisms_are_classes_and_subclasses_qualify() -> None:
+    class Tighter(TreeLaplace):
+        """A mechanism that is a TreeLaplace."""
+
+    _check_privacy(FedUCB, Tighter)
+    with pytest.raises(ConfigError, match="^privacy: GossipUCB applies no privacy mechanism, got Tighter$"):
+        _check_privacy(GossipUCB, Tighter)
 
 
 @pytest.mark.parametrize(("override", "field"), [

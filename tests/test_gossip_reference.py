@@ -10,6 +10,7 @@ import pytest
 
 from fedrec.envs.mab import MultiAgentMAB
 from fedrec.federation.topology import complete
+from fedrec.privacy import TreeLaplace
 from fedrec.protocols.gossip import FedUCB
 from tests.reference.gossip import RefGossipUCB, dyadic_intervals
 
@@ -28,7 +29,7 @@ def test_reference_matches_fedrec(epsilon: float, backend: str) -> None:
     env = MultiAgentMAB(N, M, seed=3)
     ref = RefGossipUCB(complete(N), M, horizon=T, epsilon=epsilon, seed=5)
     ref_arms = np.array(ref.play(env, T))
-    ours = FedUCB(complete(N), M, T, replicates=1, seed=5, epsilon=epsilon, backend=backend)
+    ours = FedUCB(complete(N), M, T, replicates=1, seed=5, privacy=TreeLaplace(epsilon), backend=backend)
     arms = ours.play(env, T, return_arms=True)[0].numpy()
     mismatch = np.flatnonzero((arms != ref_arms).any(axis=1))
     assert mismatch.size == 0, f"first differing round: t = {mismatch[0] + 1}"

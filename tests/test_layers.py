@@ -30,14 +30,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fedrec",),  # the package itself (it imports nothing)
 )
 
-#: (importer, imported) pairs that break the layers today. Each entry is a leak still to close: remove it when the
-#: leak is fixed (the test fails until then), and never add one to make a new leak pass.
-EXPECTED_VIOLATIONS: set[tuple[str, str]] = {
-    # environments draw their rewards with the gossip protocols' compiled kernels (envs -> protocols)
-    ("fedrec.envs.mab", "fedrec.protocols.kernels.gossip"),
-    ("fedrec.envs.diabetes", "fedrec.protocols.kernels.gossip"),
-}
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "fedrec"
 
@@ -151,13 +143,7 @@ def test_every_module_has_a_layer_and_every_entry_a_module() -> None:
 
 def test_imports_follow_the_layers() -> None:
     found = violations(import_graph())
-    new, fixed = found - EXPECTED_VIOLATIONS, EXPECTED_VIOLATIONS - found
-    message = []
-    if new:
-        message.append(f"imports that break the layers of tests/test_layers.py:\n{describe(new)}")
-    if fixed:
-        message.append(f"fixed leaks still listed in EXPECTED_VIOLATIONS (remove them):\n{sorted(fixed)}")
-    assert not message, "\n".join(message)
+    assert not found, f"imports that break the layers of tests/test_layers.py:\n{describe(found)}"
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from fedrec.privacy import (
     LaplaceBasicAccountant,
     Node,
     TreeAggregator,
+    TreeLaplace,
     augmented_gram,
     dyadic_cover,
     fclub_node_sigma,
@@ -260,6 +261,43 @@ def test_laplace_epsilon_is_levels_times_node_epsilon(horizon):
     safe = TreeAggregator((), horizon, sensitivity=0.5, mechanism="laplace", epsilon=2.0, laplace_split="levels")
     assert safe.scale == pytest.approx(0.5 / (2.0 / levels), rel=1e-12)
     assert safe.epsilon() <= 2.0 and safe.epsilon() == pytest.approx(2.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("horizon", [1, 5, 8, 100, 1000, 1024])
+@pytest.mark.parametrize("split", ["paper", "levels"])
+def test_tree_laplace_scale_levels_and_accountant_are_the_closed_forms(horizon, split):
+    """b = Δ·c/ε with c = max(1, ⌈log₂ T⌉) (paper) or ⌊log₂ T⌋ + 1 (levels); ε spent = (⌊log₂ T⌋ + 1)·ε/c."""
+    levels = math.floor(math.log2(horizon)) + 1
+    c = max(1, math.ceil(math.log2(horizon))) if split == "paper" else levels
+    mechanism = TreeLaplace(2.0, split)
+    assert mechanism.adds_noise and mechanism.levels(horizon) == levels
+    for sensitivity in (1.0, 0.5):
+        assert mechanism.node_scale(horizon, sensitivity) == pytest.approx(sensitivity * c / 2.0, rel=1e-12)
+        acc = mechanism.accountant(horizon, sensitivity)
+        assert isinstance(acc, LaplaceBasicAccountant)
+        assert acc.epsilon() == pytest.approx(levels * 2.0 / c, rel=1e-12)
+    if split == "levels":
+        assert mechanism.accountant(horizon).epsilon() <= 2.0
+
+
+def test_tree_laplace_at_infinite_epsilon_adds_no_noise():
+    mechanism = TreeLaplace()
+    assert mechanism.epsilon == math.inf and not mechanism.adds_noise
+    assert mechanism.node_scale(1000) == 0.0 and mechanism.accountant(1000) is None
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"epsilon": 0.0}, "privacy.epsilon"),
+    ({"epsilon": -1.0}, "privacy.epsilon"),
+    ({"epsilon": math.nan}, "privacy.epsilon"),
+    ({"epsilon": "one"}, "privacy.epsilon"),
+    ({"laplace_split": "half"}, "privacy.laplace_split"),
+    ({"noise_empty_intervals": "yes"}, "privacy.noise_empty_intervals"),
+])
+def test_tree_laplace_refuses_bad_fields_in_one_line_naming_them(kwargs, field):
+    with pytest.raises(ConfigError, match=rf"^{field} must") as info:
+        TreeLaplace(**kwargs)
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("symmetric", [False, True])

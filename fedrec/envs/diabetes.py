@@ -13,8 +13,8 @@ Spec §4.3 [PROP]: a record with any Up/Down is dropped; a record goes to arm g 
 in group g, to arm 5 if none is, and is dropped if they span several groups. The reward is 1 iff
 ``readmitted == ">30"`` (NO and <30 are 0). The N = 3 hospitals are contiguous equal thirds of the raw rows in
 file order (``split="random"``: a seeded uniformly random partition). Agent i pulling arm k draws one of its
-records of arm k uniformly with replacement (the kernel's ``RECORDS`` reward kind); μ_{i,k} is the mean of that
-pool and μ_k = (1/N) Σ_i μ_{i,k}, the paper's global mean (not the pooled mean).
+records of arm k uniformly with replacement (the ``RECORDS`` reward kind of :mod:`fedrec.envs.rewards`); μ_{i,k}
+is the mean of that pool and μ_k = (1/N) Σ_i μ_{i,k}, the paper's global mean (not the pooled mean).
 
 ``SOURCES.md`` warns that ``max_glu_serum`` and ``A1Cresult`` hold the text ``None`` ("not measured"): every
 column is read as text with NA detection off (:func:`fedrec.tables.read_table`), so ``None`` stays a string.
@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from fedrec.envs.mab import MultiAgentMAB
+from fedrec.envs.rewards import RECORDS
 from fedrec.errors import ConfigError, check_file, check_int
-from fedrec.protocols.kernels.gossip import RECORDS
 from fedrec.seeding import numpy_generator
 from fedrec.tables import read_table
 

@@ -3,11 +3,11 @@
 
 Agent i observes a locally biased reward X_{i,k}(t) of mean μ_{i,k}; the global reward of arm k has the mean
 μ_k = (1/N) Σ_i μ_{i,k} (Zhu et al. §2). A reward is a pure function of (key, replicate, agent, arm, t) through
-:func:`fedrec.protocols.kernels.gossip.draw_reward`, so no (T × N × M) tensor is ever built and any round can be
-redrawn after a resume. An environment hands the kernel its :meth:`MultiAgentMAB.reward_spec`: a reward kind and
-the arrays that kind reads. ``GAUSSIAN`` (this module) reads ``means``; ``RECORDS`` reads per-(agent, arm) pools
-of observed rewards (``pool_ptr``, ``pool_values``) to sample from with replacement, for real-data environments
-that set them and their empirical ``means``.
+:func:`fedrec.envs.rewards.draw_reward`, so no (T × N × M) tensor is ever built and any round can be redrawn after
+a resume. An environment hands the kernel its :meth:`MultiAgentMAB.reward_source`: a reward kind and the arrays
+that kind reads. ``GAUSSIAN`` (this class) reads ``means``; ``RECORDS`` reads per-(agent, arm) pools of observed
+rewards (``pool_ptr``, ``pool_values``) to sample from with replacement, for real-data environments that set them
+and their empirical ``means``.
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from fedrec.envs.rewards import GAUSSIAN, RewardSource, draw_reward, rewards_many
 from fedrec.errors import ConfigError, check_float, check_int
-from fedrec.protocols.kernels.gossip import GAUSSIAN, RECORDS, draw_reward, rewards_many
+from fedrec.jit import build
 from fedrec.rng import stream_key
 from fedrec.seeding import numpy_generator
 
@@ -89,18 +90,21 @@ class MultiAgentMAB:
         """argmax_k μ_{i,k} per replicate and agent (R, N)."""
         return self.means.argmax(axis=2)
 
-    def reward_spec(self) -> tuple[Any, ...]:
-        """What the kernel's :func:`~fedrec.protocols.kernels.gossip.draw_reward` reads:
-        (kind, key, means, noise_std, pool_ptr, pool_values)."""
-        return (self.reward_kind, self.key, self.means, self.noise_std, self.pool_ptr, self.pool_values)
+    def reward_source(self) -> RewardSource:
+        """What :func:`~fedrec.envs.rewards.draw_reward` (and a step loop drawing rewards itself) reads, built by
+        field name from this environment's attributes at the first draw and kept (the reward arrays are fixed once
+        the environment is constructed; building and checking them costs several draws)."""
+        if self.__dict__.get("_reward_source") is None:
+            self._reward_source = build(RewardSource, self, global_means=np.ascontiguousarray(self.global_means))
+        return self._reward_source
 
     def reward(self, replicate: int, agent: int, arm: int, t: int) -> float:
         """X_{agent,arm}(t) of ``replicate`` (t = 0: the initialisation pull), exactly as the kernel draws it."""
-        return float(draw_reward(*self.reward_spec(), int(replicate), int(agent), int(arm), int(t)))
+        return float(draw_reward(self.reward_source(), int(replicate), int(agent), int(arm), int(t)))
 
     def rewards(self, arms: np.ndarray, t: int) -> np.ndarray:
         """The rewards of ``arms`` (R, N) at round t: (R, N)."""
-        return rewards_many(*self.reward_spec(), np.ascontiguousarray(arms, dtype=np.int64), int(t))
+        return rewards_many(self.reward_source(), np.ascontiguousarray(arms, dtype=np.int64), int(t))
 
 
-__all__ = ["GAUSSIAN", "RECORDS", "MultiAgentMAB"]
+__all__ = ["MultiAgentMAB"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
@@ -52,6 +53,7 @@ from fedrec.rng import stream_key
 __all__ = [
     "Node",
     "TreeAggregator",
+    "TreeLaplace",
     "augmented_gram",
     "cached_noise",
     "dyadic_cover",
@@ -164,6 +166,60 @@ def laplace_node_scale(epsilon: float, horizon: int, sensitivity: float, split: 
     while Fraction(delta_l1 / scale) * count > Fraction(eps):  # float rounding of Δ/ε'
         scale = math.nextafter(scale, math.inf)
     return scale
+
+
+@dataclass(frozen=True)
+class TreeLaplace:
+    """Laplace noise on the dyadic nodes of every stream, ε-DP per stream over a horizon (Fed_UCB's Algorithms
+    2–3, spec gossip.md §2.5–2.6): the ``privacy=tree_laplace`` config group.
+
+    Args:
+        epsilon: the total ε of a stream, > 0; ``inf`` adds no noise.
+        laplace_split: how ε is split over the nodes (:func:`laplace_node_scale`): ``"paper"`` ε' = ε/⌈log₂ T⌉
+            (AMBIG-5) or ``"levels"`` ε' = ε/(⌊log₂ T⌋ + 1).
+        noise_empty_intervals: also noise the dyadic nodes without a record of the stream (Alg. 3 literally;
+            default: the prose, AMBIG-7, which treats which records are present as public).
+    """
+
+    epsilon: float = math.inf
+    laplace_split: str = "paper"
+    noise_empty_intervals: bool = False
+
+    def __post_init__(self) -> None:
+        eps = check_float("privacy.epsilon", self.epsilon, low=0.0, low_open=True, allow_inf=True)
+        object.__setattr__(self, "epsilon", eps)
+        if self.laplace_split not in LAPLACE_SPLITS:
+            raise ConfigError(f"privacy.laplace_split must be one of {list(LAPLACE_SPLITS)}, "
+                              f"got {self.laplace_split!r}")
+        if not isinstance(self.noise_empty_intervals, bool):
+            raise ConfigError(f"privacy.noise_empty_intervals must be true or false, got "
+                              f"{self.noise_empty_intervals!r}")
+
+    @property
+    def adds_noise(self) -> bool:
+        """Whether the mechanism noises anything (ε < ∞)."""
+        return not math.isinf(self.epsilon)
+
+    @staticmethod
+    def levels(horizon: int) -> int:
+        """⌊log₂ T⌋ + 1: the most nodes one record touches over ``horizon`` records."""
+        return _levels(horizon)
+
+    def node_scale(self, horizon: int, sensitivity: float = 1.0) -> float:
+        """The Laplace scale b = Δ₁/ε' of every node for ``horizon`` records of L1 ``sensitivity``
+        (:func:`laplace_node_scale`); 0 when ε = ∞ (no noise)."""
+        if not self.adds_noise:
+            return 0.0
+        return laplace_node_scale(self.epsilon, horizon, sensitivity, self.laplace_split)
+
+    def accountant(self, horizon: int, sensitivity: float = 1.0) -> LaplaceBasicAccountant | None:
+        """What one record undergoes over ``horizon`` records: :meth:`levels` Laplace node mechanisms at
+        ε' = Δ₁/b each, by basic composition; None when ε = ∞ (nothing is noised)."""
+        if not self.adds_noise:
+            return None
+        acc = LaplaceBasicAccountant()
+        acc.step(sensitivity / self.node_scale(horizon, sensitivity), self.levels(horizon))
+        return acc
 
 
 def fclub_node_sigma(epsilon: float, delta: float, uploads: int) -> float:

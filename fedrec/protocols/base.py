@@ -16,13 +16,14 @@ import functools
 import math
 from abc import ABCMeta, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from fedrec.bandits.linear import LinearBandit, LinTS, LinUCB
+from fedrec.envs.mab import MultiAgentMAB
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
@@ -30,9 +31,6 @@ from fedrec.federation.topology import Topology
 from fedrec.jit import HAVE_NUMBA, build
 from fedrec.protocols.kernels.checks import BAD_CLIENT, BAD_CONTEXT, BAD_REWARD, VALID, first_invalid
 from fedrec.protocols.kernels.linear import LinearParams, PolicyRows
-
-if TYPE_CHECKING:  # the environment's reward draws still live in the gossip kernel (a cycle at import time)
-    from fedrec.envs.mab import MultiAgentMAB
 
 BACKENDS = ("auto", "compiled", "torch")
 
@@ -107,8 +105,8 @@ class ProtocolModule(nn.Module):
     backends: tuple[str, ...] = ("compiled", "torch")
     #: every message's payload passes the channel's ``deliver`` (kernels that count messages in bulk do not)
     honours_channel: bool = True
-    #: the privacy mechanisms (``privacy`` config group names) it applies; others are refused
-    privacy_mechanisms: tuple[str, ...] = ()
+    #: the privacy mechanisms it applies (the classes the ``privacy`` config group builds); others are refused
+    privacy_mechanisms: tuple[type, ...] = ()
 
     def __init__(self, replicates: int, seed: int, backend: str, endpoints: Mapping[str, int]) -> None:
         super().__init__()

@@ -18,23 +18,24 @@ rewards are drawn inside the step loop from the environment's counter-based stre
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedrec.errors import ConfigError, check_float
+from fedrec.envs.mab import MultiAgentMAB
+from fedrec.errors import ConfigError
 from fedrec.federation.topology import Topology
+from fedrec.jit import build
 from fedrec.privacy.accountant import LaplaceBasicAccountant
-from fedrec.privacy.tree import LAPLACE_SPLITS, cached_noise, laplace_node_scale, mark_records
+from fedrec.privacy.tree import TreeLaplace, cached_noise, mark_records
 from fedrec.privacy.tree_noise import LAPLACE, node_noise_many
 from fedrec.protocols.base import MultiAgentProtocol, kernel_call
-from fedrec.protocols.kernels.gossip import CENTRAL, GOSSIP, GOSSIP_RUN, LOCAL
+from fedrec.protocols.kernels.gossip import (
+    CENTRAL, GOSSIP, GOSSIP_RUN, LOCAL, GossipSettings, GossipState, Graph, PeerTraffic, Rounds,
+)
 from fedrec.rng import KeyedRows, stream_key
-
-if TYPE_CHECKING:  # the environment imports this package's kernels for its reward draws
-    from fedrec.envs.mab import MultiAgentMAB
 
 
 #: ``mode`` of :class:`GossipBandit` → the kernel's code
@@ -50,10 +51,8 @@ class GossipBandit(MultiAgentProtocol):
         horizon: T >= 1; it enters ε' = ε/⌈log₂ T⌉ and C̃, and bounds the rounds :meth:`play` may reach.
         replicates: independent trials run together.
         seed: keys the choice, edge and noise streams (:mod:`fedrec.protocols.kernels.gossip`).
-        epsilon: total privacy level ε > 0 (``inf``: no noise).
-        laplace_split: ``"paper"`` ε' = ε/⌈log₂ T⌉ (AMBIG-5) or ``"levels"`` ε' = ε/(⌊log₂ T⌋ + 1).
-        noise_empty_intervals: also noise dyadic intervals without a pull of the arm (Alg. 3 literally; default:
-            the prose, AMBIG-7).
+        privacy: the Laplace tree noise of Fed_UCB (its ε, split and empty-interval reading), one stream per
+            (agent, arm); None is ε = ∞, no noise.
         privacy_log2: use log₂ for the log²T · log t factor of C̃ (spec §2.2; default natural log everywhere).
         consistency_fresh: test the consistency rule against ñ(t+1) instead of ñ(t) (AMBIG-3 variant).
         mode: ``"gossip"`` (the paper's algorithms), or one of our baselines (spec §4.1 [PROP], ε = ∞ only):
@@ -74,29 +73,29 @@ class GossipBandit(MultiAgentProtocol):
 
     #: the kernel counts the gossip exchanges straight into the ledger (their payloads never pass the channel)
     honours_channel = False
-    privacy_mechanisms = ("tree_laplace",)
+    privacy_mechanisms = (TreeLaplace,)
 
     def __init__(
         self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0,
-        epsilon: float = math.inf, *, laplace_split: str = "paper", noise_empty_intervals: bool = False,
-        privacy_log2: bool = False, consistency_fresh: bool = False, mode: str = "gossip", backend: str = "auto",
+        privacy: TreeLaplace | None = None, *, privacy_log2: bool = False, consistency_fresh: bool = False,
+        mode: str = "gossip", backend: str = "auto",
     ) -> None:
         super().__init__(topology, num_arms, horizon, replicates, seed, backend)
-        self.epsilon = check_float("epsilon", epsilon, low=0.0, low_open=True, allow_inf=True)
+        if privacy is not None and not isinstance(privacy, TreeLaplace):
+            raise ConfigError(f"privacy must be a fedrec.privacy.TreeLaplace or None, got {type(privacy).__name__}")
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {list(MODES)}, got {mode!r}")
-        if mode != "gossip" and not math.isinf(self.epsilon):
-            raise ConfigError(f"epsilon must be inf for the {mode} baseline (it adds no noise), got {epsilon!r}")
+        if mode != "gossip" and privacy is not None and privacy.adds_noise:
+            raise ConfigError(f"privacy.epsilon must be inf for the {mode} baseline (it adds no noise), got "
+                              f"{privacy.epsilon!r}")
         self.mode = mode
-        if laplace_split not in LAPLACE_SPLITS:
-            raise ConfigError(f"laplace_split must be one of {list(LAPLACE_SPLITS)}, got {laplace_split!r}")
-        self.laplace_split = laplace_split
-        self.noise_empty_intervals = bool(noise_empty_intervals)
+        #: the tree noise (None: ε = ∞)
+        self.privacy = privacy
         self.privacy_log2 = bool(privacy_log2)
         self.consistency_fresh = bool(consistency_fresh)
         N, T = self.num_agents, self.horizon
         #: Laplace scale b = 1/ε' of every dyadic node (sensitivity 1); 0 for ε = ∞
-        self.scale = 0.0 if math.isinf(self.epsilon) else laplace_node_scale(self.epsilon, T, 1.0, laplace_split)
+        self.scale = 0.0 if privacy is None else privacy.node_scale(T)
         gossip = mode == "gossip"
         #: α₁ = 64/N¹⁷ of eq. 11/12 (0 for the baselines)
         self.alpha1 = 64.0 / N ** 17 if gossip else 0.0
@@ -104,8 +103,8 @@ class GossipBandit(MultiAgentProtocol):
         self.width_factor = 2.0 * N if gossip else 2.0
         log_T = math.log2(T) if self.privacy_log2 else math.log(T)
         #: P = 128 N log²T / ε² of eq. 12 (0 for ε = ∞)
-        self.privacy = 0.0 if math.isinf(self.epsilon) else 128.0 * N * log_T ** 2 / self.epsilon ** 2
-        self.levels = T.bit_length()
+        self.privacy_factor = 0.0 if math.isinf(self.epsilon) else 128.0 * N * log_T ** 2 / self.epsilon ** 2
+        self.levels = TreeLaplace.levels(T)
         self.key_choice = stream_key(self.seed, "gossip.choice")
         self.key_edge = stream_key(self.seed, "gossip.edge")
         self.key_noise = stream_key(self.seed, "gossip.noise")
@@ -120,14 +119,15 @@ class GossipBandit(MultiAgentProtocol):
         self.register_buffer("regret", torch.zeros(R, N, dtype=torch.float64))
 
     # ----------------------------------------------------------------------------------------------- privacy
+    @property
+    def epsilon(self) -> float:
+        """The ε of every (agent, arm) stream (``inf``: no noise)."""
+        return math.inf if self.privacy is None else self.privacy.epsilon
+
     def accountant(self) -> LaplaceBasicAccountant | None:
         """What one observation undergoes over the horizon: ⌊log₂ T⌋ + 1 Laplace node mechanisms at ε' = 1/b each
-        (basic composition, the tree accountant of :mod:`fedrec.privacy.tree`); None for ε = ∞."""
-        if self.scale == 0.0:
-            return None
-        acc = LaplaceBasicAccountant()
-        acc.step(1.0 / self.scale, self.levels)
-        return acc
+        (basic composition, :meth:`fedrec.privacy.TreeLaplace.accountant`); None for ε = ∞."""
+        return None if self.privacy is None else self.privacy.accountant(self.horizon)
 
     def epsilon_spent(self) -> Tensor:
         """ε of every agent (R, N): each of its per-arm streams is ε-DP by the tree, and an observation lies in one
@@ -144,8 +144,8 @@ class GossipBandit(MultiAgentProtocol):
         log_t_privacy = log_t / math.log(2.0) if self.privacy_log2 else log_t
         nd = n.to(torch.float64)
         inv = 1.0 / nd
-        return self.alpha1 + torch.sqrt(self.width_factor * (self.privacy * log_t_privacy * torch.log(nd) * inv * inv
-                                                             + inv) * log_t)
+        return self.alpha1 + torch.sqrt(self.width_factor * (self.privacy_factor * log_t_privacy * torch.log(nd) * inv
+                                                             * inv + inv) * log_t)
 
     def node_noise(self, replicate: Any, agent: Any, arm: Any, level: Any, index: Any) -> np.ndarray:
         """The Laplace noise of dyadic node (level, index) of stream (agent, arm), regenerated from the key
@@ -178,8 +178,12 @@ class GossipBandit(MultiAgentProtocol):
         return {**super().summary(), "epsilon": self.epsilon}
 
     def _kernel_views(self) -> dict[str, tuple]:
-        state = tuple(b.numpy() for b in (self.n, self.ntil, self.x0, self.sums, self.xbar, self.theta))
-        return {"arrays": (*state, *(b.numpy() for b in self._noise_cache()), self.regret.numpy())}
+        noise = dict(zip(("noise_last", "noise_prev", "noise_node", "noise_value"), self._noise_cache()))
+        noise_empty = self.privacy is not None and self.privacy.noise_empty_intervals
+        settings = build(GossipSettings, self, mode=MODES[self.mode], noise_empty_intervals=noise_empty,
+                         bytes_per_scalar=self.channel.bytes_per_scalar)
+        return {"graph": build(Graph, self.topology), "settings": settings, "state": build(GossipState, self, **noise),
+                "traffic": build(PeerTraffic, {"client": self.ledger.traffic("client")})}
 
     def _noise_cache(self) -> tuple[Tensor, ...]:
         """Views of the noise buffers as the tree's caches, one row per stream (:meth:`_stream`): the (streams, L)
@@ -189,13 +193,11 @@ class GossipBandit(MultiAgentProtocol):
                 self.noise_value.view(-1, L, 1))
 
     def _play_compiled(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
-        topo = self.topology
         t0 = int(self.t)
-        kernel_call(GOSSIP_RUN[self.replicates > 1], MODES[self.mode], t0, steps, t0 == 0, topo.indptr, topo.indices,
-                    topo.edges, self.key_choice, self.key_edge, self.key_noise, self.alpha1, self.width_factor,
-                    self.privacy, self.privacy_log2, self.scale, self.noise_empty_intervals, self.consistency_fresh,
-                    *env.reward_spec(), np.ascontiguousarray(env.global_means), *self.kernel_views()["arrays"], arms.numpy(),
-                    self.ledger.traffic("client").numpy(), self.channel.bytes_per_scalar)
+        v = self.kernel_views()
+        rounds = Rounds(t0=t0, steps=steps, initialise=t0 == 0, arms=arms.numpy())
+        kernel_call(GOSSIP_RUN[self.replicates > 1], rounds, v["graph"], v["settings"], v["state"],
+                    env.reward_source(), v["traffic"])
         self.t += steps
 
     # ------------------------------------------------------------------------------------- torch reference
@@ -282,8 +284,8 @@ class GossipBandit(MultiAgentProtocol):
         rows, times = self._stream(r, i, a).flatten(), torch.full((R * N,), t)
         last, prev, node, value = self._noise_cache()
         mark_records(rows, times, last, prev)
-        total = cached_noise(self.key_noise, rows, times, LAPLACE, self.scale, self.noise_empty_intervals, last, prev,
-                             node, value)
+        total = cached_noise(self.key_noise, rows, times, LAPLACE, self.scale, self.privacy.noise_empty_intervals,
+                             last, prev, node, value)
         return total.view(R, N)
 
 
@@ -301,13 +303,13 @@ class GossipUCB(GossipBandit):
 
     def __init__(self, topology: Topology, num_arms: int, horizon: int, replicates: int = 1, seed: int = 0, *,
                  consistency_fresh: bool = False, backend: str = "auto") -> None:
-        super().__init__(topology, num_arms, horizon, replicates, seed, math.inf,
-                         consistency_fresh=consistency_fresh, backend=backend)
+        super().__init__(topology, num_arms, horizon, replicates, seed, consistency_fresh=consistency_fresh,
+                         backend=backend)
 
 
 class FedUCB(GossipBandit):
-    """Fed_UCB (Algorithm 4): ε-DP noisy sample means from Laplace tree noise and the index ϑ̃ + C̃ of eq. 12;
-    ``epsilon=inf`` is Gossip_UCB."""
+    """Fed_UCB (Algorithm 4): ε-DP noisy sample means from Laplace tree noise (``privacy``) and the index ϑ̃ + C̃ of
+    eq. 12; without privacy (or at ε = ∞) it is Gossip_UCB."""
 
 
 

@@ -6,11 +6,12 @@ Shared pieces are written once: :mod:`.linalg` (Cholesky with log-det, row refac
 from pathlib import Path
 
 import fedrec.bandits.linear
+import fedrec.envs.rewards
 import fedrec.jit
 import fedrec.privacy.tree_noise
 import fedrec.rng
 
 fedrec.jit.drop_stale_caches(
     [*Path(__file__).parent.glob("*.py"), Path(fedrec.rng.__file__), Path(fedrec.jit.__file__),
-     Path(fedrec.bandits.linear.__file__), Path(fedrec.privacy.tree_noise.__file__)]
+     Path(fedrec.bandits.linear.__file__), Path(fedrec.privacy.tree_noise.__file__), Path(fedrec.envs.rewards.__file__)]
 )

@@ -1,0 +1,61 @@
+"""The reward draws of the multi-agent environments (:class:`~fedrec.envs.mab.MultiAgentMAB` and its subclasses),
+compiled so that a protocol's step loop draws them itself (the gossip kernel,
+:mod:`fedrec.protocols.kernels.gossip`).
+
+A reward is a pure function of (key, replicate, agent, arm, t): draw t of the counter-based stream
+(r·N + i)·M + k under the environment's key (:mod:`fedrec.rng`), so no (T × N × M) tensor is ever built and any
+round can be redrawn after a resume. An environment describes its rewards by a :class:`RewardSource`.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from fedrec.jit import F64, I64, jit
+from fedrec.rng import normal, substream, uniform
+
+#: reward kinds: μ_{i,k} + σ·N(0, 1), or a record drawn with replacement from the (i, k) pool
+GAUSSIAN, RECORDS = 0, 1
+
+
+class RewardSource(NamedTuple):
+    """What a multi-agent environment's rewards are drawn from (its attributes of the same names)."""
+
+    reward_kind: int  #: :data:`GAUSSIAN` or :data:`RECORDS`
+    key: np.uint64  #: the key of the reward streams
+    means: F64[3]  #: (R, N, M) μ_{i,k} (``GAUSSIAN``: the draws' means)
+    noise_std: float  #: σ of ``GAUSSIAN``
+    pool_ptr: I64[1]  #: (N·M + 1,) ``RECORDS``: pool (i, k) is pool_values[pool_ptr[i·M + k]:pool_ptr[i·M + k + 1]]
+    pool_values: F64[1]  #: the pools' records, (agent, arm) major
+    global_means: F64[2]  #: (R, M) μ_k = (1/N) Σ_i μ_{i,k}, the pseudo-regret's reference
+
+
+@jit
+def draw_reward(src: RewardSource, r: int, i: int, k: int, t: int) -> float:
+    """X_{i,k}(t) of replicate r (t = 0: the initialisation pull): draw t of stream (r·N + i)·M + k under ``key``.
+
+    ``GAUSSIAN``: μ_{i,k} + σ·:func:`~fedrec.rng.normal`. ``RECORDS``: the value ⌊u·size⌋ (u
+    :func:`~fedrec.rng.uniform`) of pool (i, k), a draw with replacement.
+    """
+    M = src.means.shape[2]
+    state = substream(src.key, (r * src.means.shape[1] + i) * M + k)
+    if src.reward_kind == RECORDS:
+        lo = src.pool_ptr[i * M + k]
+        size = src.pool_ptr[i * M + k + 1] - lo
+        return src.pool_values[lo + min(int(uniform(state, t) * size), size - 1)]
+    return src.means[r, i, k] + src.noise_std * normal(state, t)
+
+
+@jit
+def rewards_many(src: RewardSource, arms: np.ndarray, t: int) -> np.ndarray:
+    """:func:`draw_reward` of every (replicate, agent) for ``arms`` (R, N) at round t: (R, N)."""
+    R, N = arms.shape
+    out = np.empty((R, N))
+    for r in range(R):
+        for i in range(N):
+            out[r, i] = draw_reward(src, r, i, arms[r, i], t)
+    return out
+
+
+__all__ = ["GAUSSIAN", "RECORDS", "RewardSource", "draw_reward", "rewards_many"]
