@@ -31,6 +31,7 @@ from fedrec.privacy.mechanisms import (
 from fedrec.privacy.tree import (
     Node,
     TreeAggregator,
+    TreeGaussian,
     augmented_gram,
     cached_noise,
     dyadic_cover,
@@ -55,6 +56,7 @@ __all__ = [
     "NoiseMechanism",
     "PrivacyBudgetExceeded",
     "TreeAggregator",
+    "TreeGaussian",
     "analytic_gaussian_delta",
     "analytic_gaussian_noise_multiplier",
     "augmented_gram",
