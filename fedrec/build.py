@@ -138,23 +138,33 @@ def _privacy_mechanism(cfg: DictConfig) -> str | None:
     return None if mechanism in (None, "none") else str(mechanism)
 
 
-def _check_privacy(cls: type, mechanism: str | None) -> None:
-    """A protocol applies only the privacy mechanisms it declares (``privacy_mechanisms``)."""
-    if mechanism is not None and mechanism not in cls.privacy_mechanisms:
-        takes = " or ".join(f"privacy={m}" for m in cls.privacy_mechanisms) or "no privacy group"
-        raise ConfigError(f"privacy: {cls.__name__} takes {takes}, got privacy={mechanism}")
+def _check_privacy(cls: type, cfg: DictConfig) -> type | None:
+    """The class of the run's privacy mechanism (the ``privacy`` group's ``_target_``), refused unless ``cls``
+    applies it (a subclass of one of its ``privacy_mechanisms``); None without one (no privacy group,
+    privacy=none, or a group that builds nothing)."""
+    node = cfg.get("privacy")
+    if not isinstance(node, DictConfig) or node.get("_target_") is None or node.get("mechanism") == "none":
+        return None
+    mechanism = group_class(node, "privacy")
+    if not issubclass(mechanism, cls.privacy_mechanisms):
+        applies = " or ".join(m.__name__ for m in cls.privacy_mechanisms)
+        raise ConfigError(f"privacy: {cls.__name__} applies {f'only {applies}' if applies else 'no privacy mechanism'}"
+                          f", got {mechanism.__name__}")
+    return mechanism
 
 
 def build_bandit(cfg: DictConfig) -> Any:
     """A step-wise bandit run: the environment, then the protocol sized for it (with the local policy when the
-    protocol takes one), then the task."""
+    protocol takes one, and the privacy group's mechanism when the protocol applies it), then the task."""
     env = instantiate_group(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
     cls = group_class(cfg.protocol, "protocol")
-    _check_privacy(cls, _privacy_mechanism(cfg))
+    private = _check_privacy(cls, cfg) is not None
     node, policy = _protocol_and_policy(cfg, env.dim)
     extra = _from_world(node, cls.world(env))
     if getattr(cls, "takes_policy", False):
         extra["policy"] = policy
+    if private:
+        extra["privacy"] = instantiate_group(cfg.privacy, "privacy")
     protocol = instantiate_group(node, "protocol", replicates=cfg.replicates, seed=cfg.seed, **extra)
     return instantiate_group(cfg.task, "task", env=env, protocol=protocol)
 
@@ -178,8 +188,9 @@ def build_multi_agent(cfg: DictConfig) -> Any:
         elif mechanism == "tree_laplace" and not math.isinf(float(node["epsilon"])):
             raise ConfigError(f"privacy.epsilon: {cls.__name__} adds no privacy noise, so it runs only at epsilon=inf; "
                               "pick a protocol that takes privacy=tree_laplace (protocol=fed_ucb)")
-        else:  # tree_laplace at ε = ∞ adds no noise: any gossip protocol runs under it
-            _check_privacy(cls, None if mechanism == "tree_laplace" else mechanism)
+        elif mechanism != "tree_laplace":  # tree_laplace at ε = ∞ adds no noise: any gossip protocol runs under it
+            raise ConfigError(f"privacy: {cls.__name__} takes privacy=tree_laplace or no privacy group, "
+                              f"got privacy={mechanism}")
     horizon = check_int("task.steps", cfg.task.get("steps"))
     protocol = instantiate_group(cfg.protocol, "protocol", topology=topology, num_arms=env.num_arms,
                                  horizon=horizon, replicates=cfg.replicates, seed=cfg.seed, **privacy)

@@ -107,8 +107,8 @@ class ProtocolModule(nn.Module):
     backends: tuple[str, ...] = ("compiled", "torch")
     #: every message's payload passes the channel's ``deliver`` (kernels that count messages in bulk do not)
     honours_channel: bool = True
-    #: the privacy mechanisms (``privacy`` config group names) it applies; others are refused
-    privacy_mechanisms: tuple[str, ...] = ()
+    #: the privacy mechanism classes (the ``privacy`` group's ``_target_``) it applies; others are refused
+    privacy_mechanisms: tuple[type, ...] = ()
 
     def __init__(self, replicates: int, seed: int, backend: str, endpoints: Mapping[str, int]) -> None:
         super().__init__()
