@@ -96,8 +96,9 @@ def test_cdp_fclub_dc_selects_the_tree_gaussian_group(compose_cfg: Callable[...,
     assert task.protocol.privacy == TreeGaussian(epsilon=4.0, delta=0.1, horizon=300, calibration="paper")
 
 
-@pytest.mark.parametrize("order", [("protocol=cdp_fclub_dc", "privacy=none"), ("privacy=none", "protocol=cdp_fclub_dc")])
-def test_privacy_none_on_the_command_line_wins(compose_cfg: Callable[..., DictConfig], order: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("order", [("protocol=cdp_fclub_dc", "privacy=none"),
+                                   ("privacy=none", "protocol=cdp_fclub_dc")])
+def test_privacy_none_on_the_command_line_wins(compose_cfg: Callable[..., DictConfig], order: tuple[str, str]) -> None:
     cfg = compose_cfg("+experiment=fclub_synthetic", "task.steps=300", "task.steps_per_round=100", *order)
     assert dict(cfg.privacy) == {"mechanism": "none"}
     protocol = build_task(cfg).protocol
