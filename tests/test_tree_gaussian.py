@@ -32,6 +32,11 @@ def test_bad_values_raise_one_line_errors_naming_the_privacy_field(kw: dict, fie
     assert "\n" not in str(info.value)
 
 
+def test_an_unknown_calibration_is_refused_where_a_sigma_is_asked_for() -> None:
+    with pytest.raises(ConfigError, match=r"^privacy\.calibration must be one of \['paper', 'accountant'\], got 'x'$"):
+        TreeGaussian().node_sigma("x")
+
+
 def test_nu_is_the_tree_depth_of_the_upload_bound() -> None:
     """ν = ⌈log₂(t_c + 1)⌉ + 1 (spec fclub.md §2.0), by the closed form in floats and at the powers of two."""
     for t_c in [*range(1, 3000), 2 ** 20 - 1, 2 ** 20, 100_000]:

@@ -224,6 +224,12 @@ def fclub_accounted_sigma(epsilon: float, delta: float, uploads: int, rounds: in
 CALIBRATIONS = ("paper", "accountant")
 
 
+def _check_calibration(calibration: str) -> None:
+    """Refuse a calibration other than :data:`CALIBRATIONS`, naming ``privacy.calibration``."""
+    if calibration not in CALIBRATIONS:
+        raise ConfigError(f"privacy.calibration must be one of {list(CALIBRATIONS)}, got {calibration!r}")
+
+
 @dataclass(frozen=True)
 class TreeGaussian:
     """CDP-FCLUB-DC's privacy mechanism (``privacy=tree_gaussian``): every local cluster's releases pass a binary
@@ -249,8 +255,7 @@ class TreeGaussian:
         check = {"epsilon": check_float("privacy.epsilon", self.epsilon, low=0.0, low_open=True, allow_inf=True),
                  "delta": check_float("privacy.delta", self.delta, low=0.0, high=1.0, low_open=True, high_open=True),
                  "horizon": check_int("privacy.horizon", self.horizon)}
-        if self.calibration not in CALIBRATIONS:
-            raise ConfigError(f"privacy.calibration must be one of {list(CALIBRATIONS)}, got {self.calibration!r}")
+        _check_calibration(self.calibration)
         for field, value in check.items():
             object.__setattr__(self, field, value)
 
@@ -261,6 +266,7 @@ class TreeGaussian:
 
     def node_sigma(self, calibration: str) -> float:
         """The node σ under ``calibration`` (``paper`` or ``accountant``, see the class); 0 at ε = ∞."""
+        _check_calibration(calibration)
         if math.isinf(self.epsilon):
             return 0.0
         if calibration == "paper":
