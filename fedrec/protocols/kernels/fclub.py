@@ -146,27 +146,29 @@ def next_buffer(cfg: PhaseSettings, r: int, c: int, cl: Clusters, pvt: Privatise
 @jit
 def _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic):
     """Replicate ``r`` plays its steps of the block ``io`` (Alg. 1 l.9–15 with Algorithms 3 and 4)."""
-    St = io.users.shape[1]
-    K, d = io.contexts.shape[2], io.contexts.shape[3]
+    arrivals, contexts, rewards, arms = io.users, io.contexts, io.rewards, io.arms
+    server, lc, gk, mem, nmem = part.server, part.lc, part.gk, part.mem, part.nmem
+    V, bu, Tu = users.V, users.bu, users.Tu
+    S, u, Tc, Sinv, Slogdet, dS, du, dT = cl.S, cl.u, cl.Tc, cl.Sinv, cl.Slogdet, cl.dS, cl.du, cl.dT
+    dSm, dum, dTm, Sg, ug, Tg, Sglogdet = cl.dSm, cl.dum, cl.dTm, cl.Sg, cl.ug, cl.Tg, cl.Sglogdet
+    St = arrivals.shape[1]
+    K, d = contexts.shape[2], contexts.shape[3]
     L = np.zeros((d, d))
     M = np.zeros((d, d))
     N = np.zeros((d + 1, d + 1))
     Z = np.zeros((d + 1, d + 1))
     theta = np.zeros(d)
     scores = np.zeros(K)
-    V, bu, Tu = users.V, users.bu, users.Tu
-    S, u, Tc, Slogdet, dS, du, dT = cl.S, cl.u, cl.Tc, cl.Slogdet, cl.dS, cl.du, cl.dT
-    mem, nmem = part.mem, part.nmem
     for s in range(St):
-        i = io.users[r, s]
-        c = part.lc[r, i]
-        k = part.gk[r, c]
+        i = arrivals[r, s]
+        c = lc[r, i]
+        k = gk[r, c]
         members = nmem[r, k]
         b = beta(p, Tc[r, c], members, d, io.t0 + s + 1)
-        a = ucb_pick(io.contexts[r, s], cl.Sinv[r, c], u[r, c], b, p.squared, theta, scores)
-        io.arms[r, s] = a
-        y = io.rewards[r, s, a]
-        x = io.contexts[r, s, a]
+        a = ucb_pick(contexts[r, s], Sinv[r, c], u[r, c], b, p.squared, theta, scores)
+        arms[r, s] = a
+        y = rewards[r, s, a]
+        x = contexts[r, s, a]
         # the user's own statistics (Alg. 1 l.13) and the cluster's upload buffer (Alg. 3 l.1)
         for q1 in range(d):
             bu[r, i, q1] += y * x[q1]
@@ -185,38 +187,38 @@ def _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic):
             ld = cholesky_logdet(M, 0.0, L)
             fire = (not np.isnan(ld)) and ld - Slogdet[r, c] >= cfg.log_u
         if fire:
-            count(traffic, r, part.server[i], 0, cfg.message_scalars)
+            count(traffic, r, server[i], 0, cfg.message_scalars)
             for m in range(nmem[r, k]):
                 o = mem[r, k, m]
                 if o != c:
-                    cl.dSm[r, o] += dS[r, c]
-                    cl.dum[r, o] += du[r, c]
-                    cl.dTm[r, o] += dT[r, c]
-            cl.Sg[r, k] += dS[r, c]
-            cl.ug[r, k] += du[r, c]
-            cl.Tg[r, k] += dT[r, c]
+                    dSm[r, o] += dS[r, c]
+                    dum[r, o] += du[r, c]
+                    dTm[r, o] += dT[r, c]
+            Sg[r, k] += dS[r, c]
+            ug[r, k] += du[r, c]
+            Tg[r, k] += dT[r, c]
             S[r, c] += dS[r, c]
             u[r, c] += du[r, c]
             Tc[r, c] += dT[r, c]
             dT[r, c] = 0.0
             next_buffer(cfg, r, c, cl, pvt, N, Z)
-            refresh(S[r], cl.Sinv[r], Slogdet[r], c, L)
-            cl.Sglogdet[r, k] = cholesky_logdet(cl.Sg[r, k], 0.0, L)
+            refresh(S[r], Sinv[r], Slogdet[r], c, L)
+            Sglogdet[r, k] = cholesky_logdet(Sg[r, k], 0.0, L)
         # Alg. 4: every member lagging the global cluster by det ratio ≥ D downloads its queue
         for m in range(nmem[r, k]):
             o = mem[r, k, m]
             fire = cfg.log_d <= 0.0
-            if not fire and not (np.isnan(Slogdet[r, o]) or np.isnan(cl.Sglogdet[r, k])):
-                fire = cl.Sglogdet[r, k] - Slogdet[r, o] >= cfg.log_d
+            if not fire and not (np.isnan(Slogdet[r, o]) or np.isnan(Sglogdet[r, k])):
+                fire = Sglogdet[r, k] - Slogdet[r, o] >= cfg.log_d
             if fire:
-                count(traffic, r, part.server[o], 1, cfg.message_scalars)  # slot o = its smallest user
-                S[r, o] += cl.dSm[r, o]
-                u[r, o] += cl.dum[r, o]
-                Tc[r, o] += cl.dTm[r, o]
-                cl.dSm[r, o] = 0.0
-                cl.dum[r, o] = 0.0
-                cl.dTm[r, o] = 0.0
-                refresh(S[r], cl.Sinv[r], Slogdet[r], o, L)
+                count(traffic, r, server[o], 1, cfg.message_scalars)  # slot o = its smallest user
+                S[r, o] += dSm[r, o]
+                u[r, o] += dum[r, o]
+                Tc[r, o] += dTm[r, o]
+                dSm[r, o] = 0.0
+                dum[r, o] = 0.0
+                dTm[r, o] = 0.0
+                refresh(S[r], Sinv[r], Slogdet[r], o, L)
 
 
 def _phase_run(io, p, cfg, part, users, cl, pvt, traffic):
