@@ -150,14 +150,17 @@ def _check_privacy(cls: type, mechanism: type | None) -> None:
 
 def build_bandit(cfg: DictConfig) -> Any:
     """A step-wise bandit run: the environment, then the protocol sized for it (with the local policy when the
-    protocol takes one), then the task."""
+    protocol takes one, and the privacy group's mechanism when the protocol applies it), then the task."""
     env = instantiate_group(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
     cls = group_class(cfg.protocol, "protocol")
-    _check_privacy(cls, _privacy_mechanism(cfg))
+    mechanism = _privacy_mechanism(cfg)
+    _check_privacy(cls, mechanism)
     node, policy = _protocol_and_policy(cfg, env.dim)
     extra = _from_world(node, cls.world(env))
     if getattr(cls, "takes_policy", False):
         extra["policy"] = policy
+    if mechanism is not None:
+        extra["privacy"] = instantiate_group(cfg.privacy, "privacy")
     protocol = instantiate_group(node, "protocol", replicates=cfg.replicates, seed=cfg.seed, **extra)
     return instantiate_group(cfg.task, "task", env=env, protocol=protocol)
 

@@ -15,10 +15,12 @@ import time
 import torch
 
 from fedrec.envs.clustered import ClusteredLinearEnv
+from fedrec.privacy import TreeGaussian
 from fedrec.protocols.fclub import FederatedClustering
 from tests.reference.fclub import RefFCLUB
 
-CASES = {"fclub_dc": ({}, {}), "cdp_fclub_dc": (dict(epsilon=1.0), dict(epsilon=1.0))}
+#: name: (the TreeGaussian privacy arguments or None, the reference arguments); both take the run's horizon
+CASES = {"fclub_dc": (None, {}), "cdp_fclub_dc": (dict(epsilon=1.0), dict(epsilon=1.0))}
 
 
 def timed(fn, repeats: int = 3) -> tuple[float, object]:
@@ -41,15 +43,15 @@ def main() -> None:
     env = ClusteredLinearEnv(data_dir=data, replicates=args.seeds, seed=0, chunk_size=args.steps)
     batch = env.interactions(0, args.steps)
     one = slice(0, 1)
-    for name, (ours, theirs) in CASES.items():
-        horizon = dict(horizon=args.steps)
+    for name, (privacy, theirs) in CASES.items():
+        ours = None if privacy is None else TreeGaussian(**privacy, horizon=args.steps)
 
         def fedrec_run(rows: slice = one) -> torch.Tensor:
-            proto = FederatedClustering(env.num_clients, env.dim, rows.stop - rows.start, **ours, **horizon)
+            proto = FederatedClustering(env.num_clients, env.dim, rows.stop - rows.start, privacy=ours)
             return proto.run(batch.clients[rows], batch.contexts[rows], batch.rewards[rows])
 
         def reference_run():
-            ref = RefFCLUB(env.servers, env.dim, **theirs, **horizon)
+            ref = RefFCLUB(env.servers, env.dim, **theirs, horizon=args.steps)
             return ref.run(batch.clients[0].numpy(), batch.contexts[0].numpy(), batch.rewards[0].numpy())
 
         fedrec_run()  # compile

@@ -3,7 +3,7 @@
 
 Every run folder (``SWEEP_DIR/*/`` with ``summary.json``, ``metrics.csv`` and ``config_resolved.yaml``) is
 identified from its resolved config, not from its folder name: the method (FCLUB-DC, FCLUB, CDP-FCLUB-DC, Homo,
-Homo-DC from ``FederatedClustering``'s thresholds, ``pooled`` and ``epsilon``; CLUB, SCLUB, LinUCB from
+Homo-DC from ``FederatedClustering``'s thresholds and ``pooled`` and the ``privacy`` group; CLUB, SCLUB, LinUCB from
 ``LocalClustering``'s ``method``), the conventions preset and the study factors n, m, L, d, U = D and ε. Every
 number is the mean over seeds (the run's replicates) ± their standard deviation, as the runs report them.
 
@@ -50,7 +50,7 @@ FACTORS = {
     "L": ("local servers L", ("env", "num_servers"), False),
     "d": ("dimension d", ("env", "dim"), False),
     "UD": ("thresholds U = D", None, True),
-    "epsilon": ("privacy ε", ("protocol", "epsilon"), True),
+    "epsilon": ("privacy ε", ("privacy", "epsilon"), True),
 }
 #: a factor's symbol in legends and table headers
 SYMBOLS = {"n": "n", "m": "m", "L": "L", "d": "d", "UD": "U = D", "epsilon": "ε"}
@@ -87,8 +87,8 @@ class Run:
         return float(self.cols["cumulative_regret"][hit[0]]), 0.0 if std is None else float(std[hit[0]])
 
 
-def method_of(protocol: dict) -> str:
-    """The paper's name of the method a resolved ``protocol`` config runs."""
+def method_of(protocol: dict, privacy: dict | None) -> str:
+    """The paper's name of the method a resolved ``protocol`` config runs under the resolved ``privacy`` group."""
     target = str(protocol.get("_target_", "")).rsplit(".", 1)[-1]
     if target == "LocalClustering":
         names = {"club": "CLUB", "sclub": "SCLUB", "linucb": "LinUCB"}
@@ -99,7 +99,7 @@ def method_of(protocol: dict) -> str:
         sync = float(protocol["upload_threshold"]) == 1.0 and float(protocol["download_threshold"]) == 1.0
         if protocol.get("pooled"):
             return "Homo" if sync else "Homo-DC"
-        if protocol.get("epsilon") is not None:
+        if (privacy or {}).get("_target_") is not None:  # the tree_gaussian group (privacy=none has no target)
             return "CDP-FCLUB" if sync else "CDP-FCLUB-DC"
         return "FCLUB" if sync else "FCLUB-DC"
     raise InputError(f"not an FCLUB-family or clustering-baseline protocol: {protocol.get('_target_')!r}")
@@ -112,7 +112,7 @@ def factors_of(cfg: dict) -> dict[str, object]:
             up, down = cfg["protocol"].get("upload_threshold"), cfg["protocol"].get("download_threshold")
             out[key] = None if up is None else (float(up) if up == down else (float(up), float(down)))
         else:
-            v = cfg.get(where[0], {}).get(where[1])
+            v = (cfg.get(where[0]) or {}).get(where[1])
             out[key] = None if v is None else float(v)
     return out
 
@@ -129,7 +129,8 @@ def load(run: Path) -> Run:
         raise InputError(f"{run}/metrics.csv: no logged round")
     cols = {k: np.array([float(r[k]) for r in rows]) for k in rows[0] if all(r.get(k) not in (None, "") for r in rows)}
     protocol = cfg.get("protocol") or {}
-    return Run(run, method_of(protocol), str(protocol.get("conventions", "paper")), summary, cols, factors_of(cfg))
+    return Run(run, method_of(protocol, cfg.get("privacy")), str(protocol.get("conventions", "paper")), summary, cols,
+               factors_of(cfg))
 
 
 def load_sweep(sweep: Path) -> list[Run]:
@@ -340,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep", type=Path, help="a Hydra multirun folder (or, with --study, a folder of them)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--epsilon", action="store_true", help="the ε study: one method, only protocol.epsilon varied")
+    mode.add_argument("--epsilon", action="store_true", help="the ε study: one method, only privacy.epsilon varied")
     mode.add_argument("--study", action="store_true", help="every subfolder is one factor's sweep (fclub_study.sh)")
     args = p.parse_args(argv)
     try:
@@ -363,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.epsilon:
             key = single_factor(runs, str(args.sweep))
             if key != "epsilon":
-                raise InputError(f"{args.sweep}: --epsilon needs runs that differ in protocol.epsilon only; "
+                raise InputError(f"{args.sweep}: --epsilon needs runs that differ in privacy.epsilon only; "
                                  f"varied: {key}")
             factor_report(runs, key, args.sweep / "fclub_epsilon.png")
         elif len(methods) == 1 and len(runs) > 1:

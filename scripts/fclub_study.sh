@@ -51,7 +51,7 @@ study m env.num_clusters=2,4,8
 study L env.num_servers=1,2,5,10
 study d env.dim=5,10,20
 study UD protocol.upload_threshold=1.001,1.01,1.1,1.5 'protocol.download_threshold=${protocol.upload_threshold}'
-if [ "$METHOD" = cdp_fclub_dc ]; then study epsilon protocol.epsilon=0.5,1,2,8; fi
+if [ "$METHOD" = cdp_fclub_dc ]; then study epsilon privacy.epsilon=0.5,1,2,8; fi
 echo "all runs: $((SECONDS - total)) s"
 $PY scripts/fclub_figure.py --study "$OUT" > "$OUT/study.md"
 cat "$OUT/study.md"

@@ -4,7 +4,7 @@
 # presets (paper, authors), as one Hydra multirun (16 jobs, one subfolder each, named by its overrides); then the
 # ε study: CDP-FCLUB-DC with ε in {0.25, 0.5, 1, 2, 4, 8, 64, 512, ∞} (paper conventions; ∞ is the
 # noise-free private path, i.e. FCLUB-DC), under the paper's node noise and under the accountant's calibration
-# (protocol.calibration=accountant: the whole run spends at most ε). Draws the figures into the sweep
+# (privacy.calibration=accountant: the whole run spends at most ε). Draws the figures into the sweep
 # folders and writes the tables (OUT_DIR/table.md, OUT_DIR/table_epsilon_{paper,accountant}.md), printing them too.
 # Usage: bash scripts/reproduce_fclub.sh [OUT_DIR] [SEEDS] [STEPS] [DATASET]
 #   SEEDS: replicates per run (default 10); STEPS: T (default 100000, a multiple of 10: the tables report the regret
@@ -48,9 +48,9 @@ for calibration in paper accountant; do  # the paper's node noise, and the accou
   echo "ε study: CDP-FCLUB-DC, paper conventions, $calibration calibration, $R seeds, T = $T (log: $OUT/epsilon_$calibration.log)"
   start=$SECONDS
   logged "$OUT/epsilon_$calibration.log" $PY train.py -m "${common[@]}" hydra.sweep.dir="$OUT/epsilon_$calibration" \
-    "hydra.job.config.override_dirname.exclude_keys=[$excluded,protocol,protocol.conventions,protocol.calibration]" \
-    protocol=cdp_fclub_dc protocol.conventions=paper protocol.calibration=$calibration \
-    protocol.epsilon=0.25,0.5,1,2,4,8,64,512,inf
+    "hydra.job.config.override_dirname.exclude_keys=[$excluded,protocol,protocol.conventions,privacy.calibration]" \
+    protocol=cdp_fclub_dc protocol.conventions=paper privacy.calibration=$calibration \
+    privacy.epsilon=0.25,0.5,1,2,4,8,64,512,inf
   echo "ε study: $((SECONDS - start)) s"
   $PY scripts/fclub_figure.py --epsilon "$OUT/epsilon_$calibration" > "$OUT/table_epsilon_$calibration.md"
   cat "$OUT/table_epsilon_$calibration.md"

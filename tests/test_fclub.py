@@ -14,6 +14,7 @@ import torch
 
 from fedrec.envs.clustered import ClusteredLinearEnv
 from fedrec.errors import ConfigError
+from fedrec.privacy import TreeGaussian
 from fedrec.protocols.fclub import FederatedClustering
 from tests.reference.fclub import RefFCLUB
 
@@ -23,14 +24,14 @@ VARIANTS = {  # name: (protocol kwargs, reference kwargs)
     "fclub": (dict(upload_threshold=1.0, download_threshold=1.0), dict(U=1.0, D=1.0)),
     "homo": (dict(pooled=True, upload_threshold=1.0, download_threshold=1.0), dict(pooled=True, U=1.0, D=1.0)),
     "homo_dc": (dict(pooled=True), dict(pooled=True)),
-    "cdp_fclub_dc": (dict(epsilon=1.0, horizon=1000), dict(epsilon=1.0, horizon=1000)),
+    "cdp_fclub_dc": (dict(privacy=TreeGaussian(epsilon=1.0, horizon=1000)), dict(epsilon=1.0, horizon=1000)),
     "squared_bonus": (dict(bonus="squared", lam=2.0), dict(bonus="squared", lam=2.0)),
     "fixed_beta": (dict(beta=0.3, upload_threshold=1.2, download_threshold=1.5), dict(beta=0.3, U=1.2, D=1.5)),
     # the authors' conventions (§8.3-8.4): squared bonus, λ = 2 (1 with CDP), their β recipes
     "authors_fclub_dc": (dict(conventions="authors"), dict(authors=True, bonus="squared", lam=2.0)),
     "authors_fclub": (dict(conventions="authors", upload_threshold=1.0, download_threshold=1.0),
                       dict(authors=True, bonus="squared", lam=2.0, U=1.0, D=1.0)),
-    "authors_cdp_fclub_dc": (dict(conventions="authors", epsilon=1.0, horizon=1000),
+    "authors_cdp_fclub_dc": (dict(conventions="authors", privacy=TreeGaussian(epsilon=1.0, horizon=1000)),
                              dict(authors=True, bonus="squared", lam=1.0, epsilon=1.0, horizon=1000)),
 }
 
@@ -84,7 +85,7 @@ def test_statistics_are_conserved(env: ClusteredLinearEnv, name: str) -> None:
 
 def test_resume_from_the_state_dict_equals_the_uninterrupted_run(env: ClusteredLinearEnv) -> None:
     batch = env.interactions(0, 900)
-    kw: dict[str, Any] = dict(epsilon=2.0, horizon=2000)
+    kw: dict[str, Any] = dict(privacy=TreeGaussian(epsilon=2.0, horizon=2000))
     whole = FederatedClustering(env.num_clients, env.dim, env.replicates, seed=3, **kw)
     arms = whole.run(batch.clients, batch.contexts, batch.rewards)
     first = FederatedClustering(env.num_clients, env.dim, env.replicates, seed=3, **kw)
@@ -115,16 +116,18 @@ def test_delayed_communication_is_far_below_every_round(data_dir: Path) -> None:
     (dict(num_servers=80), "num_servers"),
     (dict(upload_threshold=0.9), "upload_threshold"),
     (dict(download_threshold=0.5), "download_threshold"),
-    (dict(epsilon=0.0), "epsilon"),
-    (dict(epsilon=-1.0), "epsilon"),
-    (dict(epsilon=1.0, delta=1.0), "delta"),
-    (dict(epsilon=1.0, delta=0.0), "delta"),
-    (dict(epsilon=1.0, upload_threshold=1.0), "upload_threshold"),
+    (dict(privacy=dict(epsilon=0.0)), "epsilon"),
+    (dict(privacy=dict(epsilon=-1.0)), "epsilon"),
+    (dict(privacy=dict(epsilon=1.0, delta=1.0)), "delta"),
+    (dict(privacy=dict(epsilon=1.0, delta=0.0)), "delta"),
+    (dict(privacy=dict(epsilon=1.0), upload_threshold=1.0), "upload_threshold"),
     (dict(bonus="cube"), "bonus"),
     (dict(lam=0.0), "lam"),
 ])
 def test_bad_inputs_name_the_field(kw: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
+        if "privacy" in kw:
+            kw = {**kw, "privacy": TreeGaussian(**kw["privacy"])}
         FederatedClustering(40, 10, 1, **kw)
 
 

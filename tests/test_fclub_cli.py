@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from fedrec.cli import run
@@ -43,9 +44,11 @@ def test_every_method_runs_under_both_conventions(data_dir: Path, tmp_path: Path
 def test_the_switch_changes_only_the_radius_conventions(method: str, compose_cfg: Callable[..., DictConfig]) -> None:
     """``conventions=authors`` gives the squared bonus, λ = 2 (1 with CDP) and the CDP scale 0.005 (§8.3–8.4); the
     clustering constants stay; an explicit value still wins over the convention's."""
-    base = compose_cfg(f"protocol={method}").protocol
+    cfg = compose_cfg(f"protocol={method}")
     cls = FederatedClustering if "fclub" in method else LocalClustering
-    kw = {k: v for k, v in base.items() if k not in ("_target_", "horizon", "num_servers", "clusters_bound")}
+    kw = {k: v for k, v in cfg.protocol.items() if k not in ("_target_", "num_servers", "clusters_bound")}
+    if cfg.get("privacy") is not None:
+        kw["privacy"] = instantiate(cfg.privacy)
     paper, authors = cls(40, 10, **kw), cls(40, 10, **{**kw, "conventions": "authors"})
     assert (paper.radius.bonus, paper.radius.lam, paper.radius.beta_scale) == ("sqrt", 1.0, 1.0)
     private = method == "cdp_fclub_dc"

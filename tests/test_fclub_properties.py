@@ -12,8 +12,7 @@ import torch
 from scipy import optimize, stats
 
 from fedrec.envs.clustered import ClusteredLinearEnv
-from fedrec.privacy.tree import fclub_accounted_sigma, fclub_epsilon, fclub_node_sigma, fclub_phases
-from fedrec.protocols.kernels.clustering import P_SIGMA_NODE
+from fedrec.privacy.tree import TreeGaussian, fclub_accounted_sigma, fclub_epsilon, fclub_node_sigma, fclub_phases
 from fedrec.protocols.fclub import FederatedClustering
 from fedrec.tasks.bandit import BanditTask
 
@@ -30,7 +29,8 @@ def play(p: FederatedClustering, env: ClusteredLinearEnv, steps: int) -> torch.T
 
 def test_infinite_epsilon_is_fclub_dc_decision_for_decision(env: ClusteredLinearEnv) -> None:
     """§6 test 5: the private code path with zero noise, ρ = κ = 0 and the λ ridge reproduces FCLUB-DC."""
-    private = FederatedClustering(env.num_clients, env.dim, env.replicates, epsilon=math.inf, horizon=2000)
+    private = FederatedClustering(env.num_clients, env.dim, env.replicates,
+                                  privacy=TreeGaussian(epsilon=math.inf, horizon=2000))
     plain = FederatedClustering(env.num_clients, env.dim, env.replicates)
     assert torch.equal(play(private, env, 2000), play(plain, env, 2000))
     assert torch.equal(private.ledger.traffic("server"), plain.ledger.traffic("server"))
@@ -177,10 +177,10 @@ def test_accountant_epsilon_against_the_budget_and_the_exact_value(epsilon: floa
 
 def test_a_cdp_run_reports_the_accountant_epsilon(env: ClusteredLinearEnv) -> None:
     for calibration in ("paper", "accountant"):
-        p = FederatedClustering(env.num_clients, env.dim, env.replicates, epsilon=8.0, horizon=1000,
-                                calibration=calibration)
+        p = FederatedClustering(env.num_clients, env.dim, env.replicates,
+                                privacy=TreeGaussian(epsilon=8.0, horizon=1000, calibration=calibration))
         play(p, env, 1000)
-        sigma = float(p.params[P_SIGMA_NODE])
+        sigma = p.kernel_views()["settings"].sigma_node
         want = fclub_epsilon(sigma, 0.1, 1000, int(p.phase))
         assert torch.equal(p.metrics()["epsilon_spent"], torch.full((2,), want, dtype=torch.float64))
         assert int(p.phase) == fclub_phases(1000)

@@ -60,7 +60,7 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """compare/: FCLUB-DC and CLUB × paper and authors conventions; study/epsilon/: CDP-FCLUB-DC at ε = 1 and 4."""
     root = tmp_path_factory.mktemp("fclub")
     multiruns((root / "compare", ["protocol=fclub_dc,club", "protocol.conventions=paper,authors"]),
-              (root / "study" / "epsilon", ["protocol=cdp_fclub_dc", "protocol.epsilon=1,4"]))
+              (root / "study" / "epsilon", ["protocol=cdp_fclub_dc", "privacy.epsilon=1,4"]))
     return root
 
 
@@ -97,7 +97,7 @@ def test_epsilon_study_table_and_figure(sweeps: Path) -> None:
     rows = table_rows(res.stdout, 9)
     assert [r[0] for r in rows] == ["1", "4"]
     for eps, at10, at_t, msg, _, ari, _, spent, _ in rows:
-        run = sweep / f"protocol.epsilon={eps},protocol=cdp_fclub_dc"
+        run = sweep / f"privacy.epsilon={eps},protocol=cdp_fclub_dc"
         s = json.loads((run / "summary.json").read_text())
         assert at_t == pm(s, "cumulative_regret") and msg == pm(s, "comm_messages") and ari == pm(s, "ari", 3)
         assert at10 == regret_at(run, 40)

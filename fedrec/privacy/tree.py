@@ -29,6 +29,7 @@ are independent. :func:`mark_records` and :func:`cached_noise` are its torch for
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ __all__ = [
     "Node",
     "TreeAggregator",
     "TreeLaplace",
+    "TreeGaussian",
     "augmented_gram",
     "cached_noise",
     "dyadic_cover",
@@ -271,6 +273,69 @@ def fclub_accounted_sigma(epsilon: float, delta: float, uploads: int, rounds: in
     while fclub_epsilon(sigma, d, uploads, phases) > eps:
         sigma = math.nextafter(sigma, math.inf)
     return sigma
+
+
+#: how CDP-FCLUB-DC's node noise is calibrated (:class:`TreeGaussian`)
+CALIBRATIONS = ("paper", "accountant")
+
+
+def _check_calibration(calibration: str) -> None:
+    """Refuse a calibration other than :data:`CALIBRATIONS`, naming ``privacy.calibration``."""
+    if calibration not in CALIBRATIONS:
+        raise ConfigError(f"privacy.calibration must be one of {list(CALIBRATIONS)}, got {calibration!r}")
+
+
+@dataclass(frozen=True)
+class TreeGaussian:
+    """CDP-FCLUB-DC's privacy mechanism (``privacy=tree_gaussian``): every local cluster's releases pass a binary
+    mechanism with symmetric Gaussian nodes (Alg. 5, spec fclub.md §2.0, §2.6), one privatiser per local cluster.
+
+    Args:
+        epsilon: the privatiser's ε > 0; ``inf`` runs the private code path with zero noise (FCLUB-DC decision for
+            decision, spec §6 test 5).
+        delta: δ in (0, 1).
+        horizon: t_c, the uploads a privatiser serves: fixes the tree depth ν.
+        calibration: the node σ: ``paper`` (σ² = 64ν ln(2/δ)²/ε² per privatiser, Sec. 3; :func:`fclub_node_sigma`)
+            or ``accountant`` (the smallest σ whose run of ``horizon`` rounds, phases composed, spends at most
+            (ε, δ); :func:`fclub_accounted_sigma`). The paper's σ spends far less than ε at small ε and more than ε
+            at large ε (≳ 16 at T = 10⁵) once phases compose.
+    """
+
+    epsilon: float = 1.0
+    delta: float = 0.1
+    horizon: int = 100_000
+    calibration: str = "paper"
+
+    def __post_init__(self) -> None:
+        check = {"epsilon": check_float("privacy.epsilon", self.epsilon, low=0.0, low_open=True, allow_inf=True),
+                 "delta": check_float("privacy.delta", self.delta, low=0.0, high=1.0, low_open=True, high_open=True),
+                 "horizon": check_int("privacy.horizon", self.horizon)}
+        _check_calibration(self.calibration)
+        for field, value in check.items():
+            object.__setattr__(self, field, value)
+
+    @property
+    def nu(self) -> int:
+        """ν = ⌈log₂(t_c + 1)⌉ + 1, the depth of a privatiser's tree."""
+        return self.horizon.bit_length() + 1
+
+    def node_sigma(self, calibration: str) -> float:
+        """The node σ under ``calibration`` (``paper`` or ``accountant``, see the class); 0 at ε = ∞."""
+        _check_calibration(calibration)
+        if math.isinf(self.epsilon):
+            return 0.0
+        if calibration == "paper":
+            return fclub_node_sigma(self.epsilon, self.delta, self.horizon)
+        return fclub_accounted_sigma(self.epsilon, self.delta, self.horizon, self.horizon)
+
+    @functools.cached_property
+    def sigma(self) -> float:
+        """The node σ of this mechanism's calibration."""
+        return self.node_sigma(self.calibration)
+
+    def epsilon_spent(self, phases: int) -> float:
+        """The ε (at δ) one record has spent after ``phases`` phases (:func:`fclub_epsilon`); ∞ at ε = ∞."""
+        return math.inf if math.isinf(self.epsilon) else fclub_epsilon(self.sigma, self.delta, self.horizon, phases)
 
 
 def augmented_gram(x: Tensor, y: Tensor) -> Tensor:

@@ -22,11 +22,14 @@ import numpy as np
 import torch
 
 from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.jit import build
 from fedrec.protocols.base import StepProtocol, kernel_call
 from fedrec.protocols.clustering import Radius
-from fedrec.protocols.kernels.club import CLUB, CLUB_RUN, LINUCB, SCLUB_RUN
+from fedrec.protocols.kernels.club import CLUB, CLUB_RUN, LINUCB, SCLUB, SCLUB_RUN, LocalSettings, LocalState
+from fedrec.protocols.kernels.clustering import ClusterParams, StepBlock
 
-METHODS = ("linucb", "club", "sclub")
+#: the methods and their kernel codes (``LocalSettings.method``)
+METHODS = {"linucb": LINUCB, "club": CLUB, "sclub": SCLUB}
 
 
 class LocalClustering(StepProtocol):
@@ -47,6 +50,8 @@ class LocalClustering(StepProtocol):
     backends = ("compiled",)
     #: the kernels count messages straight into the ledger
     honours_channel = False
+    #: no privacy: each server learns on its own users' raw data
+    privacy_mechanisms = ()
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int = 1, seed: int = 0, method: str = "club",
@@ -67,7 +72,7 @@ class LocalClustering(StepProtocol):
         self.alpha_p = check_float("alpha_p", alpha_p, low=0.0, low_open=True)
         self.radius = Radius.resolve(conventions, False, bonus, lam, sigma0, beta_scale, beta)
         failure = check_float("failure", failure, low=0.0, high=1.0, low_open=True)
-        self.params = self.radius.params(method, self.dim, L, clusters_bound, failure)
+        self.params = build(ClusterParams, self.radius.params(method, self.dim, L, clusters_bound, failure))
         block = n // L
         self.server = np.arange(n) // block
         self.lo = (self.server * block).astype(np.int64)
@@ -87,18 +92,17 @@ class LocalClustering(StepProtocol):
         self.register_buffer("checked", torch.zeros(R, n, dtype=torch.bool))
         self.register_buffer("t", torch.zeros((), dtype=torch.long))
 
+    def _kernel_views(self) -> dict[str, tuple]:
+        return {"params": self.params, "settings": build(LocalSettings, self, method=METHODS[self.method]),
+                "state": build(LocalState, self)}
+
     def _run(self, clients: torch.Tensor, contexts: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
         arms = torch.empty(clients.shape, dtype=torch.long)
-        head = (clients.contiguous().numpy(), contexts.contiguous().numpy(), rewards.contiguous().numpy(),
-                arms.numpy(), self.params, int(self.t))
-        state = (self.V.numpy(), self.b.numpy(), self.T.numpy(), self.theta.numpy())
-        parallel = self.replicates > 1
-        if self.method == "sclub":
-            kernel_call(SCLUB_RUN[parallel], *head, self.alpha, self.alpha_p, self.lo, self.hi, *state,
-                        self.cl.numpy(), self.snapT.numpy(), self.snapTheta.numpy(), self.checked.numpy())
-        else:
-            kernel_call(CLUB_RUN[parallel], *head, CLUB if self.method == "club" else LINUCB, self.alpha,
-                        self.lo, self.hi, *state, self.adj.numpy())
+        io = StepBlock(users=clients.contiguous().numpy(), contexts=contexts.contiguous().numpy(),
+                       rewards=rewards.contiguous().numpy(), arms=arms.numpy(), t0=int(self.t))
+        v = self.kernel_views()
+        kernel = (SCLUB_RUN if self.method == "sclub" else CLUB_RUN)[self.replicates > 1]
+        kernel_call(kernel, io, v["params"], v["settings"], v["state"])
         self.t += clients.shape[1]
         return arms
 

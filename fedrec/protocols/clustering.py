@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from fedrec.errors import ConfigError, check_float, check_int
-from fedrec.protocols.kernels.clustering import (
-    BETA_AUTHORS, BETA_AUTHORS_CDP, BETA_LEMMA1, NUM_PARAMS, P_BASE, P_BETA_FIXED, P_BETA_MODE, P_BETA_SCALE,
-    P_KAPPA, P_KAPPA_PER_ROOT_NU, P_LARG2, P_LOG_MLA, P_RATIO, P_RHO_MAX, P_RHO_PER_NU, P_SERVERS, P_SIGMA0,
-    P_SQUARED,
-)
+from fedrec.privacy.tree import TreeGaussian
+from fedrec.protocols.kernels.clustering import BETA_AUTHORS, BETA_AUTHORS_CDP, BETA_LEMMA1, ClusterParams
 
 CONVENTIONS = ("paper", "authors")
 BONUS = ("sqrt", "squared")
@@ -69,30 +67,27 @@ class Radius:
         )
 
     def params(self, method: str, dim: int, num_servers: int, clusters_bound: int, alpha: float,
-               synchronous: bool = False, horizon: int | None = None, epsilon: float | None = None,
-               delta: float | None = None) -> np.ndarray:
-        """The kernels' parameter array with the radius fields and λ (``P_BASE``) set, the others NaN.
+               synchronous: bool = False, privacy: TreeGaussian | None = None) -> dict[str, Any]:
+        """The kernels' :class:`~fedrec.protocols.kernels.clustering.ClusterParams` by field name, with the radius
+        fields and λ (``base``) set and those the recipe does not use NaN.
 
-        ``alpha`` is the failure probability of Lemma 1 (checked by the caller, in (0, 1]); ``synchronous`` methods (FCLUB, Homo) take the
-        authors' L_arg = L; ``horizon``, ``epsilon`` and ``delta`` are the CDP run's (authors CDP β)."""
+        ``alpha`` is the failure probability of Lemma 1 (checked by the caller, in (0, 1]); ``synchronous`` methods
+        (FCLUB, Homo) take the authors' L_arg = L; ``privacy`` is the CDP run's mechanism (authors CDP β)."""
         d, L = dim, num_servers
-        p = np.full(NUM_PARAMS, np.nan)
-        p[P_SQUARED] = float(self.bonus == "squared")
-        p[P_BETA_FIXED] = math.nan if self.beta is None else self.beta
-        p[P_SIGMA0], p[P_BETA_SCALE], p[P_SERVERS], p[P_BASE] = self.sigma0, self.beta_scale, L, self.lam
         m = check_int("clusters_bound", clusters_bound)
+        p: dict[str, Any] = dict.fromkeys(ClusterParams._fields, math.nan)
+        p.update(squared=self.bonus == "squared", beta_fixed=math.nan if self.beta is None else self.beta,
+                 sigma0=self.sigma0, beta_scale=self.beta_scale, servers=L, base=self.lam)
         if self.conventions == "paper":
-            p[P_BETA_MODE] = BETA_LEMMA1
-            p[P_LOG_MLA] = math.log(m * L / alpha)
-            p[P_RATIO], p[P_RHO_MAX], p[P_KAPPA] = 1.0, self.lam, 0.0  # with CDP: the caller's
-        elif epsilon is None:
-            p[P_BETA_MODE] = BETA_AUTHORS
-            p[P_LOG_MLA] = math.log(2 / AUTHORS_ALPHA[method])
-            p[P_LARG2] = float(L * L if synchronous else 1)
+            p.update(beta_mode=BETA_LEMMA1, log_mla=math.log(m * L / alpha), ratio=1.0, rho_max=self.lam,
+                     kappa=0.0)  # with CDP: the caller's
+        elif privacy is None:
+            p.update(beta_mode=BETA_AUTHORS, log_mla=math.log(2 / AUTHORS_ALPHA[method]),
+                     larg2=float(L * L if synchronous else 1))
         else:
-            p[P_BETA_MODE] = BETA_AUTHORS_CDP
-            log_term = math.log(2 * check_int("horizon", horizon) / AUTHORS_CDP_ALPHA)
-            p[P_LOG_MLA] = log_term
-            p[P_RHO_PER_NU] = 8 * math.sqrt(2) * math.log(4 / delta) * (4 * math.sqrt(d) + 2 * log_term) / epsilon
-            p[P_KAPPA_PER_ROOT_NU] = math.sqrt(2 * (math.sqrt(d) + 2 * log_term) / math.sqrt(2 * epsilon))
+            log_term = math.log(2 * privacy.horizon / AUTHORS_CDP_ALPHA)
+            eps, dlt = privacy.epsilon, privacy.delta
+            p.update(beta_mode=BETA_AUTHORS_CDP, log_mla=log_term,
+                     rho_per_nu=8 * math.sqrt(2) * math.log(4 / dlt) * (4 * math.sqrt(d) + 2 * log_term) / eps,
+                     kappa_per_root_nu=math.sqrt(2 * (math.sqrt(d) + 2 * log_term) / math.sqrt(2 * eps)))
         return p

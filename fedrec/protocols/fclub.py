@@ -7,8 +7,9 @@ cluster), and the global server merges local clusters of different servers whose
 the partition changed (and at the first phase) every local cluster is renewed with a copy of its global cluster's
 sums. Within a phase (the compiled kernel) the arriving user's local cluster recommends from its synchronised
 statistics, and the upload (eq. 5) and download (eq. 6) triggers exchange buffered increments with the global
-cluster. With ``epsilon`` set, each local cluster's releases pass the tree-based privatiser of Algorithm 5, whose
-noise and the 2ρI / 3ρI shifts reach the statistics used to recommend and merge (§8.5).
+cluster. With ``privacy`` (:class:`~fedrec.privacy.TreeGaussian`, CDP-FCLUB-DC), each local cluster's releases pass
+the tree-based privatiser of Algorithm 5, whose noise and the 2ρI / 3ρI shifts reach the statistics used to
+recommend and merge (§8.5).
 
 Local cluster slots are their smallest user's id and global cluster slots their smallest local slot, so a
 partition is the pair of arrays (``lc``, ``gk``) and "the partition changed" is an array comparison.
@@ -20,18 +21,15 @@ import numpy as np
 import torch
 
 from fedrec.errors import ConfigError, check_float, check_int
-from fedrec.privacy.tree import fclub_accounted_sigma, fclub_epsilon, fclub_node_sigma
+from fedrec.jit import build, field_types
+from fedrec.privacy.tree import TreeGaussian
 from fedrec.protocols.base import StepProtocol, kernel_call
 from fedrec.protocols.clustering import Radius, confidence_shape
-from fedrec.protocols.kernels.clustering import (
-    P_BASE, P_KAPPA, P_LOG_D, P_LOG_U, P_PRIVATE, P_RATIO, P_RHO, P_RHO_MAX, P_SCALARS, P_SIGMA_NODE,
+from fedrec.protocols.kernels.clustering import ClusterParams, StepBlock
+from fedrec.protocols.kernels.fclub import (
+    PHASE_RUN, Clusters, Partition, PhaseSettings, Privatisers, Traffic, Users, count, release,
 )
-from fedrec.protocols.kernels.fclub import PHASE_RUN, count, release
 from fedrec.rng import stream_key
-
-
-#: how CDP-FCLUB-DC's node noise is calibrated (see ``calibration``)
-CALIBRATIONS = ("paper", "accountant")
 
 
 class FederatedClustering(StepProtocol):
@@ -48,13 +46,10 @@ class FederatedClustering(StepProtocol):
         bonus: ``sqrt`` (the paper's UCB) or ``squared`` (β·xᵀS⁻¹x, the authors' code, §8.3); None: the convention's.
         beta: a fixed β, or None for the convention's recipe; ``beta_scale`` multiplies the recipe's.
         sigma0, alpha, clusters_bound: σ₀, the failure probability α and the m inside Lemma 1's log.
-        epsilon, delta, horizon: CDP-FCLUB-DC when ``epsilon`` is set: the privatiser's (ε, δ) and the upload
-            bound t_c = ``horizon`` that fixes the tree depth ν (§2.0). ``epsilon=inf`` runs the private code path
-            with zero noise, ρ = κ = 0 and the λ ridge: FCLUB-DC decision for decision (spec §6 test 5).
-        calibration: the node noise σ_N: ``paper`` (σ_N² = 64ν ln(2/δ)²/ε² per privatiser, Sec. 3) or
-            ``accountant`` (the smallest σ_N whose run of ``horizon`` rounds, phases composed, spends at most
-            (ε, δ) by :func:`fedrec.privacy.tree.fclub_epsilon`; ρ and κ rescaled with it). The paper's σ_N spends
-            far less than ε at small ε and more than ε at large ε (≳ 16 at T = 10⁵) once phases compose.
+        privacy: CDP-FCLUB-DC's mechanism (:class:`~fedrec.privacy.TreeGaussian`: (ε, δ), the upload bound t_c
+            that fixes the tree depth ν, the node σ's calibration; with the accountant's σ, ρ and κ are rescaled with
+            it); None: no privacy. ε = ∞ runs the private code path with zero noise, ρ = κ = 0 and the λ ridge:
+            FCLUB-DC decision for decision (spec §6 test 5).
     """
 
     max_agents_per_step = 1
@@ -62,19 +57,23 @@ class FederatedClustering(StepProtocol):
     backends = ("compiled",)
     #: the kernels count messages straight into the ledger
     honours_channel = False
+    #: CDP-FCLUB-DC's privatisers (``privacy=tree_gaussian``)
+    privacy_mechanisms = (TreeGaussian,)
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int = 1, seed: int = 0, num_servers: int = 5,
         upload_threshold: float = 1.01, download_threshold: float = 1.01, conventions: str = "paper",
         lam: float | None = None, delete_alpha: float = 1.5, merge_alpha: float = 2.0, pooled: bool = False,
         bonus: str | None = None, beta: float | None = None, beta_scale: float | None = None,
-        sigma0: float | None = None, alpha: float = 0.1, clusters_bound: int = 4, epsilon: float | None = None,
-        delta: float = 0.1, horizon: int = 100_000, calibration: str = "paper", backend: str = "auto",
+        sigma0: float | None = None, alpha: float = 0.1, clusters_bound: int = 4,
+        privacy: TreeGaussian | None = None, backend: str = "auto",
     ) -> None:
         L = check_int("num_servers", num_servers)
         n = check_int("num_clients", num_clients)
         if L > n or n % L:
             raise ConfigError(f"num_servers must divide num_clients = {n} (contiguous blocks of n/L), got {L}")
+        if privacy is not None and not isinstance(privacy, TreeGaussian):
+            raise ConfigError(f"privacy must be a fedrec.privacy.TreeGaussian or None, got {type(privacy).__name__}")
         super().__init__(n, dim, replicates, seed, backend, {"server": L, "global": 1})
         self.num_servers = L
         self.U = check_float("upload_threshold", upload_threshold, low=1.0)
@@ -82,63 +81,43 @@ class FederatedClustering(StepProtocol):
         self.delete_alpha = check_float("delete_alpha", delete_alpha, low=0.0, low_open=True)
         self.merge_alpha = check_float("merge_alpha", merge_alpha, low=0.0)
         self.pooled = bool(pooled)
-        self.private = epsilon is not None
+        self.privacy = privacy
+        self.private = privacy is not None
         self.radius = Radius.resolve(conventions, self.private, bonus, lam, sigma0, beta_scale, beta)
         self.lam = self.radius.lam
         d, R = self.dim, self.replicates
-        if self.private:
-            eps = check_float("epsilon", epsilon, low=0.0, low_open=True, allow_inf=True)
-            dlt = check_float("delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
-            t_c = check_int("horizon", horizon)
-        else:
-            eps = dlt = t_c = None
         m = check_int("clusters_bound", clusters_bound)
         alpha = check_float("alpha", alpha, low=0.0, high=1.0, low_open=True)
-        params = self.radius.params("fclub", d, L, m, alpha, synchronous=self.U == self.D == 1.0, horizon=t_c,
-                                    epsilon=eps, delta=dlt)
-        params[P_LOG_U] = math.log(self.U)
-        params[P_LOG_D] = math.log(self.D)
-        params[P_PRIVATE] = float(self.private)
-        params[P_SCALARS] = d * d + d + 1  # (ΔS, Δu, ΔT) or (S, u, T)
-        if self.private:
-            if calibration not in CALIBRATIONS:
-                raise ConfigError(f"calibration must be one of {list(CALIBRATIONS)}, got {calibration!r}")
-            nu = math.ceil(math.log2(t_c + 1)) + 1
+        params = self.radius.params("fclub", d, L, m, alpha, synchronous=self.U == self.D == 1.0, privacy=privacy)
+        self.log_u, self.log_d = math.log(self.U), math.log(self.D)
+        self.message_scalars = d * d + d + 1  # (ΔS, Δu, ΔT) or (S, u, T)
+        self.rho = self.sigma_node = 0.0
+        if privacy is not None:
+            eps, dlt, t_c, nu = privacy.epsilon, privacy.delta, privacy.horizon, privacy.nu
             rho = 8 * math.sqrt(2) * nu * math.log(4 / dlt) * (4 * math.sqrt(d) + 2 * math.log(2 * m * L / alpha)) / eps
             kappa = math.sqrt(2 * nu) * (math.sqrt(d) + 2 * math.log(2 * m * L / alpha)) / math.sqrt(2 * eps)
-            sigma = fclub_node_sigma(eps, dlt, t_c) if rho > 0 else 0.0
-            if calibration == "accountant" and rho > 0:  # ρ bounds ‖H‖ ∝ σ, κ ∝ ‖h‖/√ρ ∝ √σ: rescale both
-                scale = fclub_accounted_sigma(eps, dlt, t_c, t_c) / sigma
-                sigma, rho, kappa = sigma * scale, rho * scale, kappa * math.sqrt(scale)
+            if privacy.calibration == "accountant" and rho > 0:  # ρ bounds ‖H‖ ∝ σ, κ ∝ ‖h‖/√ρ ∝ √σ: rescale both
+                scale = privacy.sigma / privacy.node_sigma("paper")
+                rho, kappa = rho * scale, kappa * math.sqrt(scale)
             if math.isfinite(eps) and min(self.U, self.D) <= 1.0:
-                raise ConfigError("upload_threshold and download_threshold must be > 1 with epsilon set "
+                raise ConfigError("upload_threshold and download_threshold must be > 1 with privacy "
                                   "(rho_max of Lemma 1 divides by ln min(U, D))")
             if self.radius.conventions == "paper" and rho > 0:  # Lemma 1's radius with the privatiser's bounds
                 rho_max = 3 * rho + 3 * rho * d * math.log(t_c) / math.log(min(self.U, self.D))
-                params[P_BASE], params[P_RATIO], params[P_RHO_MAX] = rho, rho_max / rho, rho_max
-                params[P_KAPPA] = kappa
-            params[P_RHO], params[P_SIGMA_NODE] = rho, sigma
-            self.rho, self.epsilon, self.delta, self.nu, self.horizon = rho, eps, dlt, nu, t_c
-        else:
-            params[P_RHO] = params[P_SIGMA_NODE] = 0.0
-        self.params = params
+                params.update(base=rho, ratio=rho_max / rho, rho_max=rho_max, kappa=kappa)
+            self.rho, self.sigma_node = rho, privacy.sigma
+        self.params = build(ClusterParams, params)
         self.server = np.arange(n) // (n // L)
-        f64 = dict(dtype=torch.float64)
-        for name, shape in (("V", (R, n, d, d)), ("bu", (R, n, d)), ("Tu", (R, n)),
-                            ("S", (R, n, d, d)), ("u", (R, n, d)), ("Tc", (R, n)), ("Sinv", (R, n, d, d)),
-                            ("Slogdet", (R, n)), ("dS", (R, n, d, d)), ("du", (R, n, d)), ("dT", (R, n)),
-                            ("dSm", (R, n, d, d)), ("dum", (R, n, d)), ("dTm", (R, n)),
-                            ("Sg", (R, n, d, d)), ("ug", (R, n, d)), ("Tg", (R, n)), ("Sglogdet", (R, n)),
-                            ("H", (R, n, d, d)), ("h", (R, n, d)), ("Hbar", (R, n, d, d)), ("hbar", (R, n, d))):
-            self.register_buffer(name, torch.zeros(shape, **f64))
+        shapes = {1: (R, n), 2: (R, n, d), 3: (R, n, d, d)}  # by a field's rank after the replicate axis
+        for struct in (Users, Clusters, Privatisers):
+            for name, kind in field_types(struct).items():
+                self.register_buffer(name, torch.from_numpy(np.zeros(shapes[kind.ndim - 1], kind.dtype)))
         same = torch.from_numpy(self.server[:, None] == self.server[None, :]) & ~torch.eye(n, dtype=torch.bool)
         self.register_buffer("adj", same.expand(R, n, n).clone())
         self.register_buffer("lc", torch.from_numpy(self.server * (n // L)).expand(R, n).clone())
         self.register_buffer("gk", torch.zeros(R, n, dtype=torch.long))
         self.register_buffer("mem", torch.zeros(R, n, n, dtype=torch.long))
         self.register_buffer("nmem", torch.zeros(R, n, dtype=torch.long))
-        self.register_buffer("puid", torch.zeros(R, n, dtype=torch.long))
-        self.register_buffer("pcalls", torch.zeros(R, n, dtype=torch.long))
         self.register_buffer("next_uid", torch.zeros(R, dtype=torch.long))
         self.register_buffer("t", torch.zeros((), dtype=torch.long))
         self.register_buffer("phase", torch.zeros((), dtype=torch.long))
@@ -155,8 +134,16 @@ class FederatedClustering(StepProtocol):
         return stream_key(self.seed, "fclub.privatiser")
 
     # ---------------------------------------------------------------------------------------------- steps
+    def _kernel_views(self) -> dict[str, tuple]:
+        ledger = self.channel.ledger
+        traffic = {"server": ledger.traffic("server"), "global_server": ledger.traffic("global")}
+        return {"params": self.params, "settings": build(PhaseSettings, self), "partition": build(Partition, self),
+                "users": build(Users, self), "clusters": build(Clusters, self),
+                "privatisers": build(Privatisers, self), "traffic": build(Traffic, traffic)}
+
     def _run(self, clients: torch.Tensor, contexts: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
         arms = torch.empty(clients.shape, dtype=torch.long)
+        v = self.kernel_views()
         S, done = clients.shape[1], 0
         while done < S:
             if int(self.t) + 1 == 2 ** (int(self.phase) + 1) - 1:  # round t + 1 starts the next phase
@@ -165,20 +152,15 @@ class FederatedClustering(StepProtocol):
                     self._detect_and_adjust(r)
             stop = min(S, done + 2 ** (int(self.phase) + 1) - 1 - (int(self.t) + 1))
             block = slice(done, stop)
-            kernel_call(PHASE_RUN[self.replicates > 1], clients[:, block].contiguous().numpy(),
-                        contexts[:, block].contiguous().numpy(), rewards[:, block].contiguous().numpy(),
-                        arms[:, block].numpy() if stop - done == S else _view(arms, block),
-                        self.params, int(self.t), self.noise_key, self.server, *self._views())
+            io = StepBlock(users=clients[:, block].contiguous().numpy(),
+                           contexts=contexts[:, block].contiguous().numpy(),
+                           rewards=rewards[:, block].contiguous().numpy(),
+                           arms=arms[:, block].numpy() if stop - done == S else _view(arms, block), t0=int(self.t))
+            kernel_call(PHASE_RUN[self.replicates > 1], io, v["params"], v["settings"], v["partition"], v["users"],
+                        v["clusters"], v["privatisers"], v["traffic"])
             self.t += stop - done
             done = stop
         return arms
-
-    def _views(self) -> tuple[np.ndarray, ...]:
-        names = ("lc", "gk", "mem", "nmem", "V", "bu", "Tu", "S", "u", "Tc", "Sinv", "Slogdet", "dS", "du", "dT",
-                 "dSm", "dum", "dTm", "Sg", "ug", "Tg", "Sglogdet", "H", "h", "Hbar", "hbar", "puid", "pcalls")
-        ledger = self.channel.ledger
-        return (*(getattr(self, n).numpy() for n in names), ledger.traffic("server").numpy(),
-                ledger.traffic("global").numpy())
 
     # ---------------------------------------------------------------------------------------------- Alg. 2
     def _detect_and_adjust(self, r: int) -> None:
@@ -186,7 +168,8 @@ class FederatedClustering(StepProtocol):
         from scipy.sparse.csgraph import connected_components
 
         d, n = self.dim, self.num_clients
-        V, b, T = self.V[r].numpy(), self.bu[r].numpy(), self.Tu[r].numpy()
+        users = self.kernel_views()["users"]
+        V, b, T = users.V[r], users.bu[r], users.Tu[r]
         adj = self.adj[r].numpy()
         if not self.pooled:
             theta = np.linalg.solve(self.lam * np.eye(d) + V, b[..., None])[..., 0]
@@ -236,39 +219,37 @@ class FederatedClustering(StepProtocol):
         return np.array([first[lab] for lab in labels])
 
     def _renew(self, r: int, slot: np.ndarray, locals_: np.ndarray, new_gk: np.ndarray, uploads: list[tuple]) -> None:
-        """Alg. 2 l.10–16: global sums of the uploads, copied (never aliased) into every member, fresh buffers."""
+        """Alg. 2 l.10–16: global sums of the uploads, copied (never aliased) into every member, fresh buffers and
+        privatisers."""
         d = self.dim
-        a = {name: getattr(self, name)[r].numpy() for name in (
-            "S", "u", "Tc", "dS", "du", "dT", "dSm", "dum", "dTm", "Sg", "ug", "Tg", "H", "h", "Hbar", "hbar", "Sinv",
-            "Slogdet", "Sglogdet", "nmem", "mem", "lc", "gk", "puid", "pcalls")}
-        for name in ("S", "u", "Tc", "dS", "du", "dT", "dSm", "dum", "dTm", "Sg", "ug", "Tg", "H", "h", "Hbar", "hbar",
-                     "Sinv", "nmem"):
-            a[name][...] = 0
-        a["Slogdet"][:] = math.nan
-        a["Sglogdet"][:] = math.nan
-        a["lc"][:], a["gk"][:] = slot, new_gk
+        v = self.kernel_views()
+        part, cl, pvt = v["partition"], v["clusters"], v["privatisers"]
+        for array in (*cl, *pvt, part.mem, part.nmem):
+            array[r] = 0
+        cl.Slogdet[r] = cl.Sglogdet[r] = math.nan
+        part.lc[r], part.gk[r] = slot, new_gk
         index = {int(c): j for j, c in enumerate(locals_)}
         for k in np.unique(new_gk[locals_]):
             members = [int(c) for c in locals_ if new_gk[c] == k]
-            a["Sg"][k] = sum(uploads[index[c]][0] for c in members)
-            a["ug"][k] = sum(uploads[index[c]][1] for c in members)
-            a["Tg"][k] = sum(uploads[index[c]][2] for c in members)
-            a["Sglogdet"][k] = np.linalg.slogdet(a["Sg"][k])[1]
-            a["mem"][k, :len(members)] = members
-            a["nmem"][k] = len(members)
-            inverse = np.linalg.inv(a["Sg"][k])
+            cl.Sg[r, k] = sum(uploads[index[c]][0] for c in members)
+            cl.ug[r, k] = sum(uploads[index[c]][1] for c in members)
+            cl.Tg[r, k] = sum(uploads[index[c]][2] for c in members)
+            cl.Sglogdet[r, k] = np.linalg.slogdet(cl.Sg[r, k])[1]
+            part.mem[r, k, :len(members)] = members
+            part.nmem[r, k] = len(members)
+            inverse = np.linalg.inv(cl.Sg[r, k])
             for c in members:  # copies, never views of the global cluster's arrays
-                a["S"][c], a["u"][c], a["Tc"][c] = a["Sg"][k], a["ug"][k], a["Tg"][k]
-                a["Sinv"][c], a["Slogdet"][c] = inverse, a["Sglogdet"][k]
+                cl.S[r, c], cl.u[r, c], cl.Tc[r, c] = cl.Sg[r, k], cl.ug[r, k], cl.Tg[r, k]
+                cl.Sinv[r, c], cl.Slogdet[r, c] = inverse, cl.Sglogdet[r, k]
                 self._count(r, int(self.server[c]), "download")
                 if self.private:
                     _, _, _, uid, H0, h0 = uploads[index[c]]
-                    a["puid"][c], a["pcalls"][c] = uid, 2
-                    a["Hbar"][c], a["hbar"][c] = H0, h0
+                    pvt.puid[r, c], pvt.pcalls[r, c] = uid, 2
+                    pvt.Hbar[r, c], pvt.hbar[r, c] = H0, h0
                     H, h = self._release(uid, 2)
-                    a["H"][c], a["h"][c] = H, h
-                    a["dS"][c] = 3 * self.rho * np.eye(d) + H - H0
-                    a["du"][c] = h - h0
+                    pvt.H[r, c], pvt.h[r, c] = H, h
+                    cl.dS[r, c] = 3 * self.rho * np.eye(d) + H - H0
+                    cl.du[r, c] = h - h0
 
     # ---------------------------------------------------------------------------------------------- helpers
     def _new_privatiser(self, r: int) -> int:
@@ -280,25 +261,22 @@ class FederatedClustering(StepProtocol):
         """(H, h) of release ``calls`` of privatiser ``uid`` (Alg. 5)."""
         d = self.dim
         N, Z = np.zeros((d + 1, d + 1)), np.zeros((d + 1, d + 1))
-        release(self.noise_key, uid, calls, float(self.params[P_SIGMA_NODE]), d, N, Z)
+        release(self.noise_key, uid, calls, self.sigma_node, d, N, Z)
         return N[:d, :d].copy(), N[:d, d].copy()
 
     def _count(self, r: int, server: int, kind: str) -> None:
         """One phase-start upload or renewal download of local server ``server`` (§4.5), as the kernel counts."""
-        ledger = self.channel.ledger
-        count(ledger.traffic("server").numpy(), ledger.traffic("global").numpy(), r, server,
-              0 if kind == "upload" else 1, self.params[P_SCALARS])
+        count(self.kernel_views()["traffic"], r, server, 0 if kind == "upload" else 1, self.message_scalars)
 
     def metrics(self) -> dict[str, torch.Tensor]:
         """Per replicate: the number of global clusters and of local clusters at the last phase start, and with
-        CDP the ε one record has spent so far (:func:`fedrec.privacy.tree.fclub_epsilon`, at ``delta``)."""
+        CDP the ε one record has spent so far (:meth:`fedrec.privacy.TreeGaussian.epsilon_spent`, at its δ)."""
         out = {"global_clusters": [], "local_clusters": []}
         for r in range(self.replicates):
             out["global_clusters"].append(int((self.nmem[r] > 0).sum()))
             out["local_clusters"].append(int(len(np.unique(self.lc[r].numpy()))))
-        if self.private and math.isfinite(self.epsilon):
-            spent = fclub_epsilon(float(self.params[P_SIGMA_NODE]), self.delta, self.horizon, int(self.phase))
-            out["epsilon_spent"] = [spent] * self.replicates
+        if self.privacy is not None and math.isfinite(self.privacy.epsilon):
+            out["epsilon_spent"] = [self.privacy.epsilon_spent(int(self.phase))] * self.replicates
         return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
 
     def partition(self, r: int = 0) -> np.ndarray:

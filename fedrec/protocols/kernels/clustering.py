@@ -1,26 +1,53 @@
 """What the compiled loops of the clustering-of-bandits family share (spec fclub.md §2, §2.8, §8.3–8.4): the
-parameter layout, the confidence radius β under both conventions, and the UCB pick on aggregated statistics.
+block of steps they play (:class:`StepBlock`), the radius parameters (:class:`ClusterParams`), the confidence
+radius β under both conventions, and the UCB pick on aggregated statistics.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from fedrec.jit import jit
+from fedrec.jit import F64, I64, jit
 from fedrec.protocols.kernels.linear import first_near_max, solve_into
 
-# params layout (a float64 array shared by FCLUB's phase loop and the per-server baselines)
-P_LOG_U, P_LOG_D, P_SIGMA0, P_LOG_MLA, P_BASE, P_RATIO, P_RHO_MAX, P_KAPPA = 0, 1, 2, 3, 4, 5, 6, 7
-P_BETA_SCALE, P_BETA_FIXED, P_SQUARED, P_PRIVATE, P_RHO, P_SIGMA_NODE, P_SCALARS = 8, 9, 10, 11, 12, 13, 14
-P_BETA_MODE, P_LARG2, P_SERVERS, P_RHO_PER_NU, P_KAPPA_PER_ROOT_NU = 15, 16, 17, 18, 19
-NUM_PARAMS = 20
-
-#: β recipes (``P_BETA_MODE``): Lemma 1 (the paper), the authors' non-private and CDP radii (§4.2, §8.4)
+#: β recipes (``ClusterParams.beta_mode``): Lemma 1 (the paper), the authors' non-private and CDP radii (§4.2, §8.4)
 BETA_LEMMA1, BETA_AUTHORS, BETA_AUTHORS_CDP = 0, 1, 2
 
 
+class StepBlock(NamedTuple):
+    """A block of steps of every replicate: who arrives, what is offered, the arms (written by the kernel)."""
+
+    users: I64[2]  #: (R, S) the arriving user of each step
+    contexts: F64[4]  #: (R, S, K, d)
+    rewards: F64[3]  #: (R, S, K)
+    arms: I64[2]  #: (R, S) the decisions
+    t0: int  #: the round before the block (step s plays round t0 + s + 1)
+
+
+class ClusterParams(NamedTuple):
+    """The recommendation conventions as the kernels read them (:meth:`fedrec.protocols.clustering.Radius.params`);
+    fields a recipe does not use are NaN."""
+
+    squared: bool  #: the bonus β·xᵀM⁻¹x instead of β·sqrt(xᵀM⁻¹x)
+    beta_fixed: float  #: a fixed β; NaN: the recipe's
+    beta_mode: int  #: :data:`BETA_LEMMA1`, :data:`BETA_AUTHORS` or :data:`BETA_AUTHORS_CDP`
+    beta_scale: float  #: multiplies the recipe's β
+    sigma0: float  #: σ₀
+    base: float  #: the ridge of the aggregates: λ, or ρ_min = ρ with CDP (Lemma 1)
+    log_mla: float  #: the recipe's log term: ln(mL/α), ln(2/α) or ln(2T/α₁)
+    ratio: float  #: ρ_max/ρ_min (Lemma 1)
+    rho_max: float  #: ρ_max (Lemma 1)
+    kappa: float  #: κ (Lemma 1)
+    larg2: float  #: L_arg² of the authors' β
+    servers: int  #: L
+    rho_per_nu: float  #: ρ(ν)/ν of the authors' CDP β
+    kappa_per_root_nu: float  #: κ(ν)/sqrt(ν) of the authors' CDP β
+
+
 @jit
-def beta(params: np.ndarray, count: float, members: int, d: int, t: int) -> float:
-    """The radius of a cluster with ``count`` observations in round ``t`` (P_LOG_MLA holds the recipe's log term):
+def beta(p: ClusterParams, count: float, members: int, d: int, t: int) -> float:
+    """The radius of a cluster with ``count`` observations in round ``t`` (``log_mla`` holds the recipe's log term):
 
     * Lemma 1: σ₀·sqrt(2 ln(mL/α) + d ln(ρ_max/ρ_min + T/(d L′ ρ_min))) + sqrt(L′ ρ_max) + sqrt(L′) κ, with
       ρ_min = ρ_max = λ and κ = 0 without privacy (§2.0, §2.7); L′ = ``members``;
@@ -29,22 +56,20 @@ def beta(params: np.ndarray, count: float, members: int, d: int, t: int) -> floa
       ν = ln T_c + 1, ρ(ν) and κ(ν) the paper's with ln(2T/α₁) for ln(2mL/α) (§8.4);
 
     times ``beta_scale``; or the fixed β."""
-    if not np.isnan(params[P_BETA_FIXED]):
-        return params[P_BETA_FIXED]
-    mode = params[P_BETA_MODE]
-    if mode == BETA_AUTHORS:
-        inner = 2.0 * params[P_LOG_MLA] + d * np.log(3.0 + t * params[P_LARG2] / d)
-        return params[P_BETA_SCALE] * params[P_SIGMA0] * np.sqrt(max(inner, 0.0))
-    if mode == BETA_AUTHORS_CDP:
+    if not np.isnan(p.beta_fixed):
+        return p.beta_fixed
+    if p.beta_mode == BETA_AUTHORS:
+        inner = 2.0 * p.log_mla + d * np.log(3.0 + t * p.larg2 / d)
+        return p.beta_scale * p.sigma0 * np.sqrt(max(inner, 0.0))
+    if p.beta_mode == BETA_AUTHORS_CDP:
         nu = np.log(max(count, 1.0)) + 1.0
-        L = params[P_SERVERS]
-        inner = 2.0 * params[P_LOG_MLA] + d * np.log(1.0 + count / (d * L * params[P_BASE]))
-        extra = np.sqrt(L * params[P_RHO_PER_NU] * nu) + np.sqrt(L * nu) * params[P_KAPPA_PER_ROOT_NU]
-        return params[P_BETA_SCALE] * (params[P_SIGMA0] * np.sqrt(max(inner, 0.0)) + extra)
-    base = params[P_BASE]
-    inner = 2.0 * params[P_LOG_MLA] + d * np.log(params[P_RATIO] + count / (d * members * base))
-    extra = np.sqrt(members * params[P_RHO_MAX]) + np.sqrt(members) * params[P_KAPPA]
-    return params[P_BETA_SCALE] * (params[P_SIGMA0] * np.sqrt(inner) + extra)
+        L = p.servers
+        inner = 2.0 * p.log_mla + d * np.log(1.0 + count / (d * L * p.base))
+        extra = np.sqrt(L * p.rho_per_nu * nu) + np.sqrt(L * nu) * p.kappa_per_root_nu
+        return p.beta_scale * (p.sigma0 * np.sqrt(max(inner, 0.0)) + extra)
+    inner = 2.0 * p.log_mla + d * np.log(p.ratio + count / (d * members * p.base))
+    extra = np.sqrt(members * p.rho_max) + np.sqrt(members) * p.kappa
+    return p.beta_scale * (p.sigma0 * np.sqrt(inner) + extra)
 
 
 @jit

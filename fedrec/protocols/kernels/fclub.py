@@ -4,17 +4,91 @@ Every replicate plays its steps in order: the arriving user's local cluster reco
 statistics (S, u), the user's own statistics and the cluster's upload buffer take the observation, and the
 upload (eq. 5) and download (eq. 6) triggers move buffers to the global cluster and back. Phase starts (Alg. 2)
 run in Python between calls. Messages are counted straight into the ledger's traffic arrays.
+
+The loop takes the protocol's buffers as named structures (:class:`fedrec.protocols.FederatedClustering`'s
+buffers of the same names): :class:`Partition`, :class:`Users`, :class:`Clusters`, :class:`Privatisers`, and
+its settings (:class:`PhaseSettings`, :class:`~fedrec.protocols.kernels.clustering.ClusterParams`) and
+:class:`Traffic`. Local cluster slots are their smallest user's id, global cluster slots their smallest local slot.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from fedrec.jit import jit, parallel_variant, prange
-from fedrec.protocols.kernels.clustering import (
-    P_LOG_D, P_LOG_U, P_PRIVATE, P_RHO, P_SCALARS, P_SIGMA_NODE, P_SQUARED, beta, ucb_pick,
-)
+from fedrec.jit import F64, I64, jit, parallel_variant, prange
 from fedrec.privacy.tree_noise import SYMMETRIC, prefix_noise
+from fedrec.protocols.kernels.clustering import beta, ucb_pick
 from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
+
+
+class Partition(NamedTuple):
+    """Who belongs where: users to local clusters, local to global clusters (replicate first)."""
+
+    server: I64[1]  #: (n,) each user's local server (fixed)
+    lc: I64[2]  #: (R, n) each user's local cluster slot
+    gk: I64[2]  #: (R, n) each local slot's global cluster slot
+    mem: I64[3]  #: (R, n, n) the local slots of each global cluster, the first ``nmem`` of them
+    nmem: I64[2]  #: (R, n) local clusters per global cluster (0: no global cluster at this slot)
+
+
+class Users(NamedTuple):
+    """Each user's own statistics (Alg. 1 l.13): V_i, b_i and T_i."""
+
+    V: F64[4]
+    bu: F64[3]
+    Tu: F64[2]
+
+
+class Clusters(NamedTuple):
+    """Per local cluster slot its synchronised statistics, upload buffer and download queue, and per global cluster
+    slot its sums (Alg. 3–4); the log-determinants are NaN while a matrix is singular or unused."""
+
+    S: F64[4]  #: synchronised Gram matrix S_c
+    u: F64[3]
+    Tc: F64[2]
+    Sinv: F64[4]  #: S_c⁻¹ (0 while singular)
+    Slogdet: F64[2]
+    dS: F64[4]  #: upload buffer ΔS_c (with the privatiser's noise and 3ρI shift under CDP)
+    du: F64[3]
+    dT: F64[2]
+    dSm: F64[4]  #: download queue ΔS_c⁻: what other members uploaded since c's last download
+    dum: F64[3]
+    dTm: F64[2]
+    Sg: F64[4]  #: global cluster sums S^g_k
+    ug: F64[3]
+    Tg: F64[2]
+    Sglogdet: F64[2]
+
+
+class Privatisers(NamedTuple):
+    """Each local cluster's privatiser (Alg. 5): its stream, its releases so far and its last two releases."""
+
+    puid: I64[2]  #: the privatiser's tree stream
+    pcalls: I64[2]  #: its releases so far
+    H: F64[4]  #: the latest release's Gram part
+    h: F64[3]
+    Hbar: F64[4]  #: the release before it
+    hbar: F64[3]
+
+
+class PhaseSettings(NamedTuple):
+    """FCLUB's own settings (:class:`fedrec.protocols.FederatedClustering`'s attributes of the same names)."""
+
+    log_u: float  #: ln U of eq. 5 (≤ 0: upload every round)
+    log_d: float  #: ln D of eq. 6
+    private: bool  #: CDP: uploads restart the buffer from the privatiser's next release
+    rho: float  #: ρ of the 3ρI shift of a fresh buffer
+    sigma_node: float  #: σ of the privatisers' tree nodes
+    message_scalars: int  #: scalars in one (ΔS, Δu, ΔT) or (S, u, T) message
+    noise_key: np.uint64  #: the key of the privatisers' tree noise
+
+
+class Traffic(NamedTuple):
+    """The ledger's traffic arrays, (R, endpoints, kinds, 2, 3): the local servers' and the global server's."""
+
+    server: I64[5]
+    global_server: I64[5]
 
 
 @jit
@@ -38,113 +112,120 @@ def refresh(S: np.ndarray, inv: np.ndarray, logdet: np.ndarray, c: int, L: np.nd
 
 
 @jit
-def count(traffic_server: np.ndarray, traffic_global: np.ndarray, r: int, server: int, kind: int,
-          scalars: float) -> None:
+def count(traffic: Traffic, r: int, server: int, kind: int, scalars: int) -> None:
     """One message between local server ``server`` and the global server: kind 0 uploads, 1 downloads."""
-    n = int(scalars)
     side_server = 0 if kind == 0 else 1  # an upload is sent by the local server, a download received
-    for unit, amount in ((0, 1), (1, n), (2, 8 * n)):
-        traffic_server[r, server, kind, side_server, unit] += amount
-        traffic_global[r, 0, kind, 1 - side_server, unit] += amount
+    for unit, amount in ((0, 1), (1, scalars), (2, 8 * scalars)):
+        traffic.server[r, server, kind, side_server, unit] += amount
+        traffic.global_server[r, 0, kind, 1 - side_server, unit] += amount
 
 
 @jit
-def next_buffer(params: np.ndarray, key: np.uint64, r: int, c: int, puid: np.ndarray, pcalls: np.ndarray, H: np.ndarray,
-                h: np.ndarray, Hbar: np.ndarray, hbar: np.ndarray, dS: np.ndarray, du: np.ndarray,
-                N: np.ndarray, Z: np.ndarray) -> None:
+def next_buffer(cfg: PhaseSettings, r: int, c: int, cl: Clusters, pvt: Privatisers, N: np.ndarray,
+                Z: np.ndarray) -> None:
     """Restart local cluster c's upload buffer: 0, or 3ρI + H − H̄ with the privatiser's next release (Alg. 3 l.9–10)."""
-    d = dS.shape[-1]
-    if params[P_PRIVATE] == 0.0:
-        dS[r, c] = 0.0
-        du[r, c] = 0.0
+    d = cl.dS.shape[-1]
+    if not cfg.private:
+        cl.dS[r, c] = 0.0
+        cl.du[r, c] = 0.0
         return
-    Hbar[r, c] = H[r, c]
-    hbar[r, c] = h[r, c]
-    pcalls[r, c] += 1
-    release(key, puid[r, c], pcalls[r, c], params[P_SIGMA_NODE], d, N, Z)
+    pvt.Hbar[r, c] = pvt.H[r, c]
+    pvt.hbar[r, c] = pvt.h[r, c]
+    pvt.pcalls[r, c] += 1
+    release(cfg.noise_key, pvt.puid[r, c], pvt.pcalls[r, c], cfg.sigma_node, d, N, Z)
     for i in range(d):
-        h[r, c, i] = N[i, d]
+        pvt.h[r, c, i] = N[i, d]
         for j in range(d):
-            H[r, c, i, j] = N[i, j]
+            pvt.H[r, c, i, j] = N[i, j]
     for i in range(d):
-        du[r, c, i] = h[r, c, i] - hbar[r, c, i]
+        cl.du[r, c, i] = pvt.h[r, c, i] - pvt.hbar[r, c, i]
         for j in range(d):
-            dS[r, c, i, j] = H[r, c, i, j] - Hbar[r, c, i, j] + (3.0 * params[P_RHO] if i == j else 0.0)
+            cl.dS[r, c, i, j] = pvt.H[r, c, i, j] - pvt.Hbar[r, c, i, j] + (3.0 * cfg.rho if i == j else 0.0)
 
 
-def _phase_run(users, ctx, rew, arms, params, t0, key, server, lc, gk, mem, nmem, V, bu, Tu,
-               S, u, Tc, Sinv, Slogdet, dS, du, dT, dSm, dum, dTm, Sg, ug, Tg, Sglogdet,
-               H, h, Hbar, hbar, puid, pcalls, traffic_server, traffic_global):
-    """Play ``users`` (R, S) within one phase, from round ``t0`` + 1 (Alg. 1 l.9–15 with Algorithms 3 and 4)."""
-    R, St = users.shape
-    K, d = ctx.shape[2], ctx.shape[3]
-    for r in prange(R):
-        L = np.zeros((d, d))
-        M = np.zeros((d, d))
-        N = np.zeros((d + 1, d + 1))
-        Z = np.zeros((d + 1, d + 1))
-        theta = np.zeros(d)
-        scores = np.zeros(K)
-        for s in range(St):
-            i = users[r, s]
-            c = lc[r, i]
-            k = gk[r, c]
-            members = nmem[r, k]
-            b = beta(params, Tc[r, c], members, d, t0 + s + 1)
-            a = ucb_pick(ctx[r, s], Sinv[r, c], u[r, c], b, params[P_SQUARED] != 0.0, theta, scores)
-            arms[r, s] = a
-            y = rew[r, s, a]
-            x = ctx[r, s, a]
-            # the user's own statistics (Alg. 1 l.13) and the cluster's upload buffer (Alg. 3 l.1)
-            for p in range(d):
-                bu[r, i, p] += y * x[p]
-                du[r, c, p] += y * x[p]
-                for q in range(d):
-                    V[r, i, p, q] += x[p] * x[q]
-                    dS[r, c, p, q] += x[p] * x[q]
-            Tu[r, i] += 1.0
-            dT[r, c] += 1.0
-            # Alg. 3: upload when det(S + ΔS) / det(S) ≥ U
-            fire = params[P_LOG_U] <= 0.0
-            if not fire and not np.isnan(Slogdet[r, c]):
-                for p in range(d):
-                    for q in range(d):
-                        M[p, q] = S[r, c, p, q] + dS[r, c, p, q]
-                ld = cholesky_logdet(M, 0.0, L)
-                fire = (not np.isnan(ld)) and ld - Slogdet[r, c] >= params[P_LOG_U]
-            if fire:
-                count(traffic_server, traffic_global, r, server[i], 0, params[P_SCALARS])
-                for m in range(nmem[r, k]):
-                    o = mem[r, k, m]
-                    if o != c:
-                        dSm[r, o] += dS[r, c]
-                        dum[r, o] += du[r, c]
-                        dTm[r, o] += dT[r, c]
-                Sg[r, k] += dS[r, c]
-                ug[r, k] += du[r, c]
-                Tg[r, k] += dT[r, c]
-                S[r, c] += dS[r, c]
-                u[r, c] += du[r, c]
-                Tc[r, c] += dT[r, c]
-                dT[r, c] = 0.0
-                next_buffer(params, key, r, c, puid, pcalls, H, h, Hbar, hbar, dS, du, N, Z)
-                refresh(S[r], Sinv[r], Slogdet[r], c, L)
-                Sglogdet[r, k] = cholesky_logdet(Sg[r, k], 0.0, L)
-            # Alg. 4: every member lagging the global cluster by det ratio ≥ D downloads its queue
+@jit
+def _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic):
+    """Replicate ``r`` plays its steps of the block ``io`` (Alg. 1 l.9–15 with Algorithms 3 and 4)."""
+    arrivals, contexts, rewards, arms = io.users, io.contexts, io.rewards, io.arms
+    server, lc, gk, mem, nmem = part.server, part.lc, part.gk, part.mem, part.nmem
+    V, bu, Tu = users.V, users.bu, users.Tu
+    S, u, Tc, Sinv, Slogdet, dS, du, dT = cl.S, cl.u, cl.Tc, cl.Sinv, cl.Slogdet, cl.dS, cl.du, cl.dT
+    dSm, dum, dTm, Sg, ug, Tg, Sglogdet = cl.dSm, cl.dum, cl.dTm, cl.Sg, cl.ug, cl.Tg, cl.Sglogdet
+    St = arrivals.shape[1]
+    K, d = contexts.shape[2], contexts.shape[3]
+    L = np.zeros((d, d))
+    M = np.zeros((d, d))
+    N = np.zeros((d + 1, d + 1))
+    Z = np.zeros((d + 1, d + 1))
+    theta = np.zeros(d)
+    scores = np.zeros(K)
+    for s in range(St):
+        i = arrivals[r, s]
+        c = lc[r, i]
+        k = gk[r, c]
+        members = nmem[r, k]
+        b = beta(p, Tc[r, c], members, d, io.t0 + s + 1)
+        a = ucb_pick(contexts[r, s], Sinv[r, c], u[r, c], b, p.squared, theta, scores)
+        arms[r, s] = a
+        y = rewards[r, s, a]
+        x = contexts[r, s, a]
+        # the user's own statistics (Alg. 1 l.13) and the cluster's upload buffer (Alg. 3 l.1)
+        for q1 in range(d):
+            bu[r, i, q1] += y * x[q1]
+            du[r, c, q1] += y * x[q1]
+            for q2 in range(d):
+                V[r, i, q1, q2] += x[q1] * x[q2]
+                dS[r, c, q1, q2] += x[q1] * x[q2]
+        Tu[r, i] += 1.0
+        dT[r, c] += 1.0
+        # Alg. 3: upload when det(S + ΔS) / det(S) ≥ U
+        fire = cfg.log_u <= 0.0
+        if not fire and not np.isnan(Slogdet[r, c]):
+            for q1 in range(d):
+                for q2 in range(d):
+                    M[q1, q2] = S[r, c, q1, q2] + dS[r, c, q1, q2]
+            ld = cholesky_logdet(M, 0.0, L)
+            fire = (not np.isnan(ld)) and ld - Slogdet[r, c] >= cfg.log_u
+        if fire:
+            count(traffic, r, server[i], 0, cfg.message_scalars)
             for m in range(nmem[r, k]):
                 o = mem[r, k, m]
-                fire = params[P_LOG_D] <= 0.0
-                if not fire and not (np.isnan(Slogdet[r, o]) or np.isnan(Sglogdet[r, k])):
-                    fire = Sglogdet[r, k] - Slogdet[r, o] >= params[P_LOG_D]
-                if fire:
-                    count(traffic_server, traffic_global, r, server[o], 1, params[P_SCALARS])  # slot o = its smallest user
-                    S[r, o] += dSm[r, o]
-                    u[r, o] += dum[r, o]
-                    Tc[r, o] += dTm[r, o]
-                    dSm[r, o] = 0.0
-                    dum[r, o] = 0.0
-                    dTm[r, o] = 0.0
-                    refresh(S[r], Sinv[r], Slogdet[r], o, L)
+                if o != c:
+                    dSm[r, o] += dS[r, c]
+                    dum[r, o] += du[r, c]
+                    dTm[r, o] += dT[r, c]
+            Sg[r, k] += dS[r, c]
+            ug[r, k] += du[r, c]
+            Tg[r, k] += dT[r, c]
+            S[r, c] += dS[r, c]
+            u[r, c] += du[r, c]
+            Tc[r, c] += dT[r, c]
+            dT[r, c] = 0.0
+            next_buffer(cfg, r, c, cl, pvt, N, Z)
+            refresh(S[r], Sinv[r], Slogdet[r], c, L)
+            Sglogdet[r, k] = cholesky_logdet(Sg[r, k], 0.0, L)
+        # Alg. 4: every member lagging the global cluster by det ratio ≥ D downloads its queue
+        for m in range(nmem[r, k]):
+            o = mem[r, k, m]
+            fire = cfg.log_d <= 0.0
+            if not fire and not (np.isnan(Slogdet[r, o]) or np.isnan(Sglogdet[r, k])):
+                fire = Sglogdet[r, k] - Slogdet[r, o] >= cfg.log_d
+            if fire:
+                count(traffic, r, server[o], 1, cfg.message_scalars)  # slot o = its smallest user
+                S[r, o] += dSm[r, o]
+                u[r, o] += dum[r, o]
+                Tc[r, o] += dTm[r, o]
+                dSm[r, o] = 0.0
+                dum[r, o] = 0.0
+                dTm[r, o] = 0.0
+                refresh(S[r], Sinv[r], Slogdet[r], o, L)
+
+
+def _phase_run(io, p, cfg, part, users, cl, pvt, traffic):
+    """:func:`_phase_replicate` of every replicate (the body is a function of its own: numba's parallel loops lose
+    writes made through a ``NamedTuple`` directly in their body, numba issue 7135)."""
+    for r in prange(io.users.shape[0]):
+        _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic)
 
 
 #: (serial, parallel over replicates)
