@@ -39,6 +39,7 @@ import math
 from abc import ABCMeta, abstractmethod
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -67,6 +68,12 @@ def _check(updates: Tensor, weights: Tensor) -> int:
     return updates.shape[-2]
 
 
+def sorted_clients(updates: Tensor) -> Tensor:
+    """``updates`` sorted along the clients (dimension −2), by numpy: its sort of this layout is several times faster
+    than torch's on a CPU (the order statistics carry no gradient)."""
+    return torch.from_numpy(np.sort(updates.detach().cpu().numpy(), axis=-2)).to(updates.device)
+
+
 def weighted_mean(updates: Tensor, weights: Tensor) -> Tensor:
     """``Σ_c w_c u_c / Σ_c w_c`` over the clients (the weights need not be normalised; their sum must be > 0)."""
     _check(updates, weights)
@@ -79,7 +86,7 @@ def coordinate_median(updates: Tensor, weights: Tensor) -> Tensor:
     the two middle values for an even C. Unweighted as in the paper; ``weights`` is only shape-checked, so every
     rule has one signature."""
     C = _check(updates, weights)
-    ordered = updates.sort(dim=-2).values
+    ordered = sorted_clients(updates)
     return (ordered[..., (C - 1) // 2, :] + ordered[..., C // 2, :]) / 2
 
 
@@ -99,7 +106,7 @@ def trimmed_mean(updates: Tensor, weights: Tensor, beta: float) -> Tensor:
     left once the ``⌊βC⌋`` largest and smallest are cut. Unweighted as in the paper (``weights`` shape-checked)."""
     C = _check(updates, weights)
     cut = share_count(check_beta(beta), C)
-    return updates.sort(dim=-2).values[..., cut:C - cut, :].mean(-2)
+    return sorted_clients(updates)[..., cut:C - cut, :].mean(-2)
 
 
 def squared_distances(updates: Tensor) -> Tensor:
@@ -116,10 +123,9 @@ def krum_scores(updates: Tensor, f: int) -> Tensor:
     nearest = updates.shape[-2] - f - 2
     d = squared_distances(updates)
     d.diagonal(dim1=-2, dim2=-1).fill_(math.inf)
-    # the sum of each row's `nearest` smallest: those below the nearest-th smallest, plus that value for the rest
-    kth = d.kthvalue(nearest, dim=-1, keepdim=True).values
-    below = d < kth
-    return torch.where(below, d, 0.0).sum(-1) + (nearest - below.sum(-1)) * kth.squeeze(-1)
+    # each row's `nearest` smallest, by numpy's partition (about ten times torch's kthvalue here)
+    smallest = np.partition(d.cpu().numpy(), nearest - 1, axis=-1)[..., :nearest]
+    return torch.from_numpy(smallest.sum(-1)).to(updates.device)
 
 
 def krum(updates: Tensor, weights: Tensor, f: int, m: int = 1) -> Tensor:
