@@ -28,6 +28,10 @@ model ``x`` by the round's aggregate Δ, the (weighted) mean of the clients' mod
   correction, as in the paper; ``bias_correction=True`` (Adam, Yogi) scales η by ``√(1 − β₂ᵗ) / (1 − β₁ᵗ)`` in a
   coordinate's t-th step (Kingma and Ba's, as some libraries apply it).
 
+The defaults (η = 1 and β₁ = 0.9 for FedAvgM; η = 0.1, β₁ = 0.9, β₂ = 0.99, τ = 1e-3 for the adaptive ones) are
+common choices, not tuned for any model; τ sets the scale below which Δ is not normalised, so it must sit well below
+a typical |Δ| (the ``server`` configs are tuned for FedGNN on MovieLens-100K, where |Δ| is about 1e-4).
+
 ``step(table, Δ_rows, rows=ids)`` steps only rows ``ids`` of a table (an embedding table whose rows not every
 round updates): the other rows, and their moments and step counts, are left as they are (lazy moments).
 
@@ -280,7 +284,7 @@ class FedAdagrad(_Adaptive):
         tau: the adaptivity τ > 0 (a larger τ is less adaptive).
     """
 
-    def __init__(self, lr: float = 0.5, beta1: float = 0.9, tau: float = 1e-6) -> None:
+    def __init__(self, lr: float = 0.1, beta1: float = 0.9, tau: float = 1e-3) -> None:
         super().__init__(lr, beta1, tau)
 
     def second_moment(self, v: Tensor, delta: Tensor) -> Tensor:
@@ -290,7 +294,7 @@ class FedAdagrad(_Adaptive):
 class _BiasCorrectable(_Adaptive):
     """An adaptive optimiser with a decaying second moment (β₂), whose η may take Kingma and Ba's correction."""
 
-    def __init__(self, lr: float = 0.05, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-6,
+    def __init__(self, lr: float = 0.1, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3,
                  bias_correction: bool = False) -> None:
         super().__init__(lr, beta1, tau)
         self.beta2 = check_float("server.beta2", beta2, low=0.0, high=1.0, high_open=True)

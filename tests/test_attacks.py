@@ -121,7 +121,8 @@ def test_item_promotion_sends_the_step_towards_the_attackers_mean_user(tiny: Rat
     honest = task.last_uploads
     d = task._prepare(0).data
     got = attack(honest, 0, model, d)
-    users = [u for u in range(tiny.num_users) if attack.malicious[tiny.client_of_user[u]] and u in set(d.users.tolist())]
+    present = set(d.users.tolist())
+    users = [u for u in range(tiny.num_users) if attack.malicious[tiny.client_of_user[u]] and u in present]
     mean = model.user_emb.detach()[users].mean(0)
     crafted = -3.0 * mean / mean.norm()
     bad = attack.malicious[got.clients]
