@@ -30,6 +30,7 @@ PUBLIC = (
     "fedrec.models",
     "fedrec.planners",
     "fedrec.privacy",
+    "fedrec.privacy.audit",
     "fedrec.protocols",
     "fedrec.recsys",
     "fedrec.tasks",

@@ -14,7 +14,7 @@ import pytest
 #: same entry (a package's own modules); one pointing to another entry of the same layer (sideways) or to a higher
 #: layer (upwards) is a violation. ``train.py``, the entry point, sits above them all and calls ``fedrec.cli``.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("fedrec.cli",),  # app: the command line
+    ("fedrec.cli", "fedrec.audit"),  # app: the command lines (train.py's run, python -m fedrec.audit)
     ("fedrec.build", "fedrec.sweeps", "fedrec.run_folder", "fedrec.plots"),  # app: what the command line runs on
     ("fedrec.trainer", "fedrec.planners"),  # the round loop, and the budget planners that steer it
     ("fedrec.trainer.callbacks",),  # the hooks the trainer calls and planners implement
