@@ -194,7 +194,8 @@ def build_multi_agent(cfg: DictConfig) -> Any:
 # ------------------------------------------------------------------------------------------- recommendation
 def build_recommendation(cfg: DictConfig) -> Any:
     """Round-based federated recommendation: the split ratings, the model sized for them (seeded first), client
-    DP for the data's clients, the aggregator, then the task."""
+    DP for the data's clients, the aggregator, the server optimiser and the attack when their groups are set
+    (``attack=none`` is no attack), then the task."""
     if cfg.replicates != 1:
         raise ConfigError(f"replicates: federated recommendation runs one replicate (got {cfg.replicates}); "
                           "sweep seeds with -m seed=0,1,2 instead")
@@ -207,8 +208,12 @@ def build_recommendation(cfg: DictConfig) -> Any:
     if cfg.get("privacy") is not None and cfg.privacy.get("mechanism") != "none":
         privacy = instantiate_group(cfg.privacy, "privacy", num_clients=data.num_clients)
     aggregator = instantiate_group(cfg.aggregator, "aggregator")
+    server = instantiate_group(cfg.server, "server") if cfg.get("server") is not None else None
+    attack = None
+    if cfg.get("attack") is not None and cfg.attack.get("_target_") is not None:
+        attack = instantiate_group(cfg.attack, "attack")
     return instantiate_group(cfg.task, "task", data=data, model=model, aggregator=aggregator, privacy=privacy,
-                             seed=cfg.seed)
+                             seed=cfg.seed, server=server, attack=attack)
 
 
 #: the builder of each task kind (:attr:`fedrec.tasks.FederatedTask.kind`)

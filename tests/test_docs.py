@@ -20,6 +20,7 @@ MKDOCS = Path(sys.executable).parent / "mkdocs"
 #: the public packages and modules: each must define ``__all__`` (see docs/stability.md)
 PUBLIC = (
     "fedrec",
+    "fedrec.aggregation",
     "fedrec.bandits",
     "fedrec.data",
     "fedrec.envs",
@@ -59,7 +60,7 @@ def test_mkdocs_build_strict_succeeds(site: Path) -> None:
     assert (site / "index.html").exists()
     for page in ("getting-started", "concepts", "configuration", "benchmarks", "stability", "threat_model",
                  "papers/async_linucb", "papers/gossip", "papers/vfl", "papers/fclub", "papers/fedgnn_dp",
-                 "papers/bgtplanner", "api/bandits"):
+                 "papers/bgtplanner", "papers/robust_fedrec", "api/bandits", "api/aggregation"):
         assert (site / page / "index.html").exists(), page
 
 

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = {
     "budget_schedule": ["--rounds", "3", "--epsilon", "5"],
     "custom_aggregator": ["--rounds", "2"],
+    "robust_aggregation": ["--rounds", "30"],
     "early_stopping_callback": ["--rounds", "8", "--target", "0.315"],
     "new_protocol": ["--clients", "10", "--steps", "600", "--steps-per-round", "100", "--period", "50",
                      "--replicates", "1"],
@@ -87,7 +88,16 @@ def test_early_stopping_callback(out: dict[str, float]) -> None:
 
 
 def test_custom_aggregator(out: dict[str, float]) -> None:
-    assert out["median_test_rmse"] != out["fedsgd_test_rmse"]  # same seed, weights and split: the aggregator differs
+    assert out["vote_test_rmse"] != out["fedsgd_test_rmse"]  # same seed, weights and split: the aggregator differs
+    assert out["vote_test_rmse"] < 0.34  # the vote trains (the untrained model's test RMSE is 0.354)
+
+
+def test_robust_aggregation(out: dict[str, float]) -> None:
+    for rule in ("median", "trimmed", "krum", "multi_krum"):  # 8 far-away attackers of 40: the mean moves, they do not
+        assert out[f"{rule}_error"] < 0.2 < 10 < out["mean_error"]
+    assert out["norm_bounded_error"] < out["mean_error"] / 10
+    for server in ("fedavg", "fedavgm", "fedadam", "fedyogi"):
+        assert out[f"{server}_loss"] < out["initial_loss"] / 10
 
 
 def test_budget_schedule(out: dict[str, float]) -> None:

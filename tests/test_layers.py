@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fedrec.tasks",),
     ("fedrec.protocols", "fedrec.recsys"),  # bandit protocols; the round of federated recommendation
     ("fedrec.models",),
-    ("fedrec.federation", "fedrec.privacy", "fedrec.bandits", "fedrec.envs"),
+    ("fedrec.federation", "fedrec.privacy", "fedrec.bandits", "fedrec.envs", "fedrec.aggregation"),
     ("fedrec.data",),  # dataset files, splits and downloads, read by environments and tasks
     # utilities
     ("fedrec.rng", "fedrec.tables", "fedrec.threads", "fedrec.blocks", "fedrec.metrics", "fedrec.resolvers",

@@ -5,12 +5,18 @@ Fig. 1, steps ①–⑤).
 * ``local.py``: the clients' losses and local updates, all clients in one backward pass;
 * ``upload.py``: upload assembly: pseudo items, the item ids X^t, synthesised pseudo rows, the upload order;
 * ``privatize.py``: the round's budget and draw keys, clipping and noising of the uploads, the accounting;
-* ``aggregate.py``: how the server combines the uploads (``Uploads``, ``Aggregator``, ``FedSGD``, ``FedAvg``);
-* ``server.py``: the server optimiser's step on ω and the item table, and the clients' step on their user rows;
-* ``evaluate.py``: test and validation metrics of the current model.
+* ``attack.py``: malicious clients that poison their uploads (``ScaledUpdates``, ``GaussianNoise``,
+  ``ItemPromotion``);
+* ``aggregate.py``: how the server combines the uploads (``Uploads``, ``Aggregator``, ``FedSGD``, ``FedAvg``, and
+  the robust rules ``CoordinateMedian``, ``TrimmedMean``, ``Krum``, ``MultiKrum``, ``NormBound``);
+* ``server.py``: the server optimiser's step on ω and the item table (``task.optimizer``, or a server optimiser of
+  :mod:`fedrec.aggregation`), and the clients' step on their user rows;
+* ``evaluate.py``: test and validation metrics of the current model (under an attack, the benign users' and the
+  target item's exposure).
 
 The aggregators load on first use. The modules use :mod:`fedrec.models`, :mod:`fedrec.federation` (channel,
-collective) and :mod:`fedrec.privacy` (``ClientDP``); :mod:`fedrec.tasks` sequences them.
+collective), :mod:`fedrec.privacy` (``ClientDP``) and :mod:`fedrec.aggregation` (the rules and server optimisers
+on plain tensors); :mod:`fedrec.tasks` sequences them.
 """
 from __future__ import annotations
 
@@ -19,7 +25,17 @@ from fedrec._exports import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "AggregateSums": "aggregate",
     "Aggregator": "aggregate",
+    "Attack": "attack",
+    "CoordinateMedian": "aggregate",
     "FedAvg": "aggregate",
     "FedSGD": "aggregate",
+    "GaussianNoise": "attack",
+    "ItemPromotion": "attack",
+    "Krum": "aggregate",
+    "MultiKrum": "aggregate",
+    "NormBound": "aggregate",
+    "RobustAggregator": "aggregate",
+    "ScaledUpdates": "attack",
+    "TrimmedMean": "aggregate",
     "Uploads": "aggregate",
 })

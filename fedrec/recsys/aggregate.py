@@ -10,14 +10,27 @@ only float64 rounding does.
 An aggregation rule is a small class over the uploads: an :class:`Aggregator` whose :meth:`~Aggregator.partial`
 sums add up over disjoint sets of clients runs sharded across processes (:meth:`~Aggregator.finish` turns the total
 into the update); one that overrides ``__call__`` sees every upload at once and runs in one process.
+
+The robust rules (:class:`CoordinateMedian`, :class:`TrimmedMean`, :class:`Krum`, :class:`MultiKrum`) apply a rule
+of :mod:`fedrec.aggregation` to ω over the round's C clients and to each item's rows over its n uploaders (all items
+with the same n at once); they need every upload in one process (``trainer.devices=1``). Krum's parameters are set
+for the whole round and scale with a group's share of it: a group of n updates assumes
+``f_n = min(⌊f·n/C⌋, ⌊(n − 3)/2⌋)`` Byzantine ones (so ``n ≥ 2f_n + 3``) and Multi-Krum keeps
+``m_n = max(1, ⌊m·n/C⌋)`` (``m`` unset: ``n − f_n``); a group of fewer than 3 updates, where Krum is undefined,
+takes the coordinate median (its one row, or the mean of its two). The median and the trimmed mean are defined for
+any n (⌊βn⌋ = 0 cuts nothing). :class:`NormBound` bounds every ω update and every row, then sums like FedAvg, so it
+runs sharded too.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from abc import ABCMeta, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
+from fedrec.aggregation import bound_norms, check_beta, check_bound, coordinate_median, krum, trimmed_mean
 from fedrec.errors import ConfigError, check_float, check_int
 
 WEIGHTINGS = ("uploaded_items", "ratings", "uniform")
@@ -73,6 +86,9 @@ class Aggregator:
         self.weighting = weighting
         self.local_steps = check_int("aggregator.local_steps", local_steps)
         self.local_lr = check_float("aggregator.local_lr", local_lr, low=0.0, low_open=True)
+
+    def validate(self, num_clients: int) -> None:
+        """Check the rule's settings against the run's number of clients (nothing to check for a mean)."""
 
     def client_weights(self, up: Uploads) -> Tensor:
         C = up.clients.numel()
@@ -130,3 +146,141 @@ class FedAvg(Aggregator):
 
     def __init__(self, local_steps: int = 5, local_lr: float = 0.05, weighting: str = "uploaded_items") -> None:
         super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)
+
+
+class NormBound(Aggregator):
+    """Norm bounding (Sun et al. 2019): every client's ω update and every uploaded item row is scaled to L2 norm at
+    most ``bound``, then combined as FedSGD/FedAvg do (a weighted mean; sums, so it runs sharded).
+
+    Args:
+        bound: the largest L2 norm of an ω update or an item row.
+        weighting, local_steps, local_lr: as :class:`Aggregator`'s (one local step by default, as FedSGD).
+    """
+
+    def __init__(self, bound: float = 0.1, weighting: str = "uploaded_items", local_steps: int = 1,
+                 local_lr: float = 0.05) -> None:
+        super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)
+        self.bound = check_bound(bound)
+
+    def partial(self, up: Uploads, num_items: int) -> AggregateSums:
+        bounded = replace(up, shared=bound_norms(up.shared.double(), self.bound),
+                          rows=bound_norms(up.rows.double(), self.bound))
+        return super().partial(bounded, num_items)
+
+
+def itemwise(rule: Callable[[Tensor, Tensor], Tensor], rows: Tensor, row_item: Tensor,
+             row_weight: Tensor) -> tuple[Tensor, Tensor]:
+    """``(item ids (I_t,), rows (I_t, k))``: ``rule(updates (b, n, k), weights (b, n))`` applied to every item's
+    rows over its uploaders, for all ``b`` items with the same number ``n`` of uploaders at once; an item's rows
+    are taken in upload order."""
+    items, group, counts = torch.unique(row_item, return_inverse=True, return_counts=True)
+    order = torch.argsort(group, stable=True)  # rows grouped by item
+    first = torch.cumsum(counts, 0) - counts
+    out = rows.new_empty(items.numel(), rows.shape[1])
+    for n in torch.unique(counts).tolist():
+        which = torch.nonzero(counts == n).reshape(-1)
+        picked = order[first[which].unsqueeze(1) + torch.arange(n, device=rows.device)]  # (b, n) row indices
+        out[which] = rule(rows[picked], row_weight[picked])
+    return items, out
+
+
+class RobustAggregator(Aggregator, metaclass=ABCMeta):
+    """A rule that needs every upload at once: :meth:`rule` applied to ω over the round's clients and to each
+    item's rows over its uploaders (see the module docstring); one process only."""
+
+    def __init__(self, weighting: str = "uploaded_items", local_steps: int = 1, local_lr: float = 0.05) -> None:
+        super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)
+
+    @abstractmethod
+    def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
+        """Combine ``updates (..., n, P)`` with ``weights (..., n)``: a group of n of the round's ``clients``."""
+
+    def __call__(self, up: Uploads) -> tuple[Tensor, Tensor, Tensor]:
+        w = self.client_weights(up).to(up.rows.device)
+        C = up.clients.numel()
+        shared = self.rule(up.shared.double(), w, C)
+        items, rows = itemwise(lambda u, uw: self.rule(u, uw, C), up.rows.double(), up.row_item.to(up.rows.device),
+                               w[up.row_client.to(up.rows.device)])
+        return shared.to(up.shared.dtype), items, rows.to(up.rows.dtype)
+
+
+class CoordinateMedian(RobustAggregator):
+    """The coordinate-wise median (Yin et al. 2018) of ω over the clients and of each item's row over its
+    uploaders, unweighted as in the paper; of an even number of values, the mean of the two middle ones."""
+
+    def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
+        return coordinate_median(updates, weights)
+
+
+class TrimmedMean(RobustAggregator):
+    """The coordinate-wise β-trimmed mean (Yin et al. 2018): of n values, the ⌊βn⌋ largest and smallest are cut
+    and the rest averaged, unweighted as in the paper (ω over the clients, each item's row over its uploaders).
+
+    Args:
+        beta: the fraction cut per side, in [0, 1/2).
+    """
+
+    def __init__(self, beta: float = 0.1, weighting: str = "uploaded_items", local_steps: int = 1,
+                 local_lr: float = 0.05) -> None:
+        super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)
+        self.beta = check_beta(beta)
+
+    def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
+        return trimmed_mean(updates, weights, self.beta)
+
+
+class Krum(RobustAggregator):
+    """Krum (Blanchard et al. 2017): of a group's updates, the one whose squared distances to its ``n − f_n − 2``
+    nearest others sum least, assuming ``f`` Byzantine clients in the round (scaled to each group, see the module
+    docstring).
+
+    Args:
+        f: the Byzantine clients assumed among the round's C; the run needs ``C ≥ 2f + 3``.
+    """
+
+    def __init__(self, f: int = 1, weighting: str = "uploaded_items", local_steps: int = 1,
+                 local_lr: float = 0.05) -> None:
+        super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)
+        self.f = check_int("aggregator.f", f, minimum=0)
+
+    def validate(self, num_clients: int) -> None:
+        if num_clients < 2 * self.f + 3:
+            raise ConfigError(f"aggregator.f={self.f} is too large for {num_clients} clients: Krum needs at least "
+                              f"2f + 3 = {2 * self.f + 3}")
+
+    def byzantine(self, n: int, clients: int) -> int:
+        """``f_n``: the Byzantine updates assumed in a group of n of the round's ``clients`` (n ≥ 3)."""
+        return min(self.f * n // clients, (n - 3) // 2)
+
+    def keep(self, n: int, clients: int, f_n: int) -> int:
+        """The updates a group of n keeps: 1 (Krum)."""
+        return 1
+
+    def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
+        n = updates.shape[-2]
+        if n < 3:
+            return coordinate_median(updates, weights)
+        f_n = self.byzantine(n, clients)
+        return krum(updates, weights, f_n, self.keep(n, clients, f_n))
+
+
+class MultiKrum(Krum):
+    """Multi-Krum (Blanchard et al. 2017): the weighted mean of the ``m`` updates of least Krum score.
+
+    Args:
+        f: the Byzantine clients assumed among the round's C (``C ≥ 2f + 3``).
+        m: the updates kept among the round's C, scaled to each group; None keeps ``n − f_n`` of a group of n.
+    """
+
+    def __init__(self, f: int = 1, m: int | None = None, weighting: str = "uploaded_items", local_steps: int = 1,
+                 local_lr: float = 0.05) -> None:
+        super().__init__(f=f, weighting=weighting, local_steps=local_steps, local_lr=local_lr)
+        self.m = None if m is None else check_int("aggregator.m", m)
+
+    def validate(self, num_clients: int) -> None:
+        super().validate(num_clients)
+        if self.m is not None and self.m > num_clients:
+            raise ConfigError(f"aggregator.m={self.m} is more than the {num_clients} clients")
+
+    def keep(self, n: int, clients: int, f_n: int) -> int:
+        return n - f_n if self.m is None else min(n, max(1, self.m * n // clients))

@@ -3,7 +3,10 @@
 :func:`local_updates` differentiates every client's loss (:func:`client_losses`) with respect to its own copy of
 the shared parameters ω, its users' rows and its item rows in one backward pass: the copies are separate leaves,
 so the gradient of the *sum* of client losses with respect to a client's copy is that client's gradient. With
-``local_steps > 1`` (FedAvg) it repeats this for the local SGD steps and returns the pseudo-gradients.
+``local_steps > 1`` (FedAvg) it repeats this for the local SGD steps and returns the pseudo-gradients; FedProx
+(Li et al. 2020) adds the proximal term ``μ/2 ‖w − w_global‖²`` to each client's loss in those steps, for the
+global parameters w (ω and the item rows; user rows have no global copy). The term is zero at the start, so it
+changes nothing with one local step, and ``μ = 0`` is FedAvg exactly.
 """
 from __future__ import annotations
 
@@ -57,9 +60,10 @@ def client_losses(
 
 
 def local_updates(
-    model: FederatedRecommender, data: RoundData, local_steps: int = 1, local_lr: float = 0.05
+    model: FederatedRecommender, data: RoundData, local_steps: int = 1, local_lr: float = 0.05, prox_mu: float = 0.0
 ) -> LocalUpdates:
-    """The updates of all participating clients, computed together (see the module docstring)."""
+    """The updates of all participating clients, computed together (see the module docstring); ``prox_mu`` is
+    FedProx's μ."""
     C = data.num_clients
     start_shared = {n: p.detach().expand(C, *p.shape).clone() for n, p in model.shared_parameters().items()}
     start_users = model.user_emb.detach()[data.users]
@@ -78,6 +82,9 @@ def local_updates(
         if local_steps == 1:
             return LocalUpdates(dict(zip(shared, grads[:-2])), grads[-1], grads[-2], first_loss)
         with torch.no_grad():
+            if prox_mu:  # the gradient of μ/2 ‖w − w_global‖²
+                grads = [*(g + prox_mu * (v - start_shared[n]) for (n, v), g in zip(shared.items(), grads)),
+                         grads[-2], grads[-1] + prox_mu * (rows - start_rows)]
             shared = {n: v - local_lr * g for (n, v), g in zip(shared.items(), grads)}
             users = users - local_lr * grads[-2]
             rows = rows - local_lr * grads[-1]

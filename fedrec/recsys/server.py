@@ -6,15 +6,22 @@ update their user rows from their own gradients, which never leave them (:class:
 ``optimizer_state="reset"`` each step builds its optimiser afresh every round, as the authors' code does (Adam's
 first step is then a sign-like step of size ``lr``); under ``"persistent"`` the optimiser and its moments are kept
 across rounds and in checkpoints.
+
+With a server optimiser of Reddi et al.'s Algorithm 2 (``server=fedavgm|fedadagrad|fedadam|fedyogi``,
+:class:`AdaptiveServerStep`) the server instead moves ω and the uploaded item rows by the clients' mean model change
+Δ, with moments kept per coordinate (per item row: an item no client uploaded keeps its row, its moments and its
+step count); the clients' user rows keep ``task.optimizer``.
 """
 from __future__ import annotations
 
+import copy
 from abc import ABCMeta, abstractmethod
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from fedrec.aggregation import ServerOptimizer
 from fedrec.errors import ConfigError, check_float
 from fedrec.models.recommender import FederatedRecommender
 
@@ -82,6 +89,49 @@ class ServerStep(OptimizerStep):
         opt = self.optimizer(model)
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+
+class AdaptiveServerStep:
+    """A server optimiser of Reddi et al.'s Algorithm 2 on ω and the item table. The aggregate is in gradient units
+    (clients upload ``(start − end) / local_lr``, or their gradient), so the clients' mean model change is
+    ``Δ = −local_lr · aggregate``; ω steps as one vector, and the item table row by row, only the rows of the items
+    in X^t (the others, their moments and step counts stay as they are: lazy moments). Each part keeps its own copy
+    of the optimiser's state, in checkpoints too.
+
+    Args:
+        optimizer: the rule (:class:`fedrec.aggregation.FedAdam`, ...), before its first step.
+        local_lr: the clients' step size η_l (``aggregator.local_lr``).
+    """
+
+    def __init__(self, optimizer: ServerOptimizer, local_lr: float) -> None:
+        if optimizer.state:
+            raise ConfigError("server: the optimiser has taken steps already; give a fresh one")
+        self.shared, self.items = optimizer, copy.deepcopy(optimizer)
+        self.local_lr = local_lr
+
+    def __call__(self, model: FederatedRecommender, g_shared: Tensor, items: Tensor, g_items: Tensor) -> None:
+        params = list(model.shared_parameters().values())
+        with torch.no_grad():
+            if params:
+                flat = torch.cat([p.reshape(-1) for p in params])
+                new = self.shared.step(flat, -self.local_lr * g_shared)
+                offset = 0
+                for p in params:
+                    p.copy_(new[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
+            if items.numel():
+                table = model.item_emb
+                table.copy_(self.items.step(table.detach(), -self.local_lr * g_items, rows=items))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Both parts' moments and step counts."""
+        return {"shared": self.shared.state_dict(), "items": self.items.state_dict()}
+
+    def load_state_dict(self, model: FederatedRecommender, state: dict[str, Any] | None) -> None:
+        """Restore :meth:`state_dict` (``model`` is unused: the state does not refer to parameters)."""
+        if state is not None:
+            self.shared.load_state_dict(state["shared"])
+            self.items.load_state_dict(state["items"])
 
 
 class UserStep(OptimizerStep):

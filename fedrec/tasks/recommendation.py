@@ -13,9 +13,11 @@
    item rows (:mod:`~fedrec.recsys.privatize`), append FedGNN's synthesised pseudo rows and shuffle their rows
    (:mod:`~fedrec.recsys.upload`), so that neither position nor order tells real items from pseudo ones; user rows
    stay on the client;
+   Under an attack, the malicious clients transform their uploads (:mod:`~fedrec.recsys.attack`);
 4. the channel counts the uploads, the aggregator combines them (:mod:`~fedrec.recsys.aggregate`), the server
    optimiser steps and broadcasts, and the clients update their own user rows (:mod:`~fedrec.recsys.server`);
-5. the model is evaluated on the test (and validation) ratings (:mod:`~fedrec.recsys.evaluate`).
+5. the model is evaluated on the test (and validation) ratings (:mod:`~fedrec.recsys.evaluate`), and under an
+   attack on the benign users alone, with the target item's exposure.
 
 Randomness is counter based (seed, component, round), so a resumed run repeats the uninterrupted one exactly;
 with ``privacy.rng=secure`` the draws that protect clients (pseudo items, DP noise, pseudo rows, upload order)
@@ -31,21 +33,24 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from fedrec.aggregation import ServerOptimizer
 from fedrec.data.ratings import RatingData, Ratings
-from fedrec.errors import ConfigError, check_int
+from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.collective import Collective
 from fedrec.models.recommender import FederatedRecommender
 from fedrec.privacy.client_dp import ClientDP
 from fedrec.recsys.aggregate import AggregateSums, Aggregator, Uploads
+from fedrec.recsys.attack import Attack
 from fedrec.recsys.data import RoundData, round_data, shard, shard_bounds
-from fedrec.recsys.evaluate import evaluate
+from fedrec.recsys.evaluate import benign_test_rmse, evaluate, target_exposure
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.privatize import privatize_uploads, record_round, round_budget, round_key
-from fedrec.recsys.server import ServerStep, UserStep
+from fedrec.recsys.server import AdaptiveServerStep, ServerStep, UserStep
 from fedrec.recsys.upload import assemble_uploads, sample_pseudo_items, upload_matrix, upload_scalars
 from fedrec.tasks.base import FederatedTask
 
@@ -69,7 +74,7 @@ class FedRecTask(FederatedTask):
     Args:
         data: the split ratings (:func:`fedrec.data.load_ratings`); ``data.rounds`` must equal ``rounds``.
         model: a :class:`~fedrec.models.FederatedRecommender` sized for ``data``.
-        aggregator: how uploads are combined (FedSGD / FedAvg).
+        aggregator: how uploads are combined (FedSGD, FedAvg, a robust rule of :mod:`fedrec.recsys.aggregate`).
         privacy: client-level DP, or None for non-private training.
         rounds: T.
         pseudo_items: pseudo-interacted items per client per round (0 disables them).
@@ -79,6 +84,11 @@ class FedRecTask(FederatedTask):
         optimizer_state: ``"reset"`` rebuilds the optimiser every round as the authors' code does (Adam's first
             step is then a sign-like step of size ``lr``); ``"persistent"`` keeps its moments across rounds.
         seed: the run seed.
+        server: a server optimiser of Reddi et al.'s Algorithm 2 (:mod:`fedrec.aggregation`) that moves ω and the
+            item rows by the clients' mean model change instead of ``optimizer`` (which the clients keep for their
+            user rows); None: ``optimizer`` on the aggregate.
+        prox_mu: FedProx's μ ≥ 0, the weight of ``μ/2 ‖w − w_global‖²`` in the clients' local steps (0: none).
+        attack: malicious clients (:mod:`fedrec.recsys.attack`), or None.
     """
 
     kind = "recommendation"
@@ -99,6 +109,9 @@ class FedRecTask(FederatedTask):
         weight_decay: float = 1e-4,
         optimizer_state: str = "persistent",
         seed: int = 0,
+        server: ServerOptimizer | None = None,
+        prox_mu: float = 0.0,
+        attack: Attack | None = None,
     ) -> None:
         self.num_rounds = check_int("task.rounds", rounds)
         if data.rounds != self.num_rounds:
@@ -107,7 +120,9 @@ class FedRecTask(FederatedTask):
         if model.num_users != data.num_users or model.num_items != data.num_items:
             raise ConfigError(f"model is sized for {model.num_users} users and {model.num_items} items, the data "
                               f"has {data.num_users} and {data.num_items}")
-        self.server_step = ServerStep(optimizer, lr, weight_decay, optimizer_state)
+        aggregator.validate(data.num_clients)
+        self.server_step = ServerStep(optimizer, lr, weight_decay, optimizer_state) if server is None else \
+            AdaptiveServerStep(server, aggregator.local_lr)
         self.user_step = UserStep(optimizer, lr, weight_decay, optimizer_state)
         if privacy is not None:
             if privacy.accountant.num_clients != data.num_clients:
@@ -118,7 +133,11 @@ class FedRecTask(FederatedTask):
                                   "which DP does not cover: use uploaded_items or uniform with privacy on")
         self.data, self.model, self.aggregator, self.privacy = data, model, aggregator, privacy
         self.pseudo_items = check_int("task.pseudo_items", pseudo_items, minimum=0)
+        self.prox_mu = check_float("task.prox_mu", prox_mu, low=0.0)
         self.seed = int(seed)
+        self.server, self.attack = server, attack
+        if attack is not None:
+            attack.setup(data, self.seed)
         self.channel = Channel(endpoints={"client": data.num_clients, "server": 1}, bytes_per_scalar=4)
         self.trainer: Any = None
         self.last_uploads: Uploads | None = None
@@ -137,6 +156,9 @@ class FedRecTask(FederatedTask):
             raise ConfigError(f"trainer.devices={self.collective.world_size}: {type(self.aggregator).__name__} "
                               "combines uploads in its own __call__, which cannot be summed over processes; run it "
                               "in one process or implement Aggregator.partial/finish")
+        if self.collective.world_size > 1 and self.attack is not None:
+            raise ConfigError(f"trainer.devices={self.collective.world_size}: attacks run in one process (attack="
+                              f"{type(self.attack).__name__}); set trainer.devices=1")
 
     def set_round_budget(self, budget: float | Tensor) -> None:
         """Set the next round's per-client privacy budget in :attr:`ClientDP.budget_unit` (ε_t for Laplace, an RDP
@@ -241,7 +263,8 @@ class FedRecTask(FederatedTask):
         single = self.collective.world_size == 1
         if d.num_clients:
             # ③ local training, privatisation of ω and the real item rows, upload assembly
-            upd = local_updates(model, d.to(device), self.aggregator.local_steps, self.aggregator.local_lr)
+            upd = local_updates(model, d.to(device), self.aggregator.local_steps, self.aggregator.local_lr,
+                                self.prox_mu)
             shared, rows = upd.flat_shared(), upd.rows
             finite[0] = float(bool(torch.isfinite(shared).all()) and bool(torch.isfinite(rows).all()))
             if finite[0] and self.privacy is not None:
@@ -249,14 +272,21 @@ class FedRecTask(FederatedTask):
                                                  budget[d.clients], d.clients, privacy_key)
             uploads = assemble_uploads(d, shared, rows, pseudo[lo:hi], valid[lo:hi], rows_key, order_key,
                                        private=self.privacy is not None)
+            if self.attack is not None:  # one process: the shard is the whole round
+                honest_rows = uploads.row_client
+                uploads = self.attack(uploads, round_idx, model, d)
+                extra_rows = torch.bincount(uploads.row_client, minlength=d.num_clients) - torch.bincount(
+                    honest_rows, minlength=d.num_clients)
             self.last_uploads = uploads
             user_grad.index_put_((d.users,), upd.users)
             loss_sum[0] = upd.loss.double().sum()
         else:  # more processes than clients this round: this one contributes nothing
             uploads = None
         # ④ the channel counts every client's upload (its size is known to all processes), the aggregator combines
-        uploads = self.channel.send("upload", ("client", full.clients), ("server", 0), uploads,
-                                    upload_scalars(full, valid, sum(sizes), k))
+        scalars = upload_scalars(full, valid, sum(sizes), k)
+        if self.attack is not None and uploads is not None:
+            scalars = scalars + extra_rows * (k + 1)
+        uploads = self.channel.send("upload", ("client", full.clients), ("server", 0), uploads, scalars)
         if not single:  # one process adds up the others' sums (any aggregator's own __call__ runs in one process)
             sums = self.aggregator.partial(uploads, I) if uploads is not None else AggregateSums.zeros(
                 sum(sizes), I, k, device)
@@ -278,7 +308,14 @@ class FedRecTask(FederatedTask):
     def evaluate(self, prep: _Prepared) -> dict[str, float]:
         """Step ⑤: test (and validation) metrics, users represented from the round's local graphs
         (:func:`fedrec.recsys.evaluate.evaluate`: each process scores its shard's users)."""
-        return evaluate(self.model, self.data, prep.data, self._bounds(prep.data), self.collective)
+        metrics = evaluate(self.model, self.data, prep.data, self._bounds(prep.data), self.collective)
+        if self.attack is not None:
+            benign = self.attack.benign_users(self.data)
+            metrics["test_benign_rmse"] = benign_test_rmse(self.model, self.data, prep.data, benign)
+            if self.attack.target is not None:
+                metrics["test_target_exposure"] = target_exposure(self.model, prep.data, self.attack.target,
+                                                                  torch.from_numpy(np.flatnonzero(benign)))
+        return metrics
 
     def _track_best(self, round_idx: int, metrics: dict[str, float]) -> None:
         for name, v in metrics.items():
@@ -317,6 +354,10 @@ class FedRecTask(FederatedTask):
         out: dict[str, Any] = {"dataset": self.data.name, "rating_scale": self.data.scale,
                                "model": type(self.model).__name__, "aggregator": type(self.aggregator).__name__,
                                "clients": self.data.num_clients}
+        if self.server is not None:
+            out["server_optimizer"] = type(self.server).__name__
+        if self.attack is not None:
+            out.update(self.attack.summary())
         for name in sorted(self.latest):
             if name.startswith(("test_", "val_")):
                 out[f"final_{name}"] = self.latest[name]
