@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="rounds of the run (the README example: 100)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each case (medians are reported)")
     parser.add_argument("--diagnose", action="store_true", help="also time the diagnostic cases")
-    parser.add_argument("--data-dir", default=os.environ.get("FEDREC_DATA_DIR", str(ROOT.parent / "shared" / "data")))
+    parser.add_argument("--data-dir", default=os.environ.get("FEDREC_DATA_DIR", str(ROOT / "data")))
     args = parser.parse_args()
     import torch
 

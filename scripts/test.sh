@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export FEDREC_DATA_DIR="${FEDREC_DATA_DIR:-$(cd .. && pwd)/shared/data}"
+export FEDREC_DATA_DIR="${FEDREC_DATA_DIR:-$PWD/data}"
 .venv/bin/python -m pytest -m "not slow" -q -n 2 "$@"

@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-DATA_DIR = Path(os.environ.get("FEDREC_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA_DIR = Path(os.environ.get("FEDREC_DATA_DIR", ROOT / "data"))
 
 
 @pytest.fixture(scope="session")
