@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -39,36 +38,16 @@ def experiment(cfg: DictConfig) -> float:
     return objective(summary)
 
 
-def null_group_error(args: Sequence[str]) -> str | None:
-    """The error for the first override that sets a config group to null (``privacy=null``, also inside a sweep),
-    which Hydra cannot compose (it would stop with a traceback); None if there is none."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import ChoiceSweep
-    from hydra.errors import OverrideParseException
-
-    parser = OverridesParser.create()
-    for arg in args:
-        if arg.startswith("-") or "=" not in arg:  # Hydra's own flags (-m, -cn NAME, --cfg job, ...)
-            continue
-        try:
-            override = parser.parse_override(arg)
-        except OverrideParseException:
-            continue  # Hydra reports it
-        group, value = override.key_or_group, override.value()
-        values = value.list if isinstance(value, ChoiceSweep) else [value]
-        if override.is_delete() or not (CONF / group).is_dir() or None not in values:
-            continue
-        choices = ", ".join(sorted(p.stem for p in (CONF / group).glob("*.yaml")))
-        return (f"{group}: null is not a config of the {group} group (one of: {choices}); to run without the "
-                f"group, remove it with '~{group}'")
-    return None
-
-
 def main() -> float | None:
-    """``python train.py [overrides]``: refuse a config group set to null, then let Hydra run the experiment."""
-    error = null_group_error(sys.argv[1:])
-    if error is not None:
-        print(f"error: {error}", file=sys.stderr)
+    """``python train.py [overrides]``: check the command line against the config files' schema (one ``error:``
+    line, exit code 2, nothing written), then let Hydra run the experiment."""
+    from fedrec.errors import ConfigError
+    from fedrec.schema import check_command_line
+
+    try:
+        check_command_line(CONF, sys.argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     return experiment()
 

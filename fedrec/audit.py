@@ -95,5 +95,18 @@ def main(cfg: DictConfig) -> None:
     print(headline(record))
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """``python -m fedrec.audit +experiment=NAME [overrides]``: the command line checked against the config files'
+    schema first (one ``error:`` line, exit code 2), as ``train.py`` does."""
+    from fedrec.schema import check_command_line
+
+    try:
+        check_command_line(CONF, sys.argv[1:], config_name="audit")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()

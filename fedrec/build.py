@@ -87,6 +87,35 @@ def check_groups(cfg: DictConfig) -> None:
                               f"the task of a run that uses it)")
 
 
+def unused_groups(cfg: DictConfig) -> dict[str, str]:
+    """The groups ``cfg`` composes (``conf/config.yaml`` selects some for every run) that its kind or protocol does
+    not use, each with why: setting them on the command line would change nothing."""
+    kind = task_kind(cfg)
+    unused: dict[str, str] = {}
+    if kind != "recommendation":
+        for group, what in (("server", "server optimiser"), ("attack", "malicious clients"),
+                            ("planner", "privacy-budget planner")):
+            unused[group] = f"a {kind.replace('_', '-')} run has no {what} (it belongs to recommendation runs)"
+    if kind != "bandit":
+        unused["policy"] = f"a {kind.replace('_', '-')} run takes no local policy (bandit protocols do)"
+    else:
+        cls = group_class(cfg.protocol, "protocol")
+        if "policy" in cfg.protocol:
+            unused["policy"] = f"{cls.__name__} carries its own policy node: set protocol.policy.* instead"
+        elif not getattr(cls, "takes_policy", False):
+            unused["policy"] = f"{cls.__name__} takes no local policy"
+    return unused
+
+
+def check_used(cfg: DictConfig, touched: Mapping[str, str]) -> None:
+    """The groups the run needs are there (:func:`check_groups`), and no command-line override (``touched``: group
+    -> the override) sets a group the run does not use."""
+    check_groups(cfg)
+    for group, reason in unused_groups(cfg).items():
+        if group in touched:
+            raise ConfigError(f"{group}: {reason}; '{touched[group]}' would change nothing")
+
+
 def build_task(cfg: DictConfig) -> Any:
     """The task a config describes, built by its kind's builder."""
     check_groups(cfg)

@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 import fedrec.resolvers  # noqa: F401  (registers ${by_conventions:...} before any config is resolved)
-from fedrec.build import build_task_fetching_data, check_groups, instantiate_group
+from fedrec.build import build_task_fetching_data, check_groups, check_used, instantiate_group
 from fedrec.errors import ConfigError
 from fedrec.io import atomic_write, atomic_write_json, writing
 from fedrec.run_folder import TB_EVENTS, output_errors, prepare_output_dir, resumes_in_place
@@ -176,6 +176,22 @@ def check_run_fields(cfg: DictConfig) -> None:
     check_groups(cfg)
 
 
+def check_command_line(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """The job's command-line overrides: against its own schema in a sweep (``train.py`` checked a single run's
+    before Hydra composed it; a sweep's jobs differ by their group choices), and none for a group the run does not
+    use."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from fedrec import schema
+
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        line = schema.check_job(overrides)
+    else:
+        line = schema.parse(overrides, schema.hydra_lookups(HydraConfig.get().job.config_name)[0])
+    check_used(cfg, schema.touched_groups(line))
+
+
 def run_title(name: str, overrides: Sequence[str]) -> str:
     """The plots' title: the run's name, and on a second line the command-line overrides that change what it
     computes (not those of :data:`RUN_SETTINGS` or :data:`LOCATION_KEYS`: how it runs, where its inputs are)."""
@@ -197,6 +213,9 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     from hydra.core.hydra_config import HydraConfig
 
     check_run_fields(cfg)
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []  # none without Hydra's CLI
+    if HydraConfig.initialized():
+        check_command_line(cfg, overrides)
     if output_dir is None:
         output_dir = HydraConfig.get().runtime.output_dir
     out = Path(output_dir)
@@ -216,7 +235,6 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     check_shardable(task, devices)  # before launching any process
     is_private = getattr(task, "is_private_metric", None)  # tasks whose metrics may come from clients' raw data
     planner = instantiate_group(cfg.planner, "planner") if cfg.get("planner") is not None else None
-    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []  # none without Hydra's CLI
     results = RunResults(cfg, out, planner, is_private, run_title(str(cfg.name), overrides))
     trainer = FederatedTrainer(
         default_root_dir=out, loggers=[] if secondary else build_loggers(cfg.logger, out, is_private),

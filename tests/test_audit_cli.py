@@ -34,7 +34,7 @@ def audit_cli(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
 
     def call(*args: str) -> Any:
         monkeypatch.setattr(sys, "argv", ["fedrec.audit", *args])
-        return fedrec.audit.main()
+        return fedrec.audit.cli()
 
     yield call
     HydraConfig.instance().cfg = None

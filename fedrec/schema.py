@@ -1,0 +1,224 @@
+"""The command line checked against what the config files declare, before anything is built or written.
+
+A run's schema is the config that its group selections (``protocol=sync``, ``+experiment=NAME``, ``~privacy``)
+compose to before any value override: every field the selected files declare, typed by its value there. A value
+override must name one of those fields (a ``+key=value`` that adds a field no file of the run declares would be
+read by nothing, so it is refused), and a field a file declares ``true``/``false`` takes only ``true`` or ``false``
+(Hydra reads ``flase`` as the text "flase", which Python would take as true). Errors are :class:`ConfigError`
+naming the field as typed, with the close matches.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from fedrec.errors import ConfigError
+
+#: what a group's selection looks up: the options of a config group ([] if there is no such group)
+GroupOptions = Callable[[str], list[str]]
+#: what composes a schema: the config of the given group overrides, with ``hydra.runtime.choices``
+Compose = Callable[[list[str]], DictConfig]
+
+_MISSING = object()
+#: Hydra's settings that name the folders a run writes into (never empty)
+_FOLDERS = ("hydra.run.dir", "hydra.sweep.dir")
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """The overrides of a command line, split into group selections and value overrides (Hydra's own ``hydra.*``
+    overrides are left to Hydra)."""
+
+    groups: tuple[Any, ...]  #: overrides that select (or add, or remove) a config group's option
+    values: tuple[Any, ...]  #: overrides of a field's value
+
+
+def parse(overrides: Sequence[str], options: GroupOptions) -> CommandLine:
+    """Split ``overrides`` by whether their key is a config group; a line Hydra cannot parse is refused."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    groups, values = [], []
+    for line in overrides:
+        try:
+            override = parser.parse_override(line)
+        except HydraException as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else "cannot parse it"
+            raise ConfigError(f"{line}: not an override Hydra can read ({first}); the form is key=value, "
+                              "+key=value to add a key, ~key to remove one (quote values with spaces or "
+                              "brackets)") from None
+        if override.is_hydra_override():
+            if override.key_or_group in _FOLDERS and not any(str(v or "").strip() for v in elements(override)):
+                raise ConfigError(f"{override.key_or_group}: empty; it names the folder the run writes into "
+                                  "(the run would write into the current directory)")
+            continue
+        (groups if options(override.key_or_group) else values).append(override)
+    return CommandLine(tuple(groups), tuple(values))
+
+
+def elements(override: Any) -> list[Any]:
+    """The values an override sets: one, or each of a choice or range sweep (an interval sweep's values are drawn
+    by its sweeper and not known here)."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    return list(override.sweep_iterator()) if override.is_discrete_sweep() else []
+
+
+def close_matches(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` (or up to three that contain ``word``), or nothing."""
+    choices = sorted(choices)
+    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6) or [c for c in choices if word in c][:3]
+    return f" (did you mean {' or '.join(repr(m) for m in match)}?)" if match else ""
+
+
+def check_group_options(line: CommandLine, options: GroupOptions) -> None:
+    """Every option a group override selects exists in its group (``protocol=asyn`` is refused with the options);
+    ``GROUP=null``, which Hydra cannot compose, says how to remove a group instead."""
+    for override in line.groups:
+        if override.is_delete():
+            continue
+        group = override.key_or_group
+        known = options(group)
+        for value in elements(override):
+            if value is None:
+                raise ConfigError(f"{group}: null is not a config of the {group} group (one of: "
+                                  f"{', '.join(sorted(known))}); to run without the group, remove it with '~{group}'")
+            if str(value) not in known:
+                raise ConfigError(f"{group}: no config '{value}' in the {group} group"
+                                  f"{close_matches(str(value), known)}; one of: {', '.join(sorted(known))}")
+
+
+def first_of(overrides: Iterable[Any]) -> list[str]:
+    """``overrides`` as command-line text with each sweep at its first value (the other values of a sweep are
+    checked in their own jobs)."""
+    out = []
+    for override in overrides:
+        if override.is_sweep_override() and not override.is_delete():
+            first = next(iter(override.sweep_string_iterator()), None)
+            if first is None:
+                continue
+            out.append(f"{override.get_key_element()}={first}")
+        else:
+            out.append(str(override.input_line))
+    return out
+
+
+def _describe(key: str, schema: DictConfig) -> str:
+    """How the error names where a field is missing: the selected option of its group (``privacy=none``)."""
+    choices = OmegaConf.select(schema, "hydra.runtime.choices", default=None) or {}
+    parts = key.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        group = "/".join(parts[:n])
+        if choices.get(group) is not None:
+            return f"{group}={choices[group]}"
+    return "the run's config"
+
+
+def check_values(line: CommandLine, schema: DictConfig) -> None:
+    """Every value override names a field of ``schema`` and keeps a declared boolean a boolean."""
+    for override in line.values:
+        key = override.key_or_group
+        declared = OmegaConf.select(schema, key, default=_MISSING)
+        if declared is _MISSING:
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(schema, parent, default=None) if parent else schema
+            fields = [str(k) for k in node if k != "hydra"] if isinstance(node, DictConfig) else []
+            nothing = ("" if isinstance(node, DictConfig) or not parent
+                       else f" ({parent} is not set; {parent.split('.')[0]}=NAME selects a config of its group)")
+            consequence = "nothing to remove" if override.is_delete() else "nothing would read it"
+            raise ConfigError(f"{key}: {_describe(key, schema)} has no field '{leaf}'{nothing}"
+                              f"{close_matches(leaf, fields)}; {consequence}")
+        if isinstance(declared, bool) and not override.is_delete():
+            for value in elements(override):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{key}: must be true or false, got {value!r}")
+
+
+def schemas(line: CommandLine) -> Iterator[list[str]]:
+    """The group overrides of the schemas a command line's values are checked against: each sweep at its first
+    option, then each other option of each group sweep with the rest at their first (linear in the options, where
+    a sweep's jobs are their product; a job checks its own combination)."""
+    first = first_of(line.groups)
+    yield first
+    for i, override in enumerate(line.groups):
+        if override.is_sweep_override() and not override.is_delete():
+            for option in list(override.sweep_string_iterator())[1:]:
+                yield [*first[:i], f"{override.get_key_element()}={option}", *first[i + 1:]]
+
+
+def check(overrides: Sequence[str], options: GroupOptions, compose: Compose) -> CommandLine:
+    """Parse ``overrides``, check their group options, compose the schemas and check the values against them."""
+    line = parse(overrides, options)
+    check_group_options(line, options)
+    if line.values:
+        for groups in schemas(line):
+            check_values(line, compose(groups))
+    return line
+
+
+def touched_groups(line: CommandLine) -> dict[str, str]:
+    """The top-level config groups the command line selects or sets a field of, each with its first override."""
+    touched: dict[str, str] = {}
+    for override in (*line.groups, *line.values):
+        touched.setdefault(re.split(r"[./@]", override.key_or_group)[0], str(override.input_line))
+    return touched
+
+
+def hydra_lookups(config_name: str) -> tuple[GroupOptions, Compose]:
+    """The group options and the schema composer of the initialised Hydra (inside a Hydra app, or
+    ``initialize_config_dir``); a composition Hydra refuses is a ConfigError on one line."""
+    from hydra import compose
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    loader = GlobalHydra.instance().config_loader()
+
+    def options(group: str) -> list[str]:
+        return loader.get_group_options(group, results_filter=ObjectType.CONFIG)
+
+    def composed(overrides: list[str]) -> DictConfig:
+        try:
+            return compose(config_name, overrides=overrides, return_hydra_config=True)
+        except (HydraException, OmegaConfBaseException) as e:
+            message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+            raise ConfigError(f"{' '.join(overrides) or config_name}: {message}") from None
+
+    return options, composed
+
+
+def check_command_line(conf_dir: Path, argv: Sequence[str], config_name: str = "config") -> None:
+    """``train.py``'s command line checked before Hydra composes it (Hydra's own errors are several lines and exit
+    code 1): its groups and values against the schema, then the whole config composed once (each sweep at its
+    first value) and its groups against what the run uses. Inspection flags (``--help``, ``--cfg``, ...) and other config folders are left to Hydra."""
+    from hydra import initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(list(argv))
+    if (args.help or args.hydra_help or args.info or args.cfg or args.shell_completion or args.config_path
+            or args.config_dir or args.experimental_rerun):
+        return
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        options, compose = hydra_lookups(args.config_name or config_name)
+        line = check(args.overrides, options, compose)
+        cfg = compose(first_of((*line.groups, *line.values)))
+    from fedrec.build import check_used
+
+    check_used(cfg, touched_groups(line))
+
+
+def check_job(overrides: Sequence[str]) -> CommandLine:
+    """A Hydra job's own overrides against its own schema: the jobs of a sweep over groups differ in what they
+    declare (``-m privacy=none,gaussian privacy.epsilon=4`` fails in the job without a privacy mechanism)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    options, compose = hydra_lookups(HydraConfig.get().job.config_name)
+    return check(overrides, options, compose)

@@ -1,0 +1,154 @@
+"""The command line checked against the config files' schema (:mod:`fedrec.schema`), before Hydra composes it.
+
+The battery runs several hundred bad command lines, generated from every experiment's own composed config (each of
+its yes/no fields given a typo, each of its fields misspelt, a field added with ``+`` that no file declares, an
+option no group has), in-process through :func:`fedrec.schema.check`, the function ``train.py`` calls, with the
+schema composed once per experiment; a sample runs end to end through ``train.py`` in ``test_schema_cli.py``.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from fedrec import schema
+from fedrec.build import check_used
+from fedrec.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+#: top-level groups whose fields the battery perturbs (the run settings trainer/logger are Lightning's and ours)
+GROUPS = ("env", "protocol", "policy", "topology", "privacy", "task", "data", "model", "aggregator", "server",
+          "attack", "planner")
+
+
+@pytest.fixture(scope="module")
+def lookups() -> Iterator[tuple[schema.GroupOptions, schema.Compose]]:
+    """The group options and a schema composer memoised by its group overrides (the battery composes each
+    experiment's schema once)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        options, composer = schema.hydra_lookups("config")
+        cached = functools.lru_cache(maxsize=None)(lambda groups: composer(list(groups)))
+        yield functools.lru_cache(maxsize=None)(options), lambda groups: cached(tuple(groups))
+
+
+def fields(cfg: DictConfig) -> Iterator[tuple[str, Any]]:
+    """Every (dotted key, value) leaf of the perturbed groups of ``cfg`` (interpolations unresolved)."""
+    def walk(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                yield from walk(value, f"{prefix}.{key}")
+            elif not str(key).startswith("_"):
+                yield f"{prefix}.{key}", value
+    for group in GROUPS:
+        if OmegaConf.is_dict(cfg.get(group)):
+            yield from walk(OmegaConf.to_container(cfg[group], resolve=False), group)
+
+
+def battery() -> list[tuple[str, list[str], str]]:
+    """(case id, command line, the field the error must name), from every experiment's composed config."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        configs = {e: compose("config", overrides=[f"+experiment={e}"]) for e in EXPERIMENTS}
+    cases = []
+    for exp, cfg in configs.items():
+        base = [f"+experiment={exp}"]
+        leaves = list(fields(cfg))
+        for key, value in leaves:
+            if isinstance(value, bool):  # a typo of a boolean, and a word that is not one
+                cases.append((f"{exp}:{key}=flase", [*base, f"{key}=flase"], key))
+                cases.append((f"{exp}:{key}=yes", [*base, f"{key}=yes"], key))
+        for key, _ in leaves[::3]:  # a misspelt field (its last two letters swapped)
+            parent, _, leaf = key.rpartition(".")
+            if len(leaf) > 3 and leaf[-1] != leaf[-2]:
+                typo = f"{parent}.{leaf[:-2]}{leaf[-1]}{leaf[-2]}"
+                cases.append((f"{exp}:{typo}", [*base, f"{typo}=1"], typo))
+        for group in ("privacy", "protocol", "env", "data", "aggregator", "planner"):
+            cases.append((f"{exp}:+{group}.undeclared", [*base, f"+{group}.undeclared_field=5"],
+                          f"{group}.undeclared_field"))
+        cases.append((f"{exp}:option", [*base, "protocol=asyn"], "protocol"))
+        cases.append((f"{exp}:plots", [*base, "plots=fals"], "plots"))
+    return cases
+
+
+CASES = battery()
+
+
+def test_the_battery_covers_every_experiment_with_many_lines() -> None:
+    assert len(CASES) >= 150
+    assert {case.split(":")[0] for case, _, _ in CASES} == set(EXPERIMENTS)
+    assert sum("=flase" in case for case, _, _ in CASES) >= 20  # yes/no fields of several families
+
+
+@pytest.mark.parametrize("argv, field", [(a, f) for _, a, f in CASES], ids=[c for c, _, _ in CASES])
+def test_bad_command_line_is_one_error_naming_the_field(lookups: Any, argv: list[str], field: str) -> None:
+    options, composer = lookups
+    with pytest.raises(ConfigError) as info:
+        schema.check(argv, options, composer)
+    message = str(info.value)
+    assert message.startswith(f"{field}: ") and "\n" not in message, message
+
+
+@pytest.mark.parametrize("argv", [
+    ["+experiment=gossip_synthetic_k3", "env.vary_means=true", "protocol.consistency_fresh=false"],
+    ["+experiment=vfl_synthetic", "protocol=vfts", "protocol.refresh_mask=true", "protocol.policy.sampler=symmetric"],
+    ["+experiment=fedgnn_ml100k", "logger.csv=false", "plots=false"],
+    ["+experiment=bgtplanner_ml100k", "++planner.num_actions=2", "planner.scale_features=true"],
+    ["+experiment=async_linucb_lastfm", "env.max_users=30", "seed=0,1"],
+    ["+experiment=fedgnn_ml100k_robust", "privacy=none,gaussian", "aggregator=krum,median", "seed=0,1,2"],
+    ["protocol=sync", "policy=lints", "policy.v=0.5"],
+    ["~privacy", "hydra.run.dir=/tmp/x"],
+])
+def test_good_command_lines_pass(lookups: Any, argv: list[str]) -> None:
+    options, composer = lookups
+    schema.check(argv, options, composer)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["protocol.preregister=flase"], "protocol.preregister: must be true or false, got 'flase'"),
+    (["seed=0,1", "protocol.preregister=true,flase"], "protocol.preregister: must be true or false"),
+    (["protocol=asyn"], "protocol: no config 'asyn' in the protocol group (did you mean 'async'?)"),
+    (["+experiment=lastfm"], "did you mean 'async_linucb_am_lastfm' or 'async_linucb_lastfm'?"),
+    (["protocol.prerigester=true"], "protocol=async has no field 'prerigester' (did you mean 'preregister'?)"),
+    (["+experiment=fedgnn_ml100k", "privacy=none", "+privacy.epsilon=5"], ("privacy.epsilon: privacy=none has no "
+                                                                          "field 'epsilon'; nothing would read it")),
+    (["+privacy.epsilon=5"], ("privacy.epsilon: the run's config has no field 'epsilon' (privacy is not set; "
+                             "privacy=NAME selects")),
+    (["privacy=null"], "privacy: null is not a config of the privacy group"),
+    (["~protocol.prerigester"], "nothing to remove"),
+    (["seed=[1,2"], "seed=[1,2: not an override Hydra can read"),
+    (["hydra.run.dir="], "hydra.run.dir: empty"),
+])
+def test_messages_say_what_to_type(lookups: Any, argv: list[str], needle: str) -> None:
+    options, composer = lookups
+    with pytest.raises(ConfigError) as info:
+        schema.check(argv, options, composer)
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("argv, group", [
+    (["+experiment=vfl_synthetic", "policy=lints"], "policy"),
+    (["+experiment=fclub_synthetic", "policy.alpha=5"], "policy"),
+    (["+experiment=gossip_synthetic_k3", "policy=lints"], "policy"),
+    (["+experiment=fedgnn_ml100k", "policy.lam=2"], "policy"),
+    (["+experiment=async_linucb_synthetic", "attack=noise"], "attack"),
+    (["+experiment=sync_linucb_synthetic", "server=fedadam"], "server"),
+    (["+experiment=async_linucb_synthetic", "planner=uniform"], "planner"),
+])
+def test_a_group_the_run_does_not_use_is_refused(lookups: Any, argv: list[str], group: str) -> None:
+    options, composer = lookups
+    line = schema.check(argv, options, composer)
+    with pytest.raises(ConfigError, match=rf"^{group}: .*would change nothing"):
+        check_used(composer(argv), schema.touched_groups(line))
+
+
+def test_groups_the_run_uses_pass(lookups: Any) -> None:
+    options, composer = lookups
+    for argv in (["protocol=sync", "policy=lints"], ["+experiment=fedgnn_ml100k", "server=fedadam", "attack=noise"]):
+        line = schema.check(argv, options, composer)
+        check_used(composer(argv), schema.touched_groups(line))
