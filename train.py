@@ -16,17 +16,23 @@ CONF = Path(__file__).resolve().parent / "conf"
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def experiment(cfg: DictConfig) -> float:
-    """Run the composed config; a bad value or a missing dataset (not downloaded) is one ``error:`` line."""
+    """Run the composed config; a bad value or a missing dataset (not downloaded) is one ``error:`` line, and an
+    interrupt (SIGINT, SIGTERM) after the round's checkpoint one ``interrupted:`` line saying how to resume."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from fedrec.cli import run
+    from fedrec.cli import resume_command, run
     from fedrec.errors import ConfigError, DatasetNotFoundError
     from fedrec.sweeps import describe, objective
     from fedrec.trainer.distributed import launched_as_secondary
+    from fedrec.trainer.interrupt import RunInterrupted
 
     try:
         summary = run(cfg)
+    except RunInterrupted as e:  # the sweep stops too
+        resume = f"; resume with: {resume_command(e.checkpoint)}" if e.checkpoint is not None else ""
+        print(f"interrupted: {e}{resume}", file=sys.stderr)
+        sys.exit(128 + e.signum)
     except (ConfigError, DatasetNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # the other jobs go on; the sweep summary lists this one

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,16 @@ def check_command_line(cfg: DictConfig, overrides: Sequence[str]) -> None:
     else:
         line = schema.parse(overrides, schema.hydra_lookups(HydraConfig.get().job.config_name)[0])
     check_used(cfg, schema.touched_groups(line))
+
+
+def resume_command(checkpoint: Path) -> str:
+    """The command that resumes the Hydra job running now from ``checkpoint``, in its own folder."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra = HydraConfig.get()
+    kept = [o for o in hydra.overrides.task if not o.startswith(("ckpt_path=", "hydra.run.dir="))]
+    return shlex.join(["python", "train.py", *kept, f"ckpt_path={checkpoint}",
+                       f"hydra.run.dir={hydra.runtime.output_dir}"])
 
 
 def run_title(name: str, overrides: Sequence[str]) -> str:

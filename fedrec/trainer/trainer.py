@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from fedrec.threads import check_num_threads, torch_threads
 from fedrec.trainer.callbacks import Callback, ProgressBar, progress_enabled
 from fedrec.trainer.checkpoint import check_same_run, load_checkpoint, run_identity, save_checkpoint
 from fedrec.trainer.distributed import check_distribution, check_shardable, launch
+from fedrec.trainer.interrupt import RunInterrupted, deferred_signals
 
 
 class FederatedTrainer:
@@ -112,12 +113,14 @@ class FederatedTrainer:
         """Run the task to completion (or until stopped), resuming from ``ckpt_path`` if given.
 
         Returns the per-round metric history (the resumed part included). Runs with torch's intra-op thread count
-        set to ``num_threads`` (see the class's arguments).
+        set to ``num_threads`` (see the class's arguments). A SIGINT or SIGTERM lets the round finish, writes the
+        checkpoint (with a ``default_root_dir``) and raises :class:`~fedrec.trainer.interrupt.RunInterrupted`.
         """
-        with torch_threads(self._num_threads):
-            return self._fit(task, ckpt_path)
+        with torch_threads(self._num_threads), deferred_signals() as interrupted:
+            return self._fit(task, ckpt_path, interrupted)
 
-    def _fit(self, task: FederatedTask, ckpt_path: str | Path | None) -> list[dict[str, float]]:
+    def _fit(self, task: FederatedTask, ckpt_path: str | Path | None,
+             interrupted: Callable[[], int | None]) -> list[dict[str, float]]:
         check_shardable(task, self.collective.world_size)
         if ckpt_path is not None:
             self.restore(task, ckpt_path)
@@ -146,6 +149,9 @@ class FederatedTrainer:
                 self._log(metrics)
             if self.checkpoint_every and self.round % self.checkpoint_every == 0:
                 self.save(task)
+            signum = interrupted()
+            if signum is not None and self.round < total and not self.should_stop:
+                raise RunInterrupted(signum, self.round, total, self.save(task) if self.root is not None else None)
         self._hook("on_fit_end", task)
         if self.root is not None:
             self.save(task)
