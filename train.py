@@ -23,6 +23,7 @@ def experiment(cfg: DictConfig) -> float:
 
     from fedrec.cli import resume_command, run
     from fedrec.errors import ConfigError, DatasetNotFoundError
+    from fedrec.run_folder import discard_failed_run
     from fedrec.sweeps import describe, objective
     from fedrec.trainer.distributed import launched_as_secondary
     from fedrec.trainer.interrupt import RunInterrupted
@@ -38,6 +39,7 @@ def experiment(cfg: DictConfig) -> float:
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # the other jobs go on; the sweep summary lists this one
             logging.getLogger("fedrec").error("error: %s", e)
             return math.nan
+        discard_failed_run(Path(HydraConfig.get().runtime.output_dir))  # nothing that looks like a run is left
         sys.exit(2)
     if not launched_as_secondary():  # rank 0 of a multi-process run reports it
         print(describe(Path(HydraConfig.get().runtime.output_dir), summary))

@@ -15,7 +15,7 @@ import fedrec.resolvers  # noqa: F401  (registers ${by_conventions:...} before a
 from fedrec.build import build_task_fetching_data, check_groups, check_used, instantiate_group
 from fedrec.errors import ConfigError
 from fedrec.io import atomic_write, atomic_write_json, writing
-from fedrec.run_folder import TB_EVENTS, output_errors, prepare_output_dir, resumes_in_place
+from fedrec.run_folder import TB_EVENTS, claimed, output_errors, resumes_in_place
 from fedrec.trainer import Callback
 from fedrec.trainer.distributed import check_distribution, check_shardable, launched_as_secondary
 
@@ -230,12 +230,17 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     if output_dir is None:
         output_dir = HydraConfig.get().runtime.output_dir
     out = Path(output_dir)
-    ckpt_path = cfg.get("ckpt_path")
     secondary = launched_as_secondary()  # a secondary rank of a multi-process run writes nothing
     if secondary:
         _detach_log_files()
-    else:
-        prepare_output_dir(out, ckpt_path)
+        return _run(cfg, out, overrides, secondary)
+    with claimed(out, cfg.get("ckpt_path")):
+        return _run(cfg, out, overrides, secondary)
+
+
+def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool) -> dict[str, Any]:
+    """:func:`run` once the run folder is claimed (or, on a secondary rank, not written at all)."""
+    ckpt_path = cfg.get("ckpt_path")
     from fedrec.threads import torch_threads
     from fedrec.trainer import FederatedTrainer
 

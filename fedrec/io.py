@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import secrets
@@ -79,9 +80,23 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: st
     return path
 
 
+def strict_json(obj: Any) -> Any:
+    """``obj`` as strict JSON can hold it: JSON has no infinite or undefined numbers, so an infinite float becomes
+    the text ``"inf"`` or ``"-inf"`` (``float()`` reads it back) and NaN (an undefined value, e.g. a 0/0 ratio)
+    becomes null, as missing."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    return atomic_write(path, lambda f: json.dump(obj, f, indent=2, sort_keys=True), mode="w")
+    """Write ``obj`` as indented strict JSON (:func:`strict_json`) to ``path`` atomically."""
+    return atomic_write(path, lambda f: json.dump(strict_json(obj), f, indent=2, sort_keys=True, allow_nan=False),
+                        mode="w")
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:

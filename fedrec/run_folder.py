@@ -6,6 +6,9 @@ the parent of a joblib or submitit sweep, which runs no job itself (importing to
 """
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -22,6 +25,13 @@ from fedrec.io import WriteError
 #: files of a run folder (relative paths) that show a run already wrote there
 RUN_OUTPUTS = ("summary.json", "metrics.csv", "checkpoints/last.ckpt")
 TB_EVENTS = "tb/**/events.out.tfevents.*"
+#: the file a running run holds an exclusive lock on (removed when the run ends)
+LOCK = ".fedrec.lock"
+#: what a run that failed before computing anything leaves in a folder it created: Hydra's record, the job log, the
+#: lock and the resolved config; such a folder is removed (see :func:`discard_failed_run`)
+SETUP_FILES = (".hydra", LOCK, "config_resolved.yaml")
+#: folders this process created for a run (only those are ever removed)
+_CREATED: set[Path] = set()
 
 
 class OutputError(ConfigError):
@@ -37,19 +47,72 @@ def resumes_in_place(out: Path, ckpt_path: Any) -> bool:
 def prepare_output_dir(out: Path, ckpt_path: Any = None) -> None:
     """Create run folder ``out`` and check that this run may write there: a writable folder that holds no other
     run's results (a resume from a checkpoint inside it continues that run). Raises :class:`OutputError`."""
+    _create(out)
+    _check_holds_no_other_run(out, ckpt_path)
+
+
+def _create(out: Path) -> None:
+    """Create run folder ``out`` (remembered in :data:`_CREATED` if it did not exist) and check it is writable."""
     if out.exists() and not out.is_dir():
         raise OutputError(f"output: the run folder {out} is a file")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        if not out.exists():
+            out.mkdir(parents=True)
+            _CREATED.add(out.resolve())
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as e:
         raise OutputError(f"output: cannot write the run folder {out}: {e.strerror or e}") from e
+
+
+def _check_holds_no_other_run(out: Path, ckpt_path: Any) -> None:
     found = [name for name in RUN_OUTPUTS if (out / name).exists()] + (["tb/"] if any(out.glob(TB_EVENTS)) else [])
     if found and not resumes_in_place(out, ckpt_path):
         hint = f" or continue that run (ckpt_path={out / RUN_OUTPUTS[2]})" if RUN_OUTPUTS[2] in found else ""
         raise OutputError(f"output: {out} already holds a run ({', '.join(found)}); refusing to mix two runs in "
                           f"one folder: write this run to a new folder (hydra.run.dir=...){hint}")
+
+
+@contextmanager
+def claimed(out: Path, ckpt_path: Any = None) -> Iterator[None]:
+    """:func:`prepare_output_dir` under an exclusive lock on run folder ``out``, held while inside: a second run into
+    it (started at the same time, so that both found it empty) is refused instead of interleaving its files with
+    this one's, and a run that finished there meanwhile is found by the check made under the lock."""
+    _create(out)
+    try:
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise OutputError(f"output: cannot write the run folder {out}: {e.strerror or e}") from e
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+            raise OutputError(f"output: another run (pid {owner}) is writing into {out}; refusing to mix two runs "
+                              "in one folder: write this run to a new folder (hydra.run.dir=...)") from None
+        try:
+            _check_holds_no_other_run(out, ckpt_path)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            yield
+        finally:  # a run that opened the file meanwhile finds this run's results under its own lock
+            (out / LOCK).unlink(missing_ok=True)
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def discard_failed_run(out: Path) -> bool:
+    """Remove run folder ``out`` if this process created it and the run failed before writing any result (only
+    :data:`SETUP_FILES` and Hydra's job log in it), so that a failed run leaves nothing that looks like a run;
+    whether it was removed."""
+    out = out.resolve()
+    if out not in _CREATED or not out.is_dir():
+        return False
+    if any(p.name not in SETUP_FILES and p.suffix != ".log" for p in out.iterdir()):
+        return False
+    shutil.rmtree(out, ignore_errors=True)
+    _CREATED.discard(out)
+    return True
 
 
 @contextmanager

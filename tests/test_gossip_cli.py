@@ -102,7 +102,12 @@ def test_diabetes_without_its_file_names_the_path(compose_cfg: Compose, tmp_path
         run(compose_cfg("+experiment=gossip_diabetes", f"data_dir={empty}", "task.steps=100"), output_dir=tmp_path)
 
 
-def test_summary_is_valid_json_with_infinite_epsilon(compose_cfg: Compose, tmp_path: Path) -> None:
+def test_summary_is_strict_json_with_infinite_epsilon(compose_cfg: Compose, tmp_path: Path) -> None:
     run(compose_cfg(*QUICK), output_dir=tmp_path)
-    s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["epsilon"] == math.inf and s["epsilon_spent"] == math.inf
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    s = json.loads((tmp_path / "summary.json").read_text(), parse_constant=refuse)
+    assert s["epsilon"] == s["epsilon_spent"] == "inf"  # documented text, read back by float()
+    assert float(s["epsilon"]) == math.inf

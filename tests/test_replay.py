@@ -244,3 +244,23 @@ def test_replay_evaluator_on_a_hand_made_log() -> None:
         assert float(per["matched_steps"][r]) == counted == int((arms == batch.logged[r].numpy()).sum())
         assert float(per["clicks"][r]) == clicks
         assert float(per["random_ctr"][r]) == 0.5
+
+
+class ClicklessLog(HandMadeLog):
+    """The hand-made log with every click removed: no policy, the random one included, ever clicks."""
+
+    def _load(self, data_dir: Path) -> ReplayLog:
+        log = super()._load(data_dir)
+        return ReplayLog(log.user_features, log.item_features, log.groups, log.users, log.items,
+                         np.zeros_like(log.clicks))
+
+
+def test_a_log_without_clicks_reports_the_relative_ctr_as_undefined_not_zero() -> None:
+    env = ClicklessLog("unused", replicates=2, seed=5, num_arms=3, chunk_size=5)
+    p = VerticalLinearBandit(env.num_clients, env.dim, 2, UCB, 0, partition=env.partition)
+    task = BanditTask(env, p, steps=None, steps_per_round=5)
+    for i in range(task.num_rounds):
+        task.run_round(i)
+    per = task.per_replicate()
+    assert (per["random_ctr"] == 0).all() and (per["ctr"] == 0).all()  # counted events, none clicked
+    assert torch.isnan(per["relative_ctr"]).all()  # 0 / 0

@@ -95,13 +95,14 @@ class BanditTask(FederatedTask):
             # no counted step yet: the CTR is undefined (NaN), not 0
             ctr = torch.where(self.matched > 0, self.cum_reward / self.matched.clamp_min(1), torch.nan)
             random_ctr = self.cum_random / max(self.t, 1)
+            # a log without clicks gives the random policy a CTR of 0: the ratio is undefined (NaN), not 0
             out.update(matched_steps=self.matched.clone(), clicks=self.cum_reward.clone(), ctr=ctr,
-                       random_ctr=random_ctr, relative_ctr=ctr / random_ctr.clamp_min(1e-12))
+                       random_ctr=random_ctr, relative_ctr=_ratio(ctr, random_ctr))
         else:
             out.update(cumulative_regret=self.cum_regret.clone(), cumulative_reward=self.cum_reward.clone())
         if self.env.binary_rewards and not self.env.replay:  # real-data metric: reward relative to a random policy
             out["random_policy_reward"] = self.cum_random.clone()
-            out["normalized_reward"] = self.cum_reward / self.cum_random.clamp_min(1e-12)
+            out["normalized_reward"] = _ratio(self.cum_reward, self.cum_random)
         out.update(self.protocol.ledger.totals())
         out.update(self.protocol.metrics())
         if hasattr(self.protocol, "partition") and hasattr(self.env, "clusters"):
@@ -145,3 +146,8 @@ class BanditTask(FederatedTask):
                 out[f"{k}_std"] = float(vals.std())
                 out[f"{k}_per_replicate"] = vals.tolist()
         return out
+
+
+def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den``, NaN (undefined) where ``den`` is 0."""
+    return torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), torch.nan)
