@@ -9,10 +9,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import fedrec.resolvers  # noqa: F401  (registers ${by_conventions:...} before any config is resolved)
 from fedrec.build import build_task_fetching_data, check_groups, check_used, instantiate_group
+from fedrec.data.integrity import recording
 from fedrec.errors import ConfigError
 from fedrec.io import atomic_write, atomic_write_json, writing
 from fedrec.run_folder import TB_EVENTS, claimed, output_errors, resumes_in_place
@@ -27,6 +28,8 @@ RUN_SETTINGS = ("trainer", "logger", "plots", "hydra", "ckpt_path", "resume_allo
                 "download_data")
 #: keys, at any depth, that say where the inputs are rather than what they are (the dataset's sizes are checked)
 LOCATION_KEYS = ("data_dir",)
+#: what a resume can never change: the seed, and the digests of the dataset files the run read (``data_files``)
+IDENTITY = ("seed", "data_files")
 #: the config groups every run needs (the task kind's own groups are checked by :func:`fedrec.build.check_groups`)
 RUN_GROUPS = ("task", "trainer", "logger")
 
@@ -95,9 +98,18 @@ def _without_locations(node: Any) -> Any:
 
 
 def allowed_changes(cfg: DictConfig) -> list[str]:
-    """``resume_allow_changes``: the fields a resume may change (a single name is taken as a list of one)."""
+    """``resume_allow_changes``: the fields a resume may change (a single name is taken as a list of one); the
+    :data:`IDENTITY` fields are refused, since a run resumed under another one would report numbers it did not
+    compute."""
     value = cfg.get("resume_allow_changes") or []
-    return [str(value)] if isinstance(value, str) else [str(v) for v in value]
+    names = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, ListConfig)) else None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"resume_allow_changes: must be a list of dotted field names, got {value!r}")
+    fixed = [n for n in names if n.split(".")[0] in IDENTITY]
+    if fixed:
+        raise ConfigError(f"resume_allow_changes: {fixed[0]} is part of what the run is and cannot change on a resume "
+                          f"({', '.join(IDENTITY)}); start a new run instead")
+    return names
 
 
 class RunResults(Callback):
@@ -246,7 +258,7 @@ def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool) 
 
     tr = cfg.trainer
     devices = check_distribution(tr.get("accelerator", "cpu"), tr.get("devices", 1), tr.get("strategy", "auto"))[1]
-    with torch_threads(cfg.get("num_threads")):  # the build (data, environment, model) as the rounds
+    with torch_threads(cfg.get("num_threads")), recording() as data_files:  # the build threads as the rounds
         task = build_task_fetching_data(cfg)
     check_shardable(task, devices)  # before launching any process
     is_private = getattr(task, "is_private_metric", None)  # tasks whose metrics may come from clients' raw data
@@ -254,7 +266,8 @@ def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool) 
     results = RunResults(cfg, out, planner, is_private, run_title(str(cfg.name), overrides))
     trainer = FederatedTrainer(
         default_root_dir=out, loggers=[] if secondary else build_loggers(cfg.logger, out, is_private),
-        callbacks=[planner, results] if planner else [results], run_config=identity_config(cfg),
+        callbacks=[planner, results] if planner else [results],
+        run_config={**identity_config(cfg), "data_files": dict(sorted(data_files.items()))},
         allow_changes=allowed_changes(cfg), num_threads=cfg.get("num_threads"),
         **OmegaConf.to_container(cfg.trainer),
     )

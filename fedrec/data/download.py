@@ -30,7 +30,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from fedrec.errors import ConfigError, DatasetNotFoundError, check_file
+from fedrec.data.integrity import checked_file, write_sums
+from fedrec.errors import ConfigError, DatasetNotFoundError
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def dataset_file(name: str, data_dir: str | Path, file: str) -> Path:
     """The path of ``file`` of dataset ``name`` under ``data_dir``: the one place the loaders locate a dataset's
     files, so a missing one is always the same DatasetNotFoundError (the file, how to install the dataset, and
     ``FEDREC_DATA_DIR``)."""
-    return check_file(Path(data_dir) / source(name).folder / file, install_help(name, data_dir))
+    return checked_file(Path(data_dir) / source(name).folder / file, install_help(name, data_dir))
 
 
 def ensure_dataset(name: str, data_dir: str | Path, download: bool) -> Path:
@@ -186,7 +187,9 @@ def download_dataset(
             )
         extracted = Path(tmp) / "extracted"
         _extract(archive, extracted)
-        os.rename(_dataset_root(extracted, entry, url), target)
+        root = _dataset_root(extracted, entry, url)
+        write_sums(root)  # later loads check the files against it
+        os.rename(root, target)
     return target
 
 

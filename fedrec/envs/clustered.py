@@ -36,9 +36,10 @@ import numpy as np
 from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 
+from fedrec.data.integrity import checked_file
 from fedrec.data.ratings import read_raw_ratings
 from fedrec.envs.base import BanditEnv, Chunk
-from fedrec.errors import ConfigError, check_file, check_int
+from fedrec.errors import ConfigError, check_int
 from fedrec.seeding import numpy_generator
 
 THETA_SOURCES = ("authors", "ortho_cap", "file", "ml100k")
@@ -225,7 +226,7 @@ def _load_vectors(path: Path, dim: int) -> np.ndarray:
     """The user vectors of a ``.npy`` file, checked by :func:`_check_vectors` (the file is named on error)."""
     how = ("The authors' files are in raw_data/ of github.com/ZhaoHaoRu/Federated-Clustering-of-Bandits"
            " (commit 7119720); copy them into that folder.")
-    where = f"theta_file {check_file(path, how)}"
+    where = f"theta_file {checked_file(path, how)}"
     try:
         vectors = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:

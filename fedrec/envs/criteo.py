@@ -40,8 +40,9 @@ import numpy as np
 import pandas as pd
 
 from fedrec.blocks import near_equal_sizes
+from fedrec.data.integrity import checked_file
 from fedrec.envs.replay import ReplayEnv, ReplayLog, md5_bucket
-from fedrec.errors import ConfigError, check_file, check_int
+from fedrec.errors import ConfigError, check_int
 
 LABEL = "Label"
 INTEGER_COLUMNS = tuple(f"I{i}" for i in range(1, 14))
@@ -86,7 +87,7 @@ class CriteoReplayEnv(ReplayEnv):
         path = Path(self.file) if Path(self.file).is_absolute() else data_dir / self.file
         how = ('Get the Kaggle "Criteo Display Advertising Challenge" dataset (e.g. the dac.tar.gz archive from '
                f"Criteo AI Lab) and unpack its train.txt into {data_dir / 'criteo'}/ (or set file= to its path)")
-        clicks, integers, components = read_criteo(check_file(path, how), self.max_rows)
+        clicks, integers, components = read_criteo(checked_file(path, how), self.max_rows)
         kept = fill_missing(integers)
         if kept.shape[1] == 0:
             raise ConfigError(f"{path}: every integer column is missing in more than {MAX_MISSING:.0%} of the "

@@ -27,9 +27,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedrec.data.integrity import checked_file
 from fedrec.envs.mab import MultiAgentMAB
 from fedrec.envs.rewards import RECORDS
-from fedrec.errors import ConfigError, check_file, check_int
+from fedrec.errors import ConfigError, check_int
 from fedrec.seeding import numpy_generator
 from fedrec.tables import read_table
 
@@ -67,7 +68,7 @@ class DiabetesRecords:
 
 def read_diabetes(path: Path) -> pd.DataFrame:
     """All columns of ``path`` as text (``None`` and ``?`` kept verbatim); the header must name :data:`REQUIRED`."""
-    check_file(path, HOW_TO_GET)
+    checked_file(path, HOW_TO_GET)
     with path.open(encoding="latin-1") as f:
         header = f.readline().rstrip("\r\n").split(",")
     missing = [c for c in REQUIRED if c not in header]
