@@ -73,6 +73,10 @@ def task_kind(cfg: DictConfig) -> str:
     return kind
 
 
+def _article(word: Any) -> str:
+    return "an" if str(word)[:1] in "aeiou" else "a"
+
+
 def check_groups(cfg: DictConfig) -> None:
     """The config groups the run's kind needs are there (not removed with ``~env``, ``~model``, ...) and those of
     other kinds are absent, before anything is built (errors name the group)."""
@@ -85,6 +89,17 @@ def check_groups(cfg: DictConfig) -> None:
         if cfg.get(group) is not None:
             raise ConfigError(f"{group}: {what} does not use the {group} group (remove it with ~{group}, or pick "
                               f"the task of a run that uses it)")
+    for group in ("env", "protocol"):  # what each declares it runs under (kind), before anything is built
+        if group in GROUPS[kind]:
+            serves = getattr(group_class(cfg[group], group), "kind", None)
+            if serves != kind:
+                cls = cfg[group]._target_.rsplit(".", 1)[-1]
+                task = {"bandit": "task=bandit with ~topology",
+                        "multi_agent": "task=multi_agent with a topology=..."}.get(serves)
+                pick = f"pick {_article(group)} {group} of {what}"
+                instead = f"{pick}, or {task}" if task else pick
+                raise ConfigError(f"{group}: {cls} is {_article(serves)} {str(serves).replace('_', '-')} {group}; "
+                                  f"{instead}")
 
 
 def unused_groups(cfg: DictConfig) -> dict[str, str]:
@@ -234,7 +249,9 @@ def build_recommendation(cfg: DictConfig) -> Any:
     torch.manual_seed(cfg.seed)  # model initialisation
     model = instantiate_group(cfg.model, "model", num_users=data.num_users, num_items=data.num_items)
     privacy = None
-    if cfg.get("privacy") is not None and cfg.privacy.get("mechanism") != "none":
+    mechanism = _privacy_mechanism(cfg)
+    if mechanism is not None:
+        _check_privacy(group_class(cfg.task, "task"), mechanism)
         privacy = instantiate_group(cfg.privacy, "privacy", num_clients=data.num_clients)
     aggregator = instantiate_group(cfg.aggregator, "aggregator")
     server = instantiate_group(cfg.server, "server") if cfg.get("server") is not None else None

@@ -17,6 +17,10 @@ import pytest
     (["protocol.foo=1"], "protocol.foo"),
     (["+experiment=fclub_synthetic", "policy=lints"], "policy"),
     (["-m", "seed=0,1", "plots=flase"], "plots"),
+    (["protocol=gossip_ucb"], "protocol"),  # a multi-agent protocol in a bandit run
+    (["protocol=vfucb", "env=mab_synthetic"], "env"),
+    (["+experiment=gossip_synthetic_k3", "protocol=async"], "protocol"),
+    (["+experiment=fedgnn_synthetic", "privacy=tree_laplace", "task.rounds=1"], "privacy"),  # refused by the build
 ])
 def test_train_py_exits_2_with_one_line_and_no_run_folder(
     train_py: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], field: str

@@ -51,6 +51,8 @@ class BanditEnv(ABC):
     """
 
     name = "env"
+    #: the task kind it serves (:attr:`fedrec.tasks.FederatedTask.kind`); the builder refuses another
+    kind = "bandit"
     #: number of steps available (None: unbounded)
     horizon: int | None = None
     #: rewards are 0/1 click logs: report reward normalised by a uniformly random policy

@@ -41,6 +41,9 @@ class MultiAgentMAB:
     ``local_best`` (R, N), ``reward_kind``, ``key`` (uint64 of the reward stream).
     """
 
+    #: the task kind it serves (:attr:`fedrec.tasks.FederatedTask.kind`); the builder refuses another
+    kind = "multi_agent"
+
     name = "mab"
     reward_kind = GAUSSIAN
     #: the downloadable dataset the environment reads (see :attr:`fedrec.envs.base.BanditEnv.dataset`)

@@ -177,6 +177,8 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
         endpoints: the channel's endpoint roles and counts (default: the clients and one server).
     """
 
+    #: the task kind it runs under (:attr:`fedrec.tasks.FederatedTask.kind`); the builder refuses another
+    kind = "bandit"
     #: agents that may act in one step (None: any number; the clients tensor is then (R, S, A))
     max_agents_per_step: int | None = 1
     #: implements :meth:`replay` (offline evaluation on logged streams)
@@ -313,6 +315,9 @@ class MultiAgentProtocol(ProtocolModule, metaclass=ABCMeta):
     Subclasses implement :meth:`_play`, :meth:`cumulative_regret` and :meth:`epsilon_spent`; ``t`` (a buffer)
     counts the rounds played.
     """
+
+    #: the task kind it runs under (:attr:`fedrec.tasks.FederatedTask.kind`); the builder refuses another
+    kind = "multi_agent"
 
     def __init__(self, topology: Topology, num_arms: int, horizon: int, replicates: int, seed: int,
                  backend: str) -> None:

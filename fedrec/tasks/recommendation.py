@@ -92,6 +92,8 @@ class FedRecTask(FederatedTask):
     """
 
     kind = "recommendation"
+    #: the privacy mechanisms its clients apply (client-level DP); the builder refuses the others
+    privacy_mechanisms: tuple[type, ...] = (ClientDP,)
 
     #: a run of several processes shards the clients (``trainer.devices``)
     supports_sharding = True
