@@ -107,7 +107,7 @@ def record(sent: np.ndarray, sender: int, received: np.ndarray, receiver: int, r
     received[r, receiver, kind, 1, 2] += scalars * bytes_per_scalar
 
 
-@jit
+@jit(inline=True)
 def act(r, s, row, io, p, pol, Ax, buffer, buffer_count, pending, pending_count, refresh) -> bool:
     """Client row ``row`` plays step ``s`` of replicate ``r``: decide, update its statistics and upload buffer.
 
@@ -212,7 +212,7 @@ def _async_run(io, p, pol, st, cfg, traffic):
         _async_replicate(np.int64(r), io, p, pol, st, cfg, traffic)
 
 
-@jit
+@jit(inline=True)
 def sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g):
     """A global synchronisation of replicate ``r`` (Algorithm 4): every registered client uploads its buffer, then
     downloads the aggregate V_g, factorised once (``L`` and ``inv_g`` are d × d scratch)."""
