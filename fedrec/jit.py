@@ -43,12 +43,18 @@ def parallel_variant(fn: F) -> F:
     return copy  # type: ignore[return-value]
 
 
-def jit(fn: F | None = None, *, parallel: bool = False) -> Any:
-    """``numba.njit(cache=True)`` (with ``parallel`` for ``prange`` loops); the identity without numba."""
+def jit(fn: F | None = None, *, parallel: bool = False, inline: bool = False) -> Any:
+    """``numba.njit(cache=True)`` (with ``parallel`` for ``prange`` loops); the identity without numba.
+
+    ``inline``: numba copies the function's body into each compiled caller instead of compiling it on its own, which
+    saves compile time for a helper that takes whole structures and has one call site in each loop (a function
+    compiled on its own is optimised again in every caller it is linked into).
+    """
     def wrap(f: F) -> F:
         if not HAVE_NUMBA:
             return f
-        return numba.njit(cache=True, parallel=parallel, error_model="numpy")(f)
+        return numba.njit(cache=True, parallel=parallel, error_model="numpy",
+                          inline="always" if inline else "never")(f)
     return wrap(fn) if fn is not None else wrap
 
 

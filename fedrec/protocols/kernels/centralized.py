@@ -43,9 +43,10 @@ def _rows_replicate(r, io, p, pol):
 
 def _rows_run(io, p, pol):
     """:func:`_rows_replicate` of every replicate (a function of its own: numba's parallel loops lose writes made
-    through a ``NamedTuple`` directly in their body, numba issue 7135)."""
+    through a ``NamedTuple`` directly in their body, numba issue 7135). The index is passed as an int64: a parallel
+    loop's index is unsigned, and the body would be compiled once more for it."""
     for r in prange(io.rows.shape[0]):
-        _rows_replicate(r, io, p, pol)
+        _rows_replicate(np.int64(r), io, p, pol)
 
 
 #: (serial, parallel over replicates)

@@ -107,7 +107,7 @@ def record(sent: np.ndarray, sender: int, received: np.ndarray, receiver: int, r
     received[r, receiver, kind, 1, 2] += scalars * bytes_per_scalar
 
 
-@jit
+@jit(inline=True)
 def act(r, s, row, io, p, pol, Ax, buffer, buffer_count, pending, pending_count, refresh) -> bool:
     """Client row ``row`` plays step ``s`` of replicate ``r``: decide, update its statistics and upload buffer.
 
@@ -206,12 +206,13 @@ def _async_replicate(r, io, p, pol, st, cfg, traffic):
 
 def _async_run(io, p, pol, st, cfg, traffic):
     """:func:`_async_replicate` of every replicate (the body is a function of its own: numba's parallel loops
-    lose writes made through a ``NamedTuple`` directly in their body, numba issue 7135)."""
+    lose writes made through a ``NamedTuple`` directly in their body, numba issue 7135). The index is passed as an
+    int64: a parallel loop's index is unsigned, and the body would be compiled once more for it."""
     for r in prange(io.clients.shape[0]):
-        _async_replicate(r, io, p, pol, st, cfg, traffic)
+        _async_replicate(np.int64(r), io, p, pol, st, cfg, traffic)
 
 
-@jit
+@jit(inline=True)
 def sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g):
     """A global synchronisation of replicate ``r`` (Algorithm 4): every registered client uploads its buffer, then
     downloads the aggregate V_g, factorised once (``L`` and ``inv_g`` are d × d scratch)."""
@@ -276,7 +277,7 @@ def _sync_replicate(r, io, p, pol, st, cfg, traffic):
 def _sync_run(io, p, pol, st, cfg, traffic):
     """:func:`_sync_replicate` of every replicate (see :func:`_async_run`)."""
     for r in prange(io.clients.shape[0]):
-        _sync_replicate(r, io, p, pol, st, cfg, traffic)
+        _sync_replicate(np.int64(r), io, p, pol, st, cfg, traffic)
 
 
 #: (serial, parallel over replicates)

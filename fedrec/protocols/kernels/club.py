@@ -156,9 +156,10 @@ def _club_replicate(r, io, p, cfg, st):
 
 def _club_run(io, p, cfg, st):
     """:func:`_club_replicate` of every replicate (the body is a function of its own: numba's parallel loops lose
-    writes made through a ``NamedTuple`` directly in their body, numba issue 7135)."""
+    writes made through a ``NamedTuple`` directly in their body, numba issue 7135). The index is passed as an int64:
+    a parallel loop's index is unsigned, and the body would be compiled once more for it."""
     for r in prange(io.users.shape[0]):
-        _club_replicate(r, io, p, cfg, st)
+        _club_replicate(np.int64(r), io, p, cfg, st)
 
 
 @jit
@@ -250,7 +251,7 @@ def _sclub_replicate(r, io, p, cfg, st):
 def _sclub_run(io, p, cfg, st):
     """:func:`_sclub_replicate` of every replicate (see :func:`_club_run`)."""
     for r in prange(io.users.shape[0]):
-        _sclub_replicate(r, io, p, cfg, st)
+        _sclub_replicate(np.int64(r), io, p, cfg, st)
 
 
 @jit

@@ -223,9 +223,10 @@ def _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic):
 
 def _phase_run(io, p, cfg, part, users, cl, pvt, traffic):
     """:func:`_phase_replicate` of every replicate (the body is a function of its own: numba's parallel loops lose
-    writes made through a ``NamedTuple`` directly in their body, numba issue 7135)."""
+    writes made through a ``NamedTuple`` directly in their body, numba issue 7135). The index is passed as an int64:
+    a parallel loop's index is unsigned, and the body would be compiled once more for it."""
     for r in prange(io.users.shape[0]):
-        _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic)
+        _phase_replicate(np.int64(r), io, p, cfg, part, users, cl, pvt, traffic)
 
 
 #: (serial, parallel over replicates)

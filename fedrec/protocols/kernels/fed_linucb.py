@@ -59,9 +59,10 @@ def _periodic_replicate(r, io, p, pol, st, cfg, traffic, clock):
 
 
 def _periodic_run(io, p, pol, st, cfg, traffic, clock):
-    """:func:`_periodic_replicate` of every replicate (its own function: numba issue 7135)."""
+    """:func:`_periodic_replicate` of every replicate (its own function: numba issue 7135; an int64 index, else the
+    body is compiled once more for the parallel loop's unsigned one)."""
     for r in prange(io.clients.shape[0]):
-        _periodic_replicate(r, io, p, pol, st, cfg, traffic, clock)
+        _periodic_replicate(np.int64(r), io, p, pol, st, cfg, traffic, clock)
 
 
 #: (serial, parallel over replicates)
