@@ -23,10 +23,12 @@ from omegaconf import DictConfig
 
 from fedrec.io import atomic_write
 
-#: the main result of each task kind, in order of preference (the first present is the sweep objective)
-PRIMARY = ("cumulative_regret", "relative_ctr", "normalized_reward", "final_test_rmse")
+#: the main result of each task kind, in order of preference (the first present is the sweep objective): on real
+#: click data the papers' metric, the reward relative to a random policy (bandit runs) or the replayed CTR relative to
+#: it (logged streams), else the cumulative regret (synthetic worlds) or the final test RMSE (recommendation)
+PRIMARY = ("normalized_reward", "relative_ctr", "cumulative_regret", "final_test_rmse")
 #: reported beside it when present
-SECONDARY = ("comm_messages", "epsilon_spent", "ari", "best_test_rmse")
+SECONDARY = ("cumulative_regret", "comm_messages", "epsilon_spent", "ari", "best_test_rmse")
 #: a failed job's error line in its log (train.py logs it there as well as on the terminal)
 ERROR_PREFIX = "error: "
 

@@ -46,7 +46,7 @@ def test_a_failing_job_does_not_stop_the_sweep_which_writes_its_tables(tmp_path:
 @pytest.mark.parametrize(("summary", "first"), [
     ({"cumulative_regret": 3.0, "comm_messages": 10.0}, "cumulative_regret"),
     ({"relative_ctr": 1.2, "ctr": 0.6, "comm_messages": 5.0}, "relative_ctr"),
-    ({"cumulative_regret": 9.0, "normalized_reward": 1.5}, "cumulative_regret"),
+    ({"cumulative_regret": 9.0, "normalized_reward": 1.5}, "normalized_reward"),  # real data: the paper's metric
     ({"final_test_rmse": 0.21, "best_test_rmse": 0.2, "epsilon_spent": 9.9}, "final_test_rmse"),
 ])
 def test_headline_and_objective_of_each_task_kind(summary: dict, first: str) -> None:
