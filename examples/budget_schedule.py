@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from fedrec.data import load_ratings
+from fedrec.errors import run_script
 from fedrec.models import FedGNN
 from fedrec.planners import SchedulePlanner
 from fedrec.privacy import ClientDP
@@ -80,4 +81,4 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # a missing dataset or bad value: one error message, exit code 2

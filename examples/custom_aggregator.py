@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from fedrec.data import RatingData, load_ratings
+from fedrec.errors import run_script
 from fedrec.models import FedGNN
 from fedrec.recsys import Aggregator, FedSGD, RobustAggregator
 from fedrec.tasks import FedRecTask
@@ -65,4 +66,4 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # a missing dataset or bad value: one error message, exit code 2

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from fedrec.data import load_ratings
+from fedrec.errors import run_script
 from fedrec.models import FedGNN
 from fedrec.recsys import FedSGD
 from fedrec.tasks import FedRecTask
@@ -112,4 +113,4 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # a missing dataset or bad value: one error message, exit code 2

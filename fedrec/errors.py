@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["ConfigError", "DatasetNotFoundError", "check_file", "check_float", "check_int"]
+__all__ = ["ConfigError", "DatasetNotFoundError", "check_file", "check_float", "check_int", "run_script"]
 
 
 class ConfigError(ValueError):
@@ -60,3 +62,13 @@ def check_file(path: Path, how_to_get: str) -> Path:
             "Set FEDREC_DATA_DIR (or data_dir=...) to the folder that holds the datasets."
         )
     return path
+
+
+def run_script(main: Callable[[], object]) -> None:
+    """Run a script's ``main``: a :class:`ConfigError` or :class:`DatasetNotFoundError` ends it as ``train.py`` ends,
+    with ``error: ...`` on stderr and exit code 2, not a traceback."""
+    try:
+        main()
+    except (ConfigError, DatasetNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -104,3 +104,13 @@ def test_budget_schedule(out: dict[str, float]) -> None:
     assert out["epsilon_total"] == 5
     assert 0 < out["epsilon_spent"] <= out["epsilon_total"]
     assert out["first_budget"] > out["last_budget"] > 0  # the geometric schedule spends most early
+
+
+def test_an_example_without_its_dataset_ends_with_the_clis_error(tmp_path: Path) -> None:
+    """The examples look for data where the CLI does (``FEDREC_DATA_DIR``, else ``data/``) and end as it does."""
+    env = {**os.environ, "FEDREC_DATA_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "examples/custom_aggregator.py", "--rounds", "1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: dataset file not found: {tmp_path / 'ml-100k' / 'u.data'}")
+    assert "Traceback" not in done.stderr
