@@ -26,7 +26,7 @@ def experiment(cfg: DictConfig) -> float:
     from fedrec.run_folder import discard_failed_run
     from fedrec.sweeps import describe, objective
     from fedrec.trainer.distributed import launched_as_secondary
-    from fedrec.trainer.interrupt import RunInterrupted
+    from fedrec.trainer import RunInterrupted
 
     try:
         summary = run(cfg)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from fedrec.build import build_task
 from fedrec.trainer import Callback, FederatedTrainer
-from fedrec.trainer.interrupt import RunInterrupted
+from fedrec.trainer import RunInterrupted
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ("task.steps=800", "task.steps_per_round=100", "env.num_clients=20")

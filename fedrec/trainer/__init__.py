@@ -1,6 +1,7 @@
-"""Trainer core: the federated loop, callbacks, checkpoints."""
+"""Trainer core: the federated loop, callbacks, checkpoints, interrupts that save."""
 from fedrec.threads import torch_threads
 from fedrec.trainer.callbacks import Callback, ProgressBar
+from fedrec.trainer.interrupt import RunInterrupted
 from fedrec.trainer.trainer import FederatedTrainer
 
-__all__ = ["Callback", "FederatedTrainer", "ProgressBar", "torch_threads"]
+__all__ = ["Callback", "FederatedTrainer", "ProgressBar", "RunInterrupted", "torch_threads"]
