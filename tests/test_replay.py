@@ -264,3 +264,10 @@ def test_a_log_without_clicks_reports_the_relative_ctr_as_undefined_not_zero() -
     per = task.per_replicate()
     assert (per["random_ctr"] == 0).all() and (per["ctr"] == 0).all()  # counted events, none clicked
     assert torch.isnan(per["relative_ctr"]).all()  # 0 / 0
+
+
+@pytest.mark.parametrize("threshold", [1, 6, 7])
+def test_a_click_threshold_outside_the_ratings_is_refused(data_dir: Path, threshold: int) -> None:
+    """MovieLens ratings are 1..5: a threshold of 1 makes every rating a click, one above 5 none."""
+    with pytest.raises(ConfigError, match=rf"^click_threshold: must lie in \(1, 5\], .* got {threshold}$"):
+        MovieLensReplayEnv(data_dir, click_threshold=threshold)

@@ -175,6 +175,11 @@ class MovieLensReplayEnv(ReplayEnv):
         buckets = np.array([md5_bucket(o, self.OCCUPATION_BUCKETS) for o in users["occupation"]])
         occupation = np.eye(self.OCCUPATION_BUCKETS)[buckets]
         order = np.argsort(ratings["timestamp"].to_numpy(), kind="stable")
+        low, high = ratings["rating"].min(), ratings["rating"].max()
+        if not low < self.click_threshold <= high:  # else every event, or none, would be a click
+            raise ConfigError(f"click_threshold: must lie in ({low:g}, {high:g}], the ratings of "
+                              f"{ratings.attrs['path']} being {low:g}..{high:g} (at or below {low:g} every rating is "
+                              f"a click, above {high:g} none), got {self.click_threshold}")
         return ReplayLog(
             user_features=np.column_stack([age, gender, occupation]),
             item_features=(movies[list(ML_GENRES)].to_numpy() > 0).astype(np.float64),
