@@ -192,9 +192,53 @@ def _check_privacy(cls: type, mechanism: type | None) -> None:
         raise ConfigError(f"privacy: {cls.__name__} {applies}, got {mechanism.__name__}")
 
 
+#: bytes per float of the state a bandit run allocates
+_FLOAT = 8
+
+
+def available_memory() -> int | None:
+    """The bytes of memory the kernel says a new allocation can get (``MemAvailable``); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def bandit_memory_estimate(cfg: DictConfig) -> int:
+    """An estimate of the bytes a bandit run's sizes need, from its config before anything is allocated: per replicate
+    and client, three (d + 1)² blocks of statistics (the protocol's V, its inverse and the client's copy) and the
+    client's θ; per replicate, the environment's cached chunks (two of ``chunk_size`` steps, K contexts of d floats
+    and the rewards) and the round's tensors. Sizes a config does not give (real data) count as 1."""
+    env = cfg.env
+    size = {k: env.get(k) if isinstance(env.get(k), int) and not isinstance(env.get(k), bool) else 1
+            for k in ("num_clients", "dim", "num_arms", "chunk_size")}
+    per_client = 3 * (size["dim"] + 1) ** 2 + size["dim"]
+    per_chunk = 3 * size["chunk_size"] * size["num_arms"] * (size["dim"] + 2)
+    return int(cfg.replicates) * (size["num_clients"] * per_client + per_chunk) * _FLOAT
+
+
+def check_memory(cfg: DictConfig) -> None:
+    """Refuse a bandit run whose estimated memory (:func:`bandit_memory_estimate`) exceeds what the machine has,
+    before allocating it (it would otherwise die in the allocator), naming the sizes to lower."""
+    available = available_memory()
+    need = bandit_memory_estimate(cfg)
+    if available is not None and need > available:
+        field = "replicates" if cfg.replicates > 1 else "env.num_clients"
+        raise ConfigError(f"{field}: the run needs about {need / 2**30:.1f} GiB (replicates={cfg.replicates}, "
+                          f"env.num_clients={cfg.env.get('num_clients')}, env.dim={cfg.env.get('dim')}, "
+                          f"env.num_arms={cfg.env.get('num_arms')}, env.chunk_size={cfg.env.get('chunk_size')}) and "
+                          f"{available / 2**30:.1f} GiB is available; lower one of them")
+
+
 def build_bandit(cfg: DictConfig) -> Any:
     """A step-wise bandit run: the environment, then the protocol sized for it (with the local policy when the
-    protocol takes one, and the privacy group's mechanism when the protocol applies it), then the task."""
+    protocol takes one, and the privacy group's mechanism when the protocol applies it), then the task; a run too
+    large for the machine's memory is refused first."""
+    check_memory(cfg)
     env = instantiate_group(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
     cls = group_class(cfg.protocol, "protocol")
     mechanism = _privacy_mechanism(cfg)

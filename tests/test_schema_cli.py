@@ -21,6 +21,7 @@ import pytest
     (["protocol=vfucb", "env=mab_synthetic"], "env"),
     (["+experiment=gossip_synthetic_k3", "protocol=async"], "protocol"),
     (["+experiment=fedgnn_synthetic", "privacy=tree_laplace", "task.rounds=1"], "privacy"),  # refused by the build
+    (["replicates=100000"], "replicates"),  # about 1.6 TiB: refused before allocating
 ])
 def test_train_py_exits_2_with_one_line_and_no_run_folder(
     train_py: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], field: str
