@@ -25,8 +25,8 @@ def experiment(cfg: DictConfig) -> float:
     from fedrec.errors import ConfigError, DatasetNotFoundError
     from fedrec.run_folder import discard_failed_run
     from fedrec.sweeps import describe, objective
-    from fedrec.trainer.distributed import launched_as_secondary
     from fedrec.trainer import RunInterrupted
+    from fedrec.trainer.distributed import launched_as_secondary
 
     try:
         summary = run(cfg)
@@ -49,14 +49,10 @@ def experiment(cfg: DictConfig) -> float:
 def main() -> float | None:
     """``python train.py [overrides]``: check the command line against the config files' schema (one ``error:``
     line, exit code 2, nothing written), then let Hydra run the experiment."""
-    from fedrec.errors import ConfigError
+    from fedrec.errors import run_script
     from fedrec.schema import check_command_line
 
-    try:
-        check_command_line(CONF, sys.argv[1:])
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(lambda: check_command_line(CONF, sys.argv[1:]))
     return experiment()
 
 

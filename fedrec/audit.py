@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 import fedrec.resolvers  # noqa: F401  (${by_conventions:...} in the configs)
-from fedrec.errors import ConfigError, DatasetNotFoundError, check_float, check_int
+from fedrec.errors import ConfigError, DatasetNotFoundError, check_float, check_int, run_script
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 #: the privacy mechanisms this command audits (client-level DP of a recommendation run)
@@ -100,11 +100,7 @@ def cli() -> None:
     schema first (one ``error:`` line, exit code 2), as ``train.py`` does."""
     from fedrec.schema import check_command_line
 
-    try:
-        check_command_line(CONF, sys.argv[1:], config_name="audit")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(lambda: check_command_line(CONF, sys.argv[1:], config_name="audit"))
     main()
 
 

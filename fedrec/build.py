@@ -123,9 +123,8 @@ def unused_groups(cfg: DictConfig) -> dict[str, str]:
 
 
 def check_used(cfg: DictConfig, touched: Mapping[str, str]) -> None:
-    """The groups the run needs are there (:func:`check_groups`), and no command-line override (``touched``: group
-    -> the override) sets a group the run does not use."""
-    check_groups(cfg)
+    """No command-line override (``touched``: group -> the override) sets a group the run does not use (for a
+    ``cfg`` that passed :func:`check_groups`)."""
     for group, reason in unused_groups(cfg).items():
         if group in touched:
             raise ConfigError(f"{group}: {reason}; '{touched[group]}' would change nothing")
@@ -213,9 +212,8 @@ def bandit_memory_estimate(cfg: DictConfig) -> int:
     and client, three (d + 1)² blocks of statistics (the protocol's V, its inverse and the client's copy) and the
     client's θ; per replicate, the environment's cached chunks (two of ``chunk_size`` steps, K contexts of d floats
     and the rewards) and the round's tensors. Sizes a config does not give (real data) count as 1."""
-    env = cfg.env
-    size = {k: env.get(k) if isinstance(env.get(k), int) and not isinstance(env.get(k), bool) else 1
-            for k in ("num_clients", "dim", "num_arms", "chunk_size")}
+    given = {k: cfg.env.get(k) for k in ("num_clients", "dim", "num_arms", "chunk_size")}
+    size = {k: v if isinstance(v, int) and not isinstance(v, bool) else 1 for k, v in given.items()}
     per_client = 3 * (size["dim"] + 1) ** 2 + size["dim"]
     per_chunk = 3 * size["chunk_size"] * size["num_arms"] * (size["dim"] + 2)
     return int(cfg.replicates) * (size["num_clients"] * per_client + per_chunk) * _FLOAT

@@ -189,20 +189,13 @@ def check_run_fields(cfg: DictConfig) -> None:
     check_groups(cfg)
 
 
-def check_command_line(cfg: DictConfig, overrides: Sequence[str]) -> None:
-    """The job's command-line overrides: against its own schema in a sweep (``train.py`` checked a single run's
-    before Hydra composed it; a sweep's jobs differ by their group choices), and none for a group the run does not
-    use."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
+def check_sweep_job(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """A sweep job's own overrides against its own schema, and none for a group the run does not use: ``train.py``
+    checked the command line before Hydra composed it, each sweep at its first value, and the jobs of a sweep over
+    groups differ in what they declare and use."""
     from fedrec import schema
 
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
-        line = schema.check_job(overrides)
-    else:
-        line = schema.parse(overrides, schema.hydra_lookups(HydraConfig.get().job.config_name)[0])
-    check_used(cfg, schema.touched_groups(line))
+    check_used(cfg, schema.touched_groups(schema.check_job(overrides)))
 
 
 def resume_command(checkpoint: Path) -> str:
@@ -234,11 +227,12 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     holds another run is refused; a resume from a checkpoint inside ``output_dir`` continues that run there.
     """
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     check_run_fields(cfg)
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []  # none without Hydra's CLI
-    if HydraConfig.initialized():
-        check_command_line(cfg, overrides)
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        check_sweep_job(cfg, overrides)
     if output_dir is None:
         output_dir = HydraConfig.get().runtime.output_dir
     out = Path(output_dir)

@@ -198,7 +198,8 @@ def hydra_lookups(config_name: str) -> tuple[GroupOptions, Compose]:
 def check_command_line(conf_dir: Path, argv: Sequence[str], config_name: str = "config") -> None:
     """``train.py``'s command line checked before Hydra composes it (Hydra's own errors are several lines and exit
     code 1): its groups and values against the schema, then the whole config composed once (each sweep at its
-    first value) and its groups against what the run uses. Inspection flags (``--help``, ``--cfg``, ...) and other config folders are left to Hydra."""
+    first value) and its groups against what the run needs and uses. Inspection flags (``--help``, ``--cfg``, ...)
+    and other config folders are left to Hydra."""
     from hydra import initialize_config_dir
     from hydra._internal.utils import get_args_parser
 
@@ -210,8 +211,9 @@ def check_command_line(conf_dir: Path, argv: Sequence[str], config_name: str = "
         options, compose = hydra_lookups(args.config_name or config_name)
         line = check(args.overrides, options, compose)
         cfg = compose(first_of((*line.groups, *line.values)))
-    from fedrec.build import check_used
+    from fedrec.build import check_groups, check_used
 
+    check_groups(cfg)
     check_used(cfg, touched_groups(line))
 
 

@@ -49,3 +49,17 @@ def test_a_sweep_is_checked_for_each_option_of_its_group_sweeps(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: privacy.epsilon: privacy=none has no field 'epsilon'; nothing would read it"]
     assert not out.exists()
+
+
+def test_a_sweep_job_that_sets_a_group_its_protocol_does_not_use_fails_alone(
+    train_py: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``-m protocol=async,vfucb policy=lints``: the command line passes (Async takes a local policy), the VFUCB job
+    is refused by its own check (VFUCB carries its own policy node) and the sweep reports it."""
+    out = tmp_path / "sweep"
+    with pytest.raises(SystemExit) as info:
+        train_py("-m", "protocol=async,vfucb", "policy=lints", "task.steps=200", "task.steps_per_round=100",
+                 "plots=false", "logger.tensorboard=false", f"hydra.sweep.dir={out}")
+    assert info.value.code == 2
+    assert "error: policy: VerticalLinearBandit carries its own policy node" in capsys.readouterr().err
+    assert (out / "0" / "summary.json").is_file() and not (out / "1" / "summary.json").exists()

@@ -147,11 +147,14 @@ class FederatedTrainer:
             self._hook("on_round_end", task, r, metrics)
             if self.round % self.log_every == 0 or self.round == total or self.should_stop:
                 self._log(metrics)
+            saved = None
             if self.checkpoint_every and self.round % self.checkpoint_every == 0:
-                self.save(task)
+                saved = self.save(task)
             signum = interrupted()
             if signum is not None and self.round < total and not self.should_stop:
-                raise RunInterrupted(signum, self.round, total, self.save(task) if self.root is not None else None)
+                if saved is None and self.root is not None:
+                    saved = self.save(task)
+                raise RunInterrupted(signum, self.round, total, saved)
         self._hook("on_fit_end", task)
         if self.root is not None:
             self.save(task)
