@@ -47,12 +47,18 @@ def experiment(cfg: DictConfig) -> float:
 
 
 def main() -> float | None:
-    """``python train.py [overrides]``: check the command line against the config files' schema (one ``error:``
-    line, exit code 2, nothing written), then let Hydra run the experiment."""
+    """``python train.py [overrides]``: expand ``quick=true`` into the experiment's short recipe, check the command
+    line against the config files' schema (one ``error:`` line, exit code 2, nothing written), then let Hydra run
+    the experiment."""
     from fedrec.errors import run_script
+    from fedrec.presets import expand_quick
     from fedrec.schema import check_command_line
 
-    run_script(lambda: check_command_line(CONF, sys.argv[1:]))
+    def checked() -> None:
+        sys.argv[1:] = expand_quick(CONF, sys.argv[1:])  # quick=true: the experiment's short recipe
+        check_command_line(CONF, sys.argv[1:])
+
+    run_script(checked)
     return experiment()
 
 

@@ -8,7 +8,6 @@ multirun sweep; it starts with the module's first test so that it overlaps with 
 from __future__ import annotations
 
 import csv
-import inspect
 import json
 import math
 import os
@@ -26,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from fedrec.cli import run
 from fedrec.errors import ConfigError, DatasetNotFoundError
 from fedrec.io import strict_json
+from fedrec.presets import expand_quick
+from fedrec.schema import check_command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -45,20 +46,14 @@ Compose = Callable[..., DictConfig]
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def quick_overrides(compose_cfg: Compose, experiment: str | None, data_dir: Path, *extra: str) -> list[str]:
-    """Overrides making any experiment a 200-step, 2-round, single-replicate run on a small world."""
-    ov = [f"+experiment={experiment}"] if experiment else []
-    ov += ["task.steps=200", "task.steps_per_round=100", "replicates=1", "logger.tensorboard=false"]
-    ov += [f"data_dir={data_dir}", *extra]
-    env_cls = get_class(compose_cfg(*ov).env._target_)
-    params = inspect.signature(env_cls).parameters
-    if "num_clients" in params and "num_clusters" not in params:  # synthetic worlds (clustered ones are small)
-        ov.append("++env.num_clients=20")
-    if "max_users" in params:  # logged-data streams
-        ov.append("++env.max_users=30")
-    if "max_events" in params:  # replayed logs
-        ov.append("++env.max_events=200")
-    return ov
+def quick_command_line(experiment: str | None, data_dir: Path, *extra: str) -> list[str]:
+    """The command line ``train.py`` runs for ``+experiment=NAME quick=true``: the experiment's own short recipe,
+    expanded and checked as ``train.py`` expands and checks it."""
+    argv = [*([f"+experiment={experiment}"] if experiment else []), "quick=true", f"data_dir={data_dir}",
+            "logger.tensorboard=false", *extra]
+    argv = expand_quick(CONF, argv)
+    check_command_line(CONF, argv)
+    return argv
 
 
 def is_replay(cfg: DictConfig) -> bool:
@@ -138,8 +133,9 @@ def multirun_job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 # ------------------------------------------------------------------------------------------------ experiments
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_experiment_runs_end_to_end(compose_cfg: Compose, data_dir: Path, tmp_path: Path, experiment: str) -> None:
-    cfg = compose_cfg(*quick_overrides(compose_cfg, experiment, data_dir))
-    assert cfg.task.steps == 200 and cfg.replicates == 1
+    """Each experiment's documented short recipe (quick=true) runs and writes a whole run folder."""
+    cfg = compose_cfg(*quick_command_line(experiment, data_dir))
+    assert cfg.quick is True and cfg.task.steps == 200 and cfg.replicates == 1
     out = tmp_path / "run"
     summary = run(cfg, output_dir=out)
     check_run_dir(out, cfg, summary, steps=200, rounds=2)

@@ -6,17 +6,14 @@ import re
 from pathlib import Path
 
 import pytest
-from test_cli import ALL_EXPERIMENTS, FEDREC_PREFIXES, PNG_MAGIC, read_csv
+from test_cli import ALL_EXPERIMENTS, FEDREC_PREFIXES, PNG_MAGIC, quick_command_line, read_csv
 from test_fedrec import write_ml1m
 
 from fedrec.cli import run
 from fedrec.errors import ConfigError, DatasetNotFoundError
 
 FEDREC_EXPERIMENTS = [e for e in ALL_EXPERIMENTS if e.startswith(FEDREC_PREFIXES)]
-#: a BGTplanner that fits in 8 rounds: initial stage (2+1)·2 = 6 rounds, then 2 planned ones
-SHORT_PLANNER = ("task.rounds=8", "++planner.num_actions=2", "++planner.initial_rounds=2", "++planner.min_rounds=6")
 QUICK = ("task.rounds=3", "logger.tensorboard=false")
-SMALL_SYNTHETIC = ("data.users=700", "data.items=300", "data.ratings=20000", "data.num_clients=70")
 SUMMARY = {"final_test_rmse", "final_test_mae", "final_test_f1", "best_test_rmse", "best_test_rmse_round",
            "best_test_f1", "epsilon_spent", "delta", "rounds_run", "comm_messages", "comm_upload_scalars",
            "wall_seconds", "privacy"}
@@ -31,10 +28,13 @@ def ml1m_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("experiment", FEDREC_EXPERIMENTS)
 def test_fedrec_experiment_runs_end_to_end(compose_cfg, data_dir: Path, ml1m_dir: Path, tmp_path: Path,
                                            experiment: str) -> None:
+    """Each experiment's documented short recipe (quick=true) runs: 3 rounds, 8 for a planner (its initial stage
+    (2+1)·2 = 6 rounds, then 2 planned ones); the synthetic world shrunk to 70 clients from ML-1M's size."""
     where = ml1m_dir if experiment.endswith("_ml1m") else data_dir
-    extra = SHORT_PLANNER if experiment.startswith("bgtplanner_") else ()
-    small = SMALL_SYNTHETIC if experiment.endswith("_synthetic") else ()  # its default is ML-1M size
-    cfg = compose_cfg(f"+experiment={experiment}", f"data_dir={where}", *QUICK, *extra, *small)
+    extra = experiment.startswith("bgtplanner_")
+    small = experiment.endswith("_synthetic")
+    cfg = compose_cfg(*quick_command_line(experiment, where))
+    assert cfg.task.rounds == (8 if extra else 3)
     out = tmp_path / "run"
     summary = run(cfg, output_dir=out)
     assert SUMMARY <= set(summary), SUMMARY - set(summary)
@@ -80,9 +80,10 @@ def test_dp_run_resumed_through_the_cli_matches(compose_cfg, data_dir: Path, tmp
 @pytest.mark.parametrize("mechanism", ["gaussian", "laplace"])
 def test_every_planner_and_mechanism_runs(compose_cfg, data_dir: Path, tmp_path: Path, planner: str,
                                           mechanism: str) -> None:
-    cfg = compose_cfg("+experiment=bgtplanner_ml100k", f"data_dir={data_dir}", "plots=false",
-                      "logger.tensorboard=false", f"planner={planner}", f"privacy={mechanism}", *SHORT_PLANNER[:1],
-                      *(SHORT_PLANNER[1:] if planner == "bgtplanner" else ()))
+    """The quick recipe under every planner: its planner.* entries apply to BGTplanner and are left out for the
+    others, which have no such fields."""
+    cfg = compose_cfg(*quick_command_line("bgtplanner_ml100k", data_dir, "plots=false", f"planner={planner}",
+                                          f"privacy={mechanism}"))
     summary = run(cfg, output_dir=tmp_path)
     assert summary["planner"] == planner and summary["privacy"] == mechanism
     assert 0 < summary["epsilon_spent"] <= 10.0 and summary["delta"] == (1e-5 if mechanism == "gaussian" else 0.0)

@@ -1,0 +1,59 @@
+"""``quick=true``: an experiment's short recipe, a run of seconds that exercises everything the full one does.
+
+Every experiment file lists its recipe as ``quick_recipe``: command-line overrides (``task.steps=200``,
+``planner.min_rounds=6``, ...) that make it small. :func:`expand_quick` appends them to a command line that says
+``quick=true``, leaving out those whose key the command line sets itself (the user's value wins) and those for a
+field the run does not have (``planner.min_rounds`` under ``planner=uniform``), so the run is an ordinary run of
+those overrides: checked by the schema like any typed override, recorded in the run's
+``.hydra/overrides.yaml``, named in its plots' titles and resumable with the same command line.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from fedrec.errors import ConfigError
+
+#: the switch and the list it expands
+SWITCH, RECIPE = "quick", "quick_recipe"
+_ABSENT = object()
+
+
+def _key(override: object) -> str:
+    """The field an override sets, without its ``+``/``++``/``~`` prefix."""
+    return str(getattr(override, "key_or_group"))
+
+
+def expand_quick(conf_dir: Path, argv: Sequence[str], config_name: str = "config") -> list[str]:
+    """``argv`` with the composed experiment's ``quick_recipe`` appended when it sets ``quick=true`` (else ``argv``
+    itself); a recipe entry whose key ``argv`` sets, or that the composed config does not have, is left out. A sweep over experiments is refused: each has its
+    own recipe."""
+    from hydra import initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args, _ = get_args_parser().parse_known_args(list(argv))
+    if not any(line.split("=", 1)[0].lstrip("+") == SWITCH for line in args.overrides):
+        return list(argv)
+    from fedrec import schema
+
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        options, compose = schema.hydra_lookups(args.config_name or config_name)
+        line = schema.check(args.overrides, options, compose)
+        swept = [o for o in line.groups if _key(o).lstrip("+") == "experiment" and o.is_sweep_override()]
+        if swept:
+            raise ConfigError(f"{SWITCH}=true: {swept[0].input_line} sweeps over experiments, each with its own "
+                              "quick recipe; run the quick recipe of one experiment at a time")
+        cfg = compose(schema.first_of((*line.groups, *line.values)))
+    if cfg.get(SWITCH) is not True:
+        return list(argv)
+    recipe = cfg.get(RECIPE)
+    if not recipe:
+        raise ConfigError(f"{SWITCH}=true: the experiment '{cfg.get('name')}' declares no {RECIPE}")
+    parser = OverridesParser.create()
+    given = {_key(o) for o in (*line.groups, *line.values)}
+    keys = {entry: _key(parser.parse_override(entry)) for entry in recipe}
+    return [*argv, *(entry for entry, key in keys.items()
+                     if key not in given and OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT)]
