@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from fedrec.data import ImplicitData, ItemSets, load_implicit, sample_negatives
+from fedrec.data import ImplicitData, ItemSets, group_users, load_implicit, read_ratings, sample_negatives
 from fedrec.errors import ConfigError, DatasetNotFoundError
 
 
@@ -139,6 +139,19 @@ def test_filmtrust_has_no_timestamps(data_dir: Path) -> None:
         data = load_implicit("filmtrust", data_dir, split="random", threshold=3)
     assert data.num_positives == data.summary()["positives"] and data.duplicates_dropped == 3
     assert data.positives == "rating >= 3" and data.rating_range == (0.5, 4.0)
+
+
+def test_read_ratings_gives_timestamps_on_request(data_dir: Path, raw: pd.DataFrame) -> None:
+    frame = read_ratings("ml-100k", data_dir, timestamps=True)
+    assert np.array_equal(frame.timestamp.to_numpy(), raw.ts.to_numpy())  # ML-100K repeats no pair: file order
+    assert "timestamp" not in read_ratings("ml-100k", data_dir)
+    with pytest.warns(UserWarning, match="duplicated"):
+        assert "timestamp" not in read_ratings("filmtrust", data_dir, timestamps=True)
+
+
+def test_clients_group_users_as_the_rating_task_does(data_dir: Path) -> None:
+    data = load_implicit("ml-100k", data_dir, seed=3, num_clients=40)
+    assert data.num_clients == 40 and np.array_equal(data.client_of_user, group_users(943, 40, seed=3))
 
 
 def test_missing_ml1m_is_the_loader_error(tmp_path: Path) -> None:
