@@ -243,12 +243,13 @@ def read_raw_ratings(name: str, data_dir: str | Path) -> pd.DataFrame:
     return raw
 
 
-def read_ratings(name: str, data_dir: str | Path, normalize: str = "max") -> pd.DataFrame:
+def read_ratings(name: str, data_dir: str | Path, normalize: str = "max", *, timestamps: bool = False) -> pd.DataFrame:
     """Read dataset ``name`` (one of :data:`DATASETS`) from ``data_dir``.
 
     Returns one row per (user, item) pair, in file order, with columns ``user`` and ``item`` (indices
     ``0..n-1`` in increasing order of the dataset ids), ``rating`` (normalised by ``normalize``, float64),
-    ``raw_rating``, ``user_id`` and ``item_id`` (the dataset's own ids). ``frame.attrs`` holds
+    ``raw_rating``, ``user_id`` and ``item_id`` (the dataset's own ids), and with ``timestamps`` the file's
+    ``timestamp`` column where it has one (the implicit-feedback split orders by it). ``frame.attrs`` holds
     ``rating_range`` (raw min, max) and ``duplicates_dropped``.
 
     Errors as :func:`read_raw_ratings`. Warns (UserWarning) with the count of duplicated (user, item) lines
@@ -274,6 +275,8 @@ def read_ratings(name: str, data_dir: str | Path, normalize: str = "max") -> pd.
             "item_id": raw["item"].to_numpy(),
         }
     )
+    if timestamps and "timestamp" in raw:
+        frame["timestamp"] = raw["timestamp"].to_numpy()
     frame.attrs["rating_range"] = (lo, hi)
     frame.attrs["duplicates_dropped"] = before - len(raw)
     return frame
