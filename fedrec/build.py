@@ -18,6 +18,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+import fedrec.resolvers  # noqa: F401  (the configs' ${by_conventions:...}, so build_task resolves any config)
 from fedrec.errors import ConfigError, DatasetNotFoundError, check_int
 
 #: the config groups each task kind needs; groups of other kinds are refused
@@ -232,6 +233,19 @@ def check_memory(cfg: DictConfig) -> None:
                           f"{available / 2**30:.1f} GiB is available; lower one of them")
 
 
+def recommendation_memory_estimate(cfg: DictConfig, num_users: int, num_items: int, num_training: int,
+                                   num_clients: int) -> int:
+    """An estimate of the bytes a recommendation run needs once its data is loaded, before its model is allocated:
+    four float32 copies of the embedding tables (the parameters, their gradients and Adam's two moments) and of a
+    round's uploaded rows (each training rating's item row and ``task.pseudo_items`` pseudo rows per client: the
+    rows, their gradients, their noise and the shuffled upload), ``model.embed_dim`` floats each."""
+    k = cfg.model.get("embed_dim")
+    pseudo = cfg.task.get("pseudo_items")
+    k = k if isinstance(k, int) and not isinstance(k, bool) else 1
+    pseudo = pseudo if isinstance(pseudo, int) and not isinstance(pseudo, bool) else 0
+    return 4 * 4 * k * (num_users + num_items + num_training + num_clients * pseudo)
+
+
 def build_bandit(cfg: DictConfig) -> Any:
     """A step-wise bandit run: the environment, then the protocol sized for it (with the local policy when the
     protocol takes one, and the privacy group's mechanism when the protocol applies it), then the task; a run too
@@ -279,8 +293,8 @@ def build_multi_agent(cfg: DictConfig) -> Any:
 
 # ------------------------------------------------------------------------------------------- recommendation
 def build_recommendation(cfg: DictConfig) -> Any:
-    """Round-based federated recommendation: the split ratings, the model sized for them (seeded first), client
-    DP for the data's clients, the aggregator, the server optimiser and the attack when their groups are set
+    """Round-based federated recommendation: the split ratings, the model sized for them (seeded first; a model too
+    large for the machine's memory is refused before allocating), client DP for the data's clients, the aggregator, the server optimiser and the attack when their groups are set
     (``attack=none`` is no attack), then the task."""
     if cfg.replicates != 1:
         raise ConfigError(f"replicates: federated recommendation runs one replicate (got {cfg.replicates}); "
@@ -288,6 +302,13 @@ def build_recommendation(cfg: DictConfig) -> Any:
     import torch
 
     data = instantiate_group(cfg.data, "data", seed=cfg.seed, rounds=cfg.task.rounds)
+    need = recommendation_memory_estimate(cfg, data.num_users, data.num_items, len(data.training), data.num_clients)
+    available = available_memory()
+    if available is not None and need > available:
+        raise ConfigError(f"model.embed_dim: the run needs about {need / 2**30:.1f} GiB (model.embed_dim="
+                          f"{cfg.model.get('embed_dim')}, {data.num_users} users, {data.num_items} items, "
+                          f"{len(data.training)} training ratings, task.pseudo_items={cfg.task.get('pseudo_items')}) "
+                          f"and {available / 2**30:.1f} GiB is available; lower them")
     torch.manual_seed(cfg.seed)  # model initialisation
     model = instantiate_group(cfg.model, "model", num_users=data.num_users, num_items=data.num_items)
     privacy = None

@@ -1,0 +1,43 @@
+"""A recommendation run whose model cannot fit in the machine's memory is refused once its data is loaded, before
+the embedding tables are allocated, naming model.embed_dim with the estimate and the memory available."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig
+
+from fedrec import build
+from fedrec.errors import ConfigError
+
+Compose = Callable[..., DictConfig]
+SMALL = ("+experiment=fedgnn_synthetic", "data.users=60", "data.items=40", "data.ratings=600", "data.num_clients=10",
+         "task.rounds=2", "task.pseudo_items=5")
+
+
+def test_the_estimate_counts_four_copies_of_the_tables_and_of_a_rounds_rows(compose_cfg: Compose) -> None:
+    cfg = compose_cfg(*SMALL, "model.embed_dim=16")
+    # 60 + 40 table rows, 500 training ratings, 10 clients × 5 pseudo rows; 4 float32 copies of 16 floats each
+    assert build.recommendation_memory_estimate(cfg, 60, 40, 500, 10) == 4 * 4 * 16 * (60 + 40 + 500 + 50)
+
+
+def test_an_oversized_embedding_is_refused_before_allocating(compose_cfg: Compose, data_dir: Path) -> None:
+    """model.embed_dim=1e8 on ML-100K would need terabytes: refused on the machine as it is, nothing allocated."""
+    cfg = compose_cfg("+experiment=fedgnn_ml100k", f"data_dir={data_dir}", "model.embed_dim=100000000")
+    with pytest.raises(ConfigError, match=r"^model\.embed_dim: the run needs about \d+\.\d GiB \(model\.embed_dim="
+                                          r"100000000, 943 users, 1682 items, \d+ training ratings, "
+                                          r"task\.pseudo_items=\d+\) and .* GiB is available; lower them$"):
+        build.build_task(cfg)
+
+
+def test_the_refusal_is_at_the_available_memory(compose_cfg: Compose, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = compose_cfg(*SMALL)
+    data = build.build_task(cfg).data
+    need = build.recommendation_memory_estimate(cfg, data.num_users, data.num_items, len(data.training),
+                                                data.num_clients)
+    monkeypatch.setattr(build, "available_memory", lambda: need - 1)
+    with pytest.raises(ConfigError, match="^model.embed_dim: "):
+        build.build_task(cfg)
+    monkeypatch.setattr(build, "available_memory", lambda: need)  # exactly enough: built
+    assert build.build_task(cfg).model.embed_dim == cfg.model.embed_dim
