@@ -1,4 +1,5 @@
-"""OmegaConf resolvers of fedrec's configs (registered on import; :mod:`fedrec.build` imports it, so every builder resolves them).
+"""OmegaConf resolvers of fedrec's configs (registered on import; :mod:`fedrec.build` imports this module, so
+every builder resolves them).
 
 ``${by_conventions:PAPER,AUTHORS}`` is ``PAPER``, or ``AUTHORS`` when the run's ``privacy.conventions`` is
 ``authors``: the one switch ``privacy.conventions=authors`` thereby also sets the fields that go with the authors'
