@@ -23,7 +23,7 @@ _ABSENT = object()
 
 def _key(override: object) -> str:
     """The field an override sets, without its ``+``/``++``/``~`` prefix."""
-    return str(getattr(override, "key_or_group"))
+    return str(override.key_or_group)
 
 
 def expand_quick(conf_dir: Path, argv: Sequence[str], config_name: str = "config") -> list[str]:
