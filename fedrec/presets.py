@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -21,7 +22,7 @@ SWITCH, RECIPE = "quick", "quick_recipe"
 _ABSENT = object()
 
 
-def _key(override: object) -> str:
+def _key(override: Any) -> str:
     """The field an override sets, without its ``+``/``++``/``~`` prefix."""
     return str(override.key_or_group)
 
