@@ -11,7 +11,7 @@ import pytest
 from omegaconf import DictConfig
 
 from fedrec.cli import run
-from fedrec.data.integrity import SUMS, listed_digest, write_sums
+from fedrec.data.integrity import SUMS, line_count, listed_digest, write_sums
 from fedrec.data.ratings import read_raw_ratings
 from fedrec.errors import ConfigError
 
@@ -53,11 +53,28 @@ def test_a_file_truncated_at_a_record_boundary_is_refused_naming_it(ml100k: Path
         read_raw_ratings("ml-100k", ml100k)
 
 
-def test_an_unlisted_file_is_read_as_it_is(ml100k: Path) -> None:
+def test_an_unlisted_file_truncated_at_a_record_boundary_is_refused_by_its_line_count(ml100k: Path) -> None:
     (ml100k / "ml-100k" / SUMS).unlink()
     path = ml100k / "ml-100k" / "u.data"
+    assert len(read_raw_ratings("ml-100k", ml100k)) == 100_000  # unlisted and whole: read as it is
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1000]))
+    with pytest.raises(ConfigError, match=rf"^{path}: 99000 lines, but the published file has 100000: it is "
+                                          r"truncated or another version; install the dataset again \(or list"):
+        read_raw_ratings("ml-100k", ml100k)
+
+
+def test_a_listed_file_of_its_own_is_read_as_it_is(ml100k: Path) -> None:
+    """Listing a file in a SHA256SUMS is how a deliberately different file (a subset) is used."""
+    path = ml100k / "ml-100k" / "u.data"
     path.write_text("".join(path.read_text().splitlines(keepends=True)[:50]))
+    write_sums(ml100k / "ml-100k")
     assert len(read_raw_ratings("ml-100k", ml100k)) == 50
+
+
+@pytest.mark.parametrize(("text", "lines"), [("", 0), ("a", 1), ("a\n", 1), ("a\nb", 2), ("a\n\nb\n", 3)])
+def test_line_count_counts_a_last_line_without_newline(tmp_path: Path, text: str, lines: int) -> None:
+    (tmp_path / "f").write_text(text)
+    assert line_count(tmp_path / "f") == lines
 
 
 def test_a_resume_on_changed_data_is_refused(ml100k: Path, tmp_path: Path, compose_cfg: Compose) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fedrec.data.integrity import write_sums
 from fedrec.envs.realdata import LastFMEnv, LoggedEventsEnv, MovieLensEnv
 from fedrec.errors import ConfigError, DatasetNotFoundError
 
@@ -154,6 +155,7 @@ def write_movielens(root: Path, ratings: list[tuple[int, int, int]], num_movies:
         movies.append("|".join([str(i), f"Movie Title{i} (1995)", "01-Jan-1995", "", "http://x", *flags]))
     (folder / "u.item").write_text("\n".join(movies) + "\n", encoding="latin-1")
     (folder / "u.data").write_text("".join(f"{u}\t{i}\t4\t{t}\n" for u, i, t in ratings))
+    write_sums(folder)  # files of its own, not the published ones: listed, so their line counts are not checked
     return folder
 
 
@@ -163,6 +165,7 @@ def write_lastfm(root: Path, tagged_lines: list[str]) -> Path:
     (folder / "user_artists.dat").write_text("userID\tartistID\tweight\r\n2\t51\t100\r\n2\t52\t7\r\n")
     header = "userID\tartistID\ttagID\tday\tmonth\tyear\r\n"
     (folder / "user_taggedartists.dat").write_text(header + "".join(line + "\r\n" for line in tagged_lines))
+    write_sums(folder)
     return folder
 
 
@@ -204,6 +207,7 @@ def test_malformed_lastfm_line_names_file_and_line(tmp_path: Path, bad: str, why
 def test_malformed_movielens_lines_name_file_and_line(tmp_path: Path) -> None:
     folder = write_movielens(tmp_path, [(1, 1, 5), (1, 2, 6)])
     (folder / "u.data").write_text("1\t1\t4\t5\n1\t2\t4\t6\t9\n")
+    write_sums(folder)
     with pytest.raises(ConfigError, match="line 2: expected 4 fields") as err:
         MovieLensEnv(tmp_path, dim=2, num_arms=2)
     assert str(folder / "u.data") in str(err.value)
@@ -211,6 +215,7 @@ def test_malformed_movielens_lines_name_file_and_line(tmp_path: Path) -> None:
     lines = (folder / "u.item").read_text(encoding="latin-1").splitlines()
     lines[3] = lines[3].replace("|0|", "|yes|", 1)
     (folder / "u.item").write_text("\n".join(lines) + "\n", encoding="latin-1")
+    write_sums(folder)
     with pytest.raises(ConfigError, match="line 4: field 'unknown' must be an integer") as err:
         MovieLensEnv(tmp_path, dim=2, num_arms=2)
     assert str(folder / "u.item") in str(err.value)

@@ -25,7 +25,8 @@ import urllib.error
 import urllib.request
 import zipfile
 import zlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -43,6 +44,7 @@ class Source:
     folder: str  # folder under the data directory that the loaders read
     files: tuple[str, ...]  # files the loaders read inside ``folder``; the first one locates it in the archive
     page: str  # the publisher's page, to download the archive by hand
+    lines: Mapping[str, int] = field(default_factory=dict)  # published line counts of files, checked when unlisted
 
 
 #: One entry per downloadable dataset. ml-100k, ml-1m and lastfm checksums: archive SHA-256s published in
@@ -55,6 +57,7 @@ REGISTRY: dict[str, Source] = {
         folder="ml-100k",
         files=("u.data", "u.item", "u.user"),
         page="https://grouplens.org/datasets/movielens/100k/",
+        lines={"u.data": 100_000, "u.item": 1682, "u.user": 943},  # its README's 100,000 ratings, 1682 items, 943 users
     ),
     "ml-1m": Source(
         url="https://files.grouplens.org/datasets/movielens/ml-1m.zip",
@@ -62,6 +65,7 @@ REGISTRY: dict[str, Source] = {
         folder="ml-1m",
         files=("ratings.dat",),
         page="https://grouplens.org/datasets/movielens/1m/",
+        lines={"ratings.dat": 1_000_209},  # its README's 1,000,209 ratings
     ),
     "lastfm": Source(
         url="https://files.grouplens.org/datasets/hetrec2011/hetrec2011-lastfm-2k.zip",
@@ -69,6 +73,7 @@ REGISTRY: dict[str, Source] = {
         folder="hetrec2011-lastfm-2k",
         files=("user_artists.dat", "user_taggedartists.dat"),
         page="https://grouplens.org/datasets/hetrec-2011/",
+        lines={"user_artists.dat": 92_835, "user_taggedartists.dat": 186_480},  # its readme's counts and a header
     ),
     "filmtrust": Source(
         url="https://guoguibing.github.io/librec/datasets/filmtrust.zip",
@@ -76,6 +81,7 @@ REGISTRY: dict[str, Source] = {
         folder="filmtrust",
         files=("ratings.txt",),
         page="https://guoguibing.github.io/librec/datasets.html",
+        lines={"ratings.txt": 35_497},  # the file as its author's repository holds it (no count is published)
     ),
     "diabetes": Source(
         url="https://archive.ics.uci.edu/static/public/296/diabetes+130-us+hospitals+for+years+1999-2008.zip",
@@ -132,7 +138,8 @@ def dataset_file(name: str, data_dir: str | Path, file: str) -> Path:
     """The path of ``file`` of dataset ``name`` under ``data_dir``: the one place the loaders locate a dataset's
     files, so a missing one is always the same DatasetNotFoundError (the file, how to install the dataset, and
     ``FEDREC_DATA_DIR``)."""
-    return checked_file(Path(data_dir) / source(name).folder / file, install_help(name, data_dir))
+    src = source(name)
+    return checked_file(Path(data_dir) / src.folder / file, install_help(name, data_dir), src.lines.get(file))
 
 
 def ensure_dataset(name: str, data_dir: str | Path, download: bool) -> Path:

@@ -3,7 +3,9 @@ run read (its checkpoint records them, so a resume on changed data is refused).
 
 A data directory may hold a ``SHA256SUMS`` (``sha256sum`` format, paths relative to it) at its root or in a
 dataset's folder; ``python -m fedrec.data download`` writes one into every folder it installs. A listed file whose
-digest differs (damaged, truncated, edited) is refused naming the file; an unlisted one is read as it is.
+digest differs (damaged, truncated, edited) is refused naming the file. An unlisted file of a published dataset is
+checked by its line count against the published one (a file cut at a line boundary parses, and would otherwise be
+read as a smaller dataset); listing a file in a ``SHA256SUMS`` is how a deliberately different file is used.
 """
 from __future__ import annotations
 
@@ -52,15 +54,30 @@ def listed_digest(path: Path) -> tuple[Path, str] | None:
     return None
 
 
-def checked_file(path: Path, how_to_get: str) -> Path:
+def line_count(path: Path) -> int:
+    """The lines of the file at ``path`` (a last line without a newline counts)."""
+    lines, last = 0, b"\n"
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
+
+
+def checked_file(path: Path, how_to_get: str, lines: int | None = None) -> Path:
     """``path`` if it exists (else DatasetNotFoundError saying ``how_to_get``) and matches the SHA256SUMS that lists
-    it (else ConfigError naming the file); recorded while :func:`recording`."""
+    it, or, unlisted, has the published ``lines`` (else ConfigError naming the file); recorded while
+    :func:`recording`."""
     check_file(path, how_to_get)
     digest = sha256_of(path)
     listed = listed_digest(path)
     if listed is not None and listed[1] != digest:
         raise ConfigError(f"{path}: its SHA-256 {digest[:16]}... differs from the {listed[1][:16]}... that {listed[0]} "
                           "lists: the file is damaged, truncated or changed; install the dataset again")
+    if listed is None and lines is not None and (found := line_count(path)) != lines:
+        raise ConfigError(f"{path}: {found} lines, but the published file has {lines}: it is truncated or another "
+                          f"version; install the dataset again (or list the file in a {SUMS} beside it to use it "
+                          "as it is)")
     if _recorded is not None:
         _recorded[f"{path.parent.name}/{path.name}"] = digest
     return path
