@@ -95,6 +95,28 @@ def test_full_ranking_equals_a_per_user_loop(seed, num_users, num_items, tied, k
     assert [set(h[h >= 0].tolist()) for h in topk.heldout] == [held[u] for u in users]
 
 
+@pytest.mark.parametrize("per_user", [1, 12])
+def test_few_and_many_held_out_items_per_user_equal_the_loop(per_user) -> None:
+    """Ranks come from comparisons with the whole row when users hold out few items (leave-one-out) and from sorted
+    rows when they hold out more than log2(items) each: both against the loop, ties and -inf included."""
+    rng = np.random.default_rng(per_user)
+    num_users, num_items = 20, 24
+    train_sets, held_sets = [], []
+    for _ in range(num_users):
+        perm = rng.permutation(num_items)
+        train_sets.append(set(perm[:6].tolist()))
+        held_sets.append(set(perm[6:6 + per_user].tolist()))
+    scores = torch.tensor(rng.integers(0, 4, (num_users, num_items)), dtype=torch.float32)
+    scores[scores == 0] = -math.inf
+    users = np.arange(num_users)
+    lists = [reference_list(scores[u].tolist(), [i for i in range(num_items) if i not in train_sets[u]],
+                            held_sets[u]) for u in users]
+    got = ranking_metrics(scores, users, as_user_items(train_sets), as_user_items(held_sets), [1, 5, 20])
+    want = reference_metrics(lists, held_sets, [1, 5, 20])
+    for name in want:
+        assert got[name] == pytest.approx(want[name], rel=1e-12, abs=1e-15), name
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10**6), num_users=st.integers(1, 10), num_items=st.integers(1, 40), tied=st.booleans(),
        count=st.integers(1, 12), batch_size=st.integers(1, 5))
