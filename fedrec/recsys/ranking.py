@@ -158,7 +158,7 @@ def check_ks(ks: Iterable[int] | int, name: str = "ks") -> list[int]:
     return sorted({check_int(name, k) for k in values})
 
 
-def ranking_metric_names(ks: Sequence[int] | int) -> list[str]:
+def ranking_metric_names(ks: Iterable[int] | int) -> list[str]:
     """The metrics' names for list lengths ``ks``: ``hr@K`` for each K, then ``ndcg@K``, ``recall@K``, and ``mrr``."""
     ks = check_ks(ks)
     return [f"{m}@{k}" for m in AT_K for k in ks] + ["mrr"]
