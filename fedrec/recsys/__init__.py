@@ -13,6 +13,8 @@ Fig. 1, steps ①–⑤).
   :mod:`fedrec.aggregation`), and the clients' step on their user rows;
 * ``evaluate.py``: test and validation metrics of the current model (under an attack, the benign users' and the
   target item's exposure).
+* ``ranking.py``: top-K ranking metrics (HR@K, NDCG@K, Recall@K, MRR) of a score matrix, full or against sampled
+  negatives, and the ``topk.npz`` lists (``UserItems``: each user's training or held-out items).
 
 The aggregators load on first use. The modules use :mod:`fedrec.models`, :mod:`fedrec.federation` (channel,
 collective), :mod:`fedrec.privacy` (``ClientDP``) and :mod:`fedrec.aggregation` (the rules and server optimisers
@@ -37,5 +39,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "RobustAggregator": "aggregate",
     "ScaledUpdates": "attack",
     "TrimmedMean": "aggregate",
+    "UserItems": "ranking",
     "Uploads": "aggregate",
 })
