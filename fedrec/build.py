@@ -239,11 +239,16 @@ def recommendation_memory_estimate(cfg: DictConfig, num_users: int, num_items: i
     four float32 copies of the embedding tables (the parameters, their gradients and Adam's two moments) and of a
     round's uploaded rows (each training rating's item row and ``task.pseudo_items`` pseudo rows per client: the
     rows, their gradients, their noise and the shuffled upload), ``model.embed_dim`` floats each."""
-    k = cfg.model.get("embed_dim")
-    pseudo = cfg.task.get("pseudo_items")
-    k = k if isinstance(k, int) and not isinstance(k, bool) else 1
-    pseudo = pseudo if isinstance(pseudo, int) and not isinstance(pseudo, bool) else 0
+    k, pseudo = _as_whole(cfg.model.get("embed_dim"), 1), _as_whole(cfg.task.get("pseudo_items"), 0)
     return 4 * 4 * k * (num_users + num_items + num_training + num_clients * pseudo)
+
+
+def _as_whole(value: Any, otherwise: int) -> int:
+    """``value`` as an int if it is a whole number (``1e8`` included: the model reads it so), else ``otherwise``
+    (the model's own check then refuses it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        return otherwise
+    return int(value)
 
 
 def build_bandit(cfg: DictConfig) -> Any:

@@ -127,6 +127,12 @@ def check_values(line: CommandLine, schema: DictConfig) -> None:
         key = override.key_or_group
         declared = OmegaConf.select(schema, key, default=_MISSING)
         if declared is _MISSING:
+            parts = key.split(".")
+            choices = OmegaConf.select(schema, "hydra.runtime.choices", default=None) or {}
+            top = {str(k) for k in schema if k != "hydra"} | {str(g).split("/")[0] for g in choices}
+            if len(parts) > 1 and parts[0] not in top:  # a typo of a group or field name (protocl.gamma_u)
+                raise ConfigError(f"{key}: the run's config has no '{parts[0]}'{close_matches(parts[0], top)}; "
+                                  "nothing would read it")
             parent, _, leaf = key.rpartition(".")
             node = OmegaConf.select(schema, parent, default=None) if parent else schema
             fields = [str(k) for k in node if k != "hydra"] if isinstance(node, DictConfig) else []

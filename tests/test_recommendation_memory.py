@@ -22,11 +22,13 @@ def test_the_estimate_counts_four_copies_of_the_tables_and_of_a_rounds_rows(comp
     assert build.recommendation_memory_estimate(cfg, 60, 40, 500, 10) == 4 * 4 * 16 * (60 + 40 + 500 + 50)
 
 
-def test_an_oversized_embedding_is_refused_before_allocating(compose_cfg: Compose, data_dir: Path) -> None:
+@pytest.mark.parametrize(("size", "shown"), [("100000000", "100000000"), ("1e8", "100000000.0")])
+def test_an_oversized_embedding_is_refused_before_allocating(compose_cfg: Compose, data_dir: Path, size: str,
+                                                             shown: str) -> None:
     """model.embed_dim=1e8 on ML-100K would need terabytes: refused on the machine as it is, nothing allocated."""
-    cfg = compose_cfg("+experiment=fedgnn_ml100k", f"data_dir={data_dir}", "model.embed_dim=100000000")
+    cfg = compose_cfg("+experiment=fedgnn_ml100k", f"data_dir={data_dir}", f"model.embed_dim={size}")
     with pytest.raises(ConfigError, match=r"^model\.embed_dim: the run needs about \d+\.\d GiB \(model\.embed_dim="
-                                          r"100000000, 943 users, 1682 items, \d+ training ratings, "
+                                          rf"{shown}, 943 users, 1682 items, \d+ training ratings, "
                                           r"task\.pseudo_items=\d+\) and .* GiB is available; lower them$"):
         build.build_task(cfg)
 

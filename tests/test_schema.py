@@ -119,6 +119,7 @@ def test_good_command_lines_pass(lookups: Any, argv: list[str]) -> None:
                                                                           "field 'epsilon'; nothing would read it")),
     (["+privacy.epsilon=5"], ("privacy.epsilon: the run's config has no field 'epsilon' (privacy is not set; "
                              "privacy=NAME selects")),
+    (["protocl.gamma_u=2"], "protocl.gamma_u: the run's config has no 'protocl' (did you mean 'protocol'?)"),
     (["privacy=null"], "privacy: null is not a config of the privacy group"),
     (["~protocol.prerigester"], "nothing to remove"),
     (["seed=[1,2"], "seed=[1,2: not an override Hydra can read"),
