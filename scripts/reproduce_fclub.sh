@@ -47,7 +47,7 @@ echo "CDP-FCLUB-DC, authors' conventions, noise in the shared statistics (log: $
 start=$SECONDS
 logged "$OUT/compare_statistics.log" $PY train.py "${common[@]}" protocol=cdp_fclub_dc protocol.conventions=authors \
   protocol.noise_placement=statistics \
-  hydra.run.dir="$OUT/compare/protocol.conventions=authors,protocol.noise_placement=statistics,protocol=cdp_fclub_dc"
+  "hydra.run.dir='$OUT/compare/protocol.conventions=authors,protocol.noise_placement=statistics,protocol=cdp_fclub_dc'"
 echo "CDP-FCLUB-DC statistics placement: $((SECONDS - start)) s"
 $PY scripts/fclub_figure.py "$OUT/compare" > "$OUT/table.md"
 cat "$OUT/table.md"
