@@ -3,8 +3,9 @@
 
 Every run folder (``SWEEP_DIR/*/`` with ``summary.json``, ``metrics.csv`` and ``config_resolved.yaml``) is
 identified from its resolved config, not from its folder name: the method (FCLUB-DC, FCLUB, CDP-FCLUB-DC, Homo,
-Homo-DC from ``FederatedClustering``'s thresholds and ``pooled`` and the ``privacy`` group; CLUB, SCLUB, LinUCB from
-``LocalClustering``'s ``method``), the conventions preset and the study factors n, m, L, d, U = D and ε. Every
+Homo-DC from ``FederatedClustering``'s thresholds and ``pooled`` and the ``privacy`` group, "CDP-FCLUB-DC (trigger)"
+when the summary reports the authors' noise placement; CLUB, SCLUB, LinUCB from ``LocalClustering``'s ``method``),
+the conventions preset and the study factors n, m, L, d, U = D and ε. Every
 number is the mean over seeds (the run's replicates) ± their standard deviation, as the runs report them.
 
 Comparison (several methods): ``fclub_fig2_regret.png`` (cumulative regret against the round, one line per
@@ -37,11 +38,13 @@ import yaml
 from fedrec.plots import plt, save_figure
 
 #: the methods in the paper's order (Table 3), each with a fixed colour across panels and figures
-METHODS = ("CDP-FCLUB-DC", "FCLUB-DC", "FCLUB", "SCLUB", "CLUB", "LinUCB", "Homo-DC", "Homo")
-COLOURS = dict(zip(METHODS, ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown",
+#: (CDP-FCLUB-DC with protocol.noise_placement=trigger, the authors' code's, is not differentially private)
+METHODS = ("CDP-FCLUB-DC", "CDP-FCLUB-DC (trigger)", "FCLUB-DC", "FCLUB", "SCLUB", "CLUB", "LinUCB", "Homo-DC",
+           "Homo")
+COLOURS = dict(zip(METHODS, ("tab:red", "tab:pink", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown",
                              "tab:gray", "tab:olive")))
 #: the methods of Fig. 4 (communication)
-COMMUNICATING = ("FCLUB", "FCLUB-DC", "CDP-FCLUB-DC")
+COMMUNICATING = ("FCLUB", "FCLUB-DC", "CDP-FCLUB-DC", "CDP-FCLUB-DC (trigger)")
 CONVENTIONS = ("paper", "authors")
 #: the study factors, in the paper's order: key -> (label, where in the resolved config, log x axis)
 FACTORS = {
@@ -87,8 +90,9 @@ class Run:
         return float(self.cols["cumulative_regret"][hit[0]]), 0.0 if std is None else float(std[hit[0]])
 
 
-def method_of(protocol: dict, privacy: dict | None) -> str:
-    """The paper's name of the method a resolved ``protocol`` config runs under the resolved ``privacy`` group."""
+def method_of(protocol: dict, privacy: dict | None, placement: str | None = None) -> str:
+    """The paper's name of the method a resolved ``protocol`` config runs under the resolved ``privacy`` group, with
+    " (trigger)" for CDP's noise in the upload trigger only (``placement``, as the run's summary reports it)."""
     target = str(protocol.get("_target_", "")).rsplit(".", 1)[-1]
     if target == "LocalClustering":
         names = {"club": "CLUB", "sclub": "SCLUB", "linucb": "LinUCB"}
@@ -100,7 +104,7 @@ def method_of(protocol: dict, privacy: dict | None) -> str:
         if protocol.get("pooled"):
             return "Homo" if sync else "Homo-DC"
         if (privacy or {}).get("_target_") is not None:  # the tree_gaussian group (privacy=none has no target)
-            return "CDP-FCLUB" if sync else "CDP-FCLUB-DC"
+            return ("CDP-FCLUB" if sync else "CDP-FCLUB-DC") + (" (trigger)" if placement == "trigger" else "")
         return "FCLUB" if sync else "FCLUB-DC"
     raise InputError(f"not an FCLUB-family or clustering-baseline protocol: {protocol.get('_target_')!r}")
 
@@ -129,8 +133,8 @@ def load(run: Path) -> Run:
         raise InputError(f"{run}/metrics.csv: no logged round")
     cols = {k: np.array([float(r[k]) for r in rows]) for k in rows[0] if all(r.get(k) not in (None, "") for r in rows)}
     protocol = cfg.get("protocol") or {}
-    return Run(run, method_of(protocol, cfg.get("privacy")), str(protocol.get("conventions", "paper")), summary, cols,
-               factors_of(cfg))
+    return Run(run, method_of(protocol, cfg.get("privacy"), summary.get("noise_placement")),
+               str(protocol.get("conventions", "paper")), summary, cols, factors_of(cfg))
 
 
 def load_sweep(sweep: Path) -> list[Run]:
@@ -163,6 +167,9 @@ def clusters(run: Run) -> str:
 
 
 def eps_spent(run: Run) -> str:
+    """The accountant's ε; "not applicable" when the run's shared statistics carry no noise (trigger placement)."""
+    if run.summary.get("epsilon") == "not applicable":
+        return "not applicable"
     return "–" if run.summary.get("epsilon_spent") is None else f"{run.value('epsilon_spent'):.4g}"
 
 

@@ -15,7 +15,8 @@
 #   SEEDS: replicates per run (default 10); STEPS: T (default 20000, a multiple of 10); FCLUB_METHOD=fclub_dc studies
 #   the non-private FCLUB-DC instead (no ε grid): at the paper's constants CDP-FCLUB-DC merges every cluster, so its
 #   grids are flat, and FCLUB-DC's show how the factors act on the clustering itself; FCLUB_CONVENTIONS=authors
-#   runs the grids under the authors' conventions preset instead of the paper's.
+#   runs the grids under the authors' conventions preset instead of the paper's (for CDP-FCLUB-DC that includes their
+#   noise placement, protocol.noise_placement=trigger, which is not differentially private).
 set -euo pipefail
 OUT=${1:-reproductions/fclub_study}
 R=${2:-10}

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Reproduce Fig. 2 and Fig. 4 of Liu et al. (FCLUB, UAI 2022): the 8 methods (CDP-FCLUB-DC, FCLUB-DC, FCLUB, SCLUB,
 # CLUB, LinUCB, Homo-DC, Homo) x SEEDS seeds (batched as replicates) x T = STEPS rounds, under both conventions
-# presets (paper, authors), as one Hydra multirun (16 jobs, one subfolder each, named by its overrides); then the
+# presets (paper, authors), as one Hydra multirun (16 jobs, one subfolder each, named by its overrides), where the
+# authors' preset runs CDP-FCLUB-DC with their code's noise placement (protocol.noise_placement=trigger: the tree
+# noise only in the upload trigger, NOT differentially private); plus one run of CDP-FCLUB-DC under the authors'
+# preset with the noise in the shared statistics (noise_placement=statistics, the paper's) beside it; then the
 # ε study: CDP-FCLUB-DC with ε in {0.25, 0.5, 1, 2, 4, 8, 64, 512, ∞} (paper conventions; ∞ is the
 # noise-free private path, i.e. FCLUB-DC), under the paper's node noise and under the accountant's calibration
 # (privacy.calibration=accountant: the whole run spends at most ε). Draws the figures into the sweep
@@ -40,6 +43,12 @@ logged "$OUT/compare.log" $PY train.py -m "${common[@]}" hydra.sweep.dir="$OUT/c
   "hydra.job.config.override_dirname.exclude_keys=[$excluded]" \
   protocol=cdp_fclub_dc,fclub_dc,fclub,sclub,club,linucb_per_user,homo_dc,homo protocol.conventions=paper,authors
 echo "comparison: $((SECONDS - start)) s"
+echo "CDP-FCLUB-DC, authors' conventions, noise in the shared statistics (log: $OUT/compare_statistics.log)"
+start=$SECONDS
+logged "$OUT/compare_statistics.log" $PY train.py "${common[@]}" protocol=cdp_fclub_dc protocol.conventions=authors \
+  protocol.noise_placement=statistics \
+  "hydra.run.dir='$OUT/compare/protocol.conventions=authors,protocol.noise_placement=statistics,protocol=cdp_fclub_dc'"
+echo "CDP-FCLUB-DC statistics placement: $((SECONDS - start)) s"
 $PY scripts/fclub_figure.py "$OUT/compare" > "$OUT/table.md"
 cat "$OUT/table.md"
 

@@ -57,10 +57,12 @@ def regret_at(run: Path, step: int) -> str:
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """compare/: FCLUB-DC and CLUB × paper and authors conventions; study/epsilon/: CDP-FCLUB-DC at ε = 1 and 4."""
+    """compare/: FCLUB-DC and CLUB × paper and authors conventions; study/epsilon/: CDP-FCLUB-DC at ε = 1 and 4;
+    placement/: CDP-FCLUB-DC under both conventions (the authors' runs its noise in the upload trigger only)."""
     root = tmp_path_factory.mktemp("fclub")
     multiruns((root / "compare", ["protocol=fclub_dc,club", "protocol.conventions=paper,authors"]),
-              (root / "study" / "epsilon", ["protocol=cdp_fclub_dc", "privacy.epsilon=1,4"]))
+              (root / "study" / "epsilon", ["protocol=cdp_fclub_dc", "privacy.epsilon=1,4"]),
+              (root / "placement", ["protocol=cdp_fclub_dc", "protocol.conventions=paper,authors"]))
     return root
 
 
@@ -88,6 +90,16 @@ def test_comparison_table_equals_the_runs_and_draws_both_figures(sweeps: Path) -
         assert eps == "–" and seconds == f"{s['wall_seconds']:.1f}"
     for name in ("fclub_fig2_regret.png", "fclub_fig4_communication.png"):
         assert (sweep / name).read_bytes()[:8] == PNG
+
+
+def test_comparison_names_the_trigger_placement_and_reports_no_epsilon_for_it(sweeps: Path) -> None:
+    sweep = sweeps / "placement"
+    res = figure(str(sweep))
+    assert res.returncode == 0, res.stderr
+    spent = json.loads((sweep / "protocol.conventions=paper,protocol=cdp_fclub_dc" / "summary.json").read_text())
+    assert [(r[0], r[1], r[8]) for r in table_rows(res.stdout, 10)] == [
+        ("paper", "CDP-FCLUB-DC", f"{spent['epsilon_spent']:.4g}"),
+        ("authors", "CDP-FCLUB-DC (trigger)", "not applicable")]
 
 
 def test_epsilon_study_table_and_figure(sweeps: Path) -> None:

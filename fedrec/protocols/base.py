@@ -257,6 +257,10 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
         """Protocol-specific per-replicate metrics (R,) that a task reports beside regret and communication."""
         return {}
 
+    def summary(self) -> dict[str, Any]:
+        """Protocol facts (not per-replicate numbers) a run's summary reports beside its metrics."""
+        return {}
+
     def check_inputs(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Validate shapes, client ids and finiteness; errors name the argument. Returns CPU/dtype-normalised
         tensors on the protocol's device."""

@@ -3,8 +3,9 @@
 
 ``conventions=paper`` scores x θ̂ + β·sqrt(xᵀM⁻¹x) with Lemma 1's β and λ = 1; ``conventions=authors`` takes the
 released code's conventions: the squared bonus β·xᵀM⁻¹x, λ = 2 (1 with CDP), β = 0.5·sqrt(2 ln(2/α) + d ln(3 +
-t L_arg²/d)) with each method's α of the code, and for CDP-FCLUB-DC the code's β recipe × 0.005. Nothing else
-changes with the switch (the clustering constants, the privatiser and its shifts stay the paper's); a value given
+t L_arg²/d)) with each method's α of the code, and for CDP-FCLUB-DC the code's β recipe × 0.005. Besides the
+radius the switch only picks where CDP-FCLUB-DC's noise goes (:class:`~fedrec.protocols.FederatedClustering`'s
+``noise_placement``); the clustering constants, the privatiser and its shifts stay the paper's. A value given
 explicitly (``bonus``, ``lam``, ``sigma0``, ``beta_scale``) overrides the convention's.
 """
 from __future__ import annotations

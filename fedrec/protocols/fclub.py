@@ -8,8 +8,11 @@ the partition changed (and at the first phase) every local cluster is renewed wi
 sums. Within a phase (the compiled kernel) the arriving user's local cluster recommends from its synchronised
 statistics, and the upload (eq. 5) and download (eq. 6) triggers exchange buffered increments with the global
 cluster. With ``privacy`` (:class:`~fedrec.privacy.TreeGaussian`, CDP-FCLUB-DC), each local cluster's releases pass
-the tree-based privatiser of Algorithm 5, whose noise and the 2ρI / 3ρI shifts reach the statistics used to
-recommend and merge (§8.5).
+the tree-based privatiser of Algorithm 5. ``noise_placement`` says where its noise goes (§8.5): ``statistics`` (the
+paper) adds the noise and the 2ρI / 3ρI shifts to the shared statistics used to recommend and merge; ``trigger``
+(the authors' released code) keeps those statistics clean, with the λ ridge, and adds the privatiser's current
+noise difference H − H̄ only where the upload trigger (eq. 5) reads them: the shared statistics are then not
+differentially private.
 
 Local cluster slots are their smallest user's id and global cluster slots their smallest local slot, so a
 partition is the pair of arrays (``lc``, ``gk``) and "the partition changed" is an array comparison.
@@ -17,6 +20,9 @@ partition is the pair of arrays (``lc``, ``gk``) and "the partition changed" is 
 from __future__ import annotations
 
 import math
+import warnings
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -30,6 +36,11 @@ from fedrec.protocols.kernels.fclub import (
     PHASE_RUN, Clusters, Partition, PhaseSettings, Privatisers, Traffic, Users, count, release,
 )
 from fedrec.rng import stream_key
+
+NOISE_PLACEMENTS = ("statistics", "trigger")
+#: each conventions value's noise placement when ``noise_placement`` is not given (§8.5: the authors' code adds the
+#: tree noise to the upload trigger only)
+CONVENTION_PLACEMENT = {"paper": "statistics", "authors": "trigger"}
 
 
 class FederatedClustering(StepProtocol):
@@ -50,6 +61,10 @@ class FederatedClustering(StepProtocol):
             that fixes the tree depth ν, the node σ's calibration; with the accountant's σ, ρ and κ are rescaled with
             it); None: no privacy. ε = ∞ runs the private code path with zero noise, ρ = κ = 0 and the λ ridge:
             FCLUB-DC decision for decision (spec §6 test 5).
+        noise_placement: where the privatiser's noise goes: ``statistics`` (Alg. 5: into the shared statistics,
+            differentially private) or ``trigger`` (the authors' code: only into the upload trigger's reading of
+            them, not differentially private; a warning says so); None: the convention's (paper: statistics,
+            authors: trigger). No effect without privacy.
     """
 
     max_agents_per_step = 1
@@ -66,7 +81,7 @@ class FederatedClustering(StepProtocol):
         lam: float | None = None, delete_alpha: float = 1.5, merge_alpha: float = 2.0, pooled: bool = False,
         bonus: str | None = None, beta: float | None = None, beta_scale: float | None = None,
         sigma0: float | None = None, alpha: float = 0.1, clusters_bound: int = 4,
-        privacy: TreeGaussian | None = None, backend: str = "auto",
+        privacy: TreeGaussian | None = None, noise_placement: str | None = None, backend: str = "auto",
     ) -> None:
         L = check_int("num_servers", num_servers)
         n = check_int("num_clients", num_clients)
@@ -85,6 +100,13 @@ class FederatedClustering(StepProtocol):
         self.private = privacy is not None
         self.radius = Radius.resolve(conventions, self.private, bonus, lam, sigma0, beta_scale, beta)
         self.lam = self.radius.lam
+        self.noise_placement = _noise_placement(noise_placement, self.radius.conventions)
+        #: the kernel's switch: the noise enters only the upload trigger (and the statistics stay clean)
+        self.trigger_noise = self.private and self.noise_placement == "trigger"
+        if self.trigger_noise:
+            warnings.warn("protocol.noise_placement=trigger (the authors' code): the tree noise enters only the upload "
+                          "trigger, so the shared statistics are NOT differentially private and the run reports no "
+                          "epsilon (not applicable)", UserWarning, stacklevel=2)
         d, R = self.dim, self.replicates
         m = check_int("clusters_bound", clusters_bound)
         alpha = check_float("alpha", alpha, low=0.0, high=1.0, low_open=True)
@@ -188,8 +210,11 @@ class FederatedClustering(StepProtocol):
             if self.private:
                 uid = self._new_privatiser(r)
                 H0, h0 = self._release(uid, 1)
-                shift = 2 * self.rho if self.rho > 0 else self.lam  # ε = ∞: no noise, the non-private ridge
-                uploads.append((shift * np.eye(d) + H0 + Vt, h0 + bt, Tt, uid, H0, h0))
+                if self.trigger_noise:  # the noise waits for the upload trigger: the clean aggregate, as without
+                    uploads.append((self.lam * np.eye(d) + Vt, bt, Tt, uid, H0, h0))
+                else:
+                    shift = 2 * self.rho if self.rho > 0 else self.lam  # ε = ∞: no noise, the non-private ridge
+                    uploads.append((shift * np.eye(d) + H0 + Vt, h0 + bt, Tt, uid, H0, h0))
             else:
                 uploads.append((self.lam * np.eye(d) + Vt, bt, Tt, 0, None, None))
             self._count(r, int(self.server[c]), "upload")
@@ -248,8 +273,9 @@ class FederatedClustering(StepProtocol):
                     pvt.Hbar[r, c], pvt.hbar[r, c] = H0, h0
                     H, h = self._release(uid, 2)
                     pvt.H[r, c], pvt.h[r, c] = H, h
-                    cl.dS[r, c] = 3 * self.rho * np.eye(d) + H - H0
-                    cl.du[r, c] = h - h0
+                    if not self.trigger_noise:  # trigger: the buffers start clean, at 0
+                        cl.dS[r, c] = 3 * self.rho * np.eye(d) + H - H0
+                        cl.du[r, c] = h - h0
 
     # ---------------------------------------------------------------------------------------------- helpers
     def _new_privatiser(self, r: int) -> int:
@@ -270,18 +296,37 @@ class FederatedClustering(StepProtocol):
 
     def metrics(self) -> dict[str, torch.Tensor]:
         """Per replicate: the number of global clusters and of local clusters at the last phase start, and with
-        CDP the ε one record has spent so far (:meth:`fedrec.privacy.TreeGaussian.epsilon_spent`, at its δ)."""
+        CDP in the ``statistics`` placement the ε one record has spent so far
+        (:meth:`fedrec.privacy.TreeGaussian.epsilon_spent`, at its δ)."""
         out = {"global_clusters": [], "local_clusters": []}
         for r in range(self.replicates):
             out["global_clusters"].append(int((self.nmem[r] > 0).sum()))
             out["local_clusters"].append(int(len(np.unique(self.lc[r].numpy()))))
-        if self.privacy is not None and math.isfinite(self.privacy.epsilon):
+        if self.privacy is not None and math.isfinite(self.privacy.epsilon) and not self.trigger_noise:
             out["epsilon_spent"] = [self.privacy.epsilon_spent(int(self.phase))] * self.replicates
         return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
+
+    def summary(self) -> dict[str, Any]:
+        """With privacy, where its noise went; in the ``trigger`` placement the shared statistics carry no noise, so
+        no ε describes them: ``epsilon`` is "not applicable" and ``differentially_private`` false."""
+        if self.privacy is None:
+            return {}
+        if self.trigger_noise:
+            return {"noise_placement": "trigger", "epsilon": "not applicable", "differentially_private": False}
+        return {"noise_placement": "statistics"}
 
     def partition(self, r: int = 0) -> np.ndarray:
         """The global cluster slot of every user of replicate r (for the adjusted Rand index)."""
         return self.gk[r].numpy()[self.lc[r].numpy()]
+
+
+def _noise_placement(value: str | None, conventions: str) -> str:
+    """The noise placement given, or the conventions' (:data:`CONVENTION_PLACEMENT`)."""
+    if value is None:
+        return CONVENTION_PLACEMENT[conventions]
+    if value not in NOISE_PLACEMENTS:
+        raise ConfigError(f"protocol.noise_placement must be one of {list(NOISE_PLACEMENTS)}, got {value!r}")
+    return value
 
 
 def _view(arms: torch.Tensor, block: slice) -> np.ndarray:

@@ -145,6 +145,7 @@ class BanditTask(FederatedTask):
             if self.env.replicates > 1:
                 out[f"{k}_std"] = float(vals.std())
                 out[f"{k}_per_replicate"] = vals.tolist()
+        out.update(self.protocol.summary())
         return out
 
 

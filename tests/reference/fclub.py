@@ -16,7 +16,9 @@ Readings (spec references; each is the spec's proposal unless said otherwise):
 * triggers (eqs. 5–6) on log-determinants; a threshold of 1 always fires (FCLUB and Homo communicate every round,
   §2.7, §8.8), and nothing fires while a matrix is singular (§8.14);
 * non-private (§2.7): Ṽ = λI + Σ V_i, buffers start at 0; private (Alg. 5): Ṽ = 2ρI + H₀ + Σ V_i and every buffer
-  restarts at 3ρI + H − H̄, the tree noise reaching the statistics used to recommend and merge (§8.5);
+  restarts at 3ρI + H − H̄, the tree noise reaching the statistics used to recommend and merge (§8.5); with
+  ``noise_placement="trigger"`` (the authors' code, §8.5) Ṽ and the buffers are the non-private ones and only the
+  upload trigger reads the noise, as det(S + ΔS + H − H̄) / det(S);
 * recommendation on the local synchronised statistics (S, u) only (§2.2), with β of Lemma 1 and a square-root
   bonus (``bonus="sqrt"``) or β·xᵀS⁻¹x (``bonus="squared"``, the authors' code, §8.3);
 * communication (§4.5): +1 per phase-start upload of a local cluster, per renewal download, per Alg. 3 upload and
@@ -41,7 +43,8 @@ def F(x: float) -> float:
 
 
 def logdet(A: np.ndarray) -> float:
-    """log det A, or −inf when A is not positive definite (no trigger fires on a singular matrix, §8.14)."""
+    """log det A, or −inf when det A ≤ 0 (no trigger fires on a singular matrix, §8.14; a noisy indefinite matrix
+    with a positive determinant does, as the authors' determinant ratio does, §8.5)."""
     sign, value = np.linalg.slogdet(A)
     return value if sign > 0 else -math.inf
 
@@ -133,6 +136,7 @@ class RefFCLUB:
         bonus: ``sqrt`` (the paper) or ``squared`` (the authors' code).
         beta: a fixed β, or None for Lemma 1's (σ₀, α, m as the algorithm's bound on the clusters, T).
         epsilon, delta, horizon: CDP-FCLUB-DC when epsilon is not None (ν from ``horizon`` uploads).
+        noise_placement: ``statistics`` (the noise in Ṽ and the buffers) or ``trigger`` (only in eq. 5's reading).
         seed, replicate: the keys of the privatisers' counter-based noise.
     """
 
@@ -141,7 +145,7 @@ class RefFCLUB:
         delete: float = 1.5, merge: float = 2.0, pooled: bool = False, bonus: str = "sqrt",
         beta: float | None = None, sigma0: float = 0.5, alpha: float = 0.1, clusters_bound: int = 4,
         epsilon: float | None = None, delta: float = 0.1, horizon: int = 100_000, seed: int = 0, replicate: int = 0,
-        authors: bool = False,
+        authors: bool = False, noise_placement: str = "statistics",
     ) -> None:
         self.servers = np.asarray(servers)
         self.n, self.d = len(self.servers), dim
@@ -150,6 +154,7 @@ class RefFCLUB:
         self.pooled, self.bonus, self.beta_fixed = pooled, bonus, beta
         self.sigma0, self.alpha, self.m = sigma0, alpha, clusters_bound
         self.private, self.seed = epsilon is not None, seed
+        self.trigger = self.private and noise_placement == "trigger"
         self.authors, self.epsilon, self.delta, self.horizon = authors, epsilon, delta, horizon
         d = dim
         if self.private:
@@ -233,7 +238,8 @@ class RefFCLUB:
                 pvt = self._fresh_privatiser()
                 H0, h0 = pvt.next()
                 c.candidate = (pvt, H0, h0)
-                c.upload = (2 * self.rho * np.eye(d) + H0 + Vt, h0 + bt, self.Tu[idx].sum())
+                c.upload = (self.lam * np.eye(d) + Vt, bt, self.Tu[idx].sum()) if self.trigger else (
+                    2 * self.rho * np.eye(d) + H0 + Vt, h0 + bt, self.Tu[idx].sum())
             else:
                 c.upload = (self.lam * np.eye(d) + Vt, bt, self.Tu[idx].sum())
             self.uploads[server] += 1
@@ -253,6 +259,7 @@ class RefFCLUB:
                     if self.private:
                         c.pvt, c.Hbar, c.hbar = c.candidate
                         c.H, c.h = c.pvt.next()
+                    if self.private and not self.trigger:
                         c.dS, c.du = 3 * self.rho * np.eye(d) + c.H - c.Hbar, c.h - c.hbar
                     else:
                         c.dS, c.du = np.zeros((d, d)), np.zeros(d)
@@ -337,7 +344,8 @@ class RefFCLUB:
     def check_upload(self, c: LocalCluster, g: GlobalCluster, x: np.ndarray, y: float) -> None:
         """Alg. 3: buffer (x, y); on eq. 5 send the buffer to the global cluster and the other members' queues."""
         c.dS, c.du, c.dT = c.dS + np.outer(x, x), c.du + y * x, c.dT + 1
-        if not self.fires(c.S + c.dS, c.S, self.U):
+        noise = c.H - c.Hbar if self.trigger else 0.0
+        if not self.fires(c.S + c.dS + noise, c.S, self.U):
             return
         self.uploads[c.server] += 1
         g.S, g.u, g.T = g.S + c.dS, g.u + c.du, g.T + c.dT
@@ -348,6 +356,7 @@ class RefFCLUB:
         if self.private:
             c.Hbar, c.hbar = c.H, c.h
             c.H, c.h = c.pvt.next()
+        if self.private and not self.trigger:
             c.dS, c.du = 3 * self.rho * np.eye(self.d) + c.H - c.Hbar, c.h - c.hbar
         else:
             c.dS, c.du = np.zeros((self.d, self.d)), np.zeros(self.d)

@@ -2,8 +2,9 @@
 
 Every replicate plays its steps in order: the arriving user's local cluster recommends from its synchronised
 statistics (S, u), the user's own statistics and the cluster's upload buffer take the observation, and the
-upload (eq. 5) and download (eq. 6) triggers move buffers to the global cluster and back. Phase starts (Alg. 2)
-run in Python between calls. Messages are counted straight into the ledger's traffic arrays.
+upload (eq. 5) and download (eq. 6) triggers move buffers to the global cluster and back. Under CDP every upload
+draws the privatiser's next release, which restarts the buffer (Alg. 3) or, with ``trigger_noise`` (the authors'
+code, §8.5), only enters the next upload test. Phase starts (Alg. 2) run in Python between calls. Messages are counted straight into the ledger's traffic arrays.
 
 The loop takes the protocol's buffers as named structures (:class:`fedrec.protocols.FederatedClustering`'s
 buffers of the same names): :class:`Partition`, :class:`Users`, :class:`Clusters`, :class:`Privatisers`, and
@@ -77,7 +78,8 @@ class PhaseSettings(NamedTuple):
 
     log_u: float  #: ln U of eq. 5 (≤ 0: upload every round)
     log_d: float  #: ln D of eq. 6
-    private: bool  #: CDP: uploads restart the buffer from the privatiser's next release
+    private: bool  #: CDP: every upload draws the privatiser's next release
+    trigger_noise: bool  #: CDP's noise enters only the upload trigger; the buffers restart clean (§8.5)
     rho: float  #: ρ of the 3ρI shift of a fresh buffer
     sigma_node: float  #: σ of the privatisers' tree nodes
     message_scalars: int  #: scalars in one (ΔS, Δu, ΔT) or (S, u, T) message
@@ -123,24 +125,36 @@ def count(traffic: Traffic, r: int, server: int, kind: int, scalars: int) -> Non
 @jit
 def next_buffer(cfg: PhaseSettings, r: int, c: int, cl: Clusters, pvt: Privatisers, N: np.ndarray,
                 Z: np.ndarray) -> None:
-    """Restart local cluster c's upload buffer: 0, or 3ρI + H − H̄ with the privatiser's next release (Alg. 3 l.9–10)."""
+    """Restart local cluster c's upload buffer: 0, or 3ρI + H − H̄ with the privatiser's next release (Alg. 3 l.9–10);
+    with ``trigger_noise`` the release is drawn but the buffer restarts at 0 (the trigger adds H − H̄ itself)."""
     d = cl.dS.shape[-1]
-    if not cfg.private:
+    if cfg.private:
+        pvt.Hbar[r, c] = pvt.H[r, c]
+        pvt.hbar[r, c] = pvt.h[r, c]
+        pvt.pcalls[r, c] += 1
+        release(cfg.noise_key, pvt.puid[r, c], pvt.pcalls[r, c], cfg.sigma_node, d, N, Z)
+        for i in range(d):
+            pvt.h[r, c, i] = N[i, d]
+            for j in range(d):
+                pvt.H[r, c, i, j] = N[i, j]
+    if not cfg.private or cfg.trigger_noise:
         cl.dS[r, c] = 0.0
         cl.du[r, c] = 0.0
         return
-    pvt.Hbar[r, c] = pvt.H[r, c]
-    pvt.hbar[r, c] = pvt.h[r, c]
-    pvt.pcalls[r, c] += 1
-    release(cfg.noise_key, pvt.puid[r, c], pvt.pcalls[r, c], cfg.sigma_node, d, N, Z)
-    for i in range(d):
-        pvt.h[r, c, i] = N[i, d]
-        for j in range(d):
-            pvt.H[r, c, i, j] = N[i, j]
     for i in range(d):
         cl.du[r, c, i] = pvt.h[r, c, i] - pvt.hbar[r, c, i]
         for j in range(d):
             cl.dS[r, c, i, j] = pvt.H[r, c, i, j] - pvt.Hbar[r, c, i, j] + (3.0 * cfg.rho if i == j else 0.0)
+
+
+@jit
+def noisy_trigger(M: np.ndarray, H: np.ndarray, Hbar: np.ndarray, logdet_s: float, log_u: float) -> bool:
+    """The authors' upload trigger (§8.5): det(S + ΔS + H − H̄) / det(S) ≥ U with ``M`` = S + ΔS (overwritten) and
+    the privatiser's last two releases; like their determinant ratio it fires on a noisy matrix that is indefinite
+    but has a positive determinant, and never on a non-positive one."""
+    M += H - Hbar
+    sign, logdet = np.linalg.slogdet(M)
+    return sign > 0.0 and logdet - logdet_s >= log_u
 
 
 @jit
@@ -184,8 +198,11 @@ def _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic):
             for q1 in range(d):
                 for q2 in range(d):
                     M[q1, q2] = S[r, c, q1, q2] + dS[r, c, q1, q2]
-            ld = cholesky_logdet(M, 0.0, L)
-            fire = (not np.isnan(ld)) and ld - Slogdet[r, c] >= cfg.log_u
+            if cfg.trigger_noise:
+                fire = noisy_trigger(M, pvt.H[r, c], pvt.Hbar[r, c], Slogdet[r, c], cfg.log_u)
+            else:
+                ld = cholesky_logdet(M, 0.0, L)
+                fire = (not np.isnan(ld)) and ld - Slogdet[r, c] >= cfg.log_u
         if fire:
             count(traffic, r, server[i], 0, cfg.message_scalars)
             for m in range(nmem[r, k]):
