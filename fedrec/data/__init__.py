@@ -1,6 +1,7 @@
-"""Rating datasets (MovieLens-100K, FilmTrust, MovieLens-1M, and synthetic ones of any size) split for federated
-recommendation."""
+"""Rating datasets (MovieLens-100K, FilmTrust, MovieLens-1M, the Monti et al. Douban, Flixster and YahooMusic
+matrices, and synthetic ones of any size) split for federated recommendation."""
 from fedrec.data.download import default_data_dir
+from fedrec.data.monti import MontiMatrix, read_monti
 from fedrec.data.ratings import (
     DATASETS,
     NORMALIZATIONS,
@@ -19,6 +20,7 @@ from fedrec.data.synthetic import synthetic_ratings
 __all__ = [
     "DATASETS",
     "NORMALIZATIONS",
+    "MontiMatrix",
     "RatingData",
     "Ratings",
     "arrival_rounds",
@@ -28,6 +30,7 @@ __all__ = [
     "load_ml1m",
     "load_ml100k",
     "load_ratings",
+    "read_monti",
     "read_ratings",
     "synthetic_ratings",
 ]
