@@ -10,15 +10,11 @@ transposed, MATLAB storing by column):
 * The side graphs, 0/1 symmetric adjacency matrices: ``W_users`` (users × users: Douban's social network,
   Flixster's), ``W_movies`` (Flixster's item graph) and ``W_tracks`` (YahooMusic's item graph).
 
-Sizes (GC-MC Table 1; the test sizes are the files' ``Otest``):
+Sizes (users, items and ratings as GC-MC's Table 1; the test sizes are the files' ``Otest``):
 
-=========== ===== ===== ======= ===== =================== ==================
-dataset     users items ratings test  rating scale        graphs
-=========== ===== ===== ======= ===== =================== ==================
-douban      3,000 3,000 136,891 13,689 1, 2, ..., 5       users
-flixster    3,000 3,000  26,173  2,617 0.5, 1, ..., 5     users and items
-yahoo_music 3,000 3,000   5,335    533 1, 2, ..., 100     items
-=========== ===== ===== ======= ===== =================== ==================
+* ``douban``: 3,000 users × 3,000 items, 136,891 ratings of which 13,689 test, ratings 1, 2, ..., 5, user graph.
+* ``flixster``: 3,000 × 3,000, 26,173 ratings, 2,617 test, ratings 0.5, 1, ..., 5, user and item graphs.
+* ``yahoo_music``: 3,000 × 3,000, 5,335 ratings, 533 test, ratings 1, 2, ..., 100, item graph.
 
 Users and items keep the matrix's indices ``0..2999`` (MATLAB's ``1..3000``), so that they index the graphs; users
 and items without a rating stay in (Flixster has 2,341 users with a rating, YahooMusic 1,357 users and 1,363 items).
