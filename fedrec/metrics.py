@@ -1,4 +1,5 @@
-"""Rating-prediction metrics on [0, 1]-scaled ratings (BGTplanner paper §VII-A2)."""
+"""Rating-prediction metrics on [0, 1]-scaled ratings (BGTplanner paper §VII-A2), and the RMSE on the dataset's
+original rating scale (``rmse_raw``, what GC-MC and FedGNN report)."""
 from __future__ import annotations
 
 import math
@@ -25,10 +26,15 @@ def rating_sums(pred: Tensor, target: Tensor, threshold: float = F1_THRESHOLD) -
     ])
 
 
-def metrics_from_sums(sums: Tensor) -> dict[str, float]:
-    """RMSE, MAE and F1 from :func:`rating_sums` (F1 micro-averaged over all pairs, 0 without true positives)."""
+def metrics_from_sums(sums: Tensor, unit: float | None = None) -> dict[str, float]:
+    """RMSE, MAE and F1 from :func:`rating_sums` (F1 micro-averaged over all pairs, 0 without true positives); with
+    ``unit``, the original rating units per normalised unit (:attr:`fedrec.data.RatingData.rating_unit`), also
+    ``rmse_raw``, the RMSE on the original scale (normalisation is affine, so it is ``unit`` × RMSE)."""
     n, sse, sae, tp, fp, fn = (float(v) for v in sums)
-    return {"rmse": math.sqrt(sse / n), "mae": sae / n, "f1": 2 * tp / (2 * tp + fp + fn) if tp else 0.0}
+    metrics = {"rmse": math.sqrt(sse / n), "mae": sae / n, "f1": 2 * tp / (2 * tp + fp + fn) if tp else 0.0}
+    if unit is not None:
+        metrics["rmse_raw"] = unit * metrics["rmse"]
+    return metrics
 
 
 def rating_metrics(pred: Tensor, target: Tensor, threshold: float = F1_THRESHOLD) -> dict[str, float]:

@@ -1,7 +1,8 @@
-"""Rating datasets (MovieLens-100K, FilmTrust, MovieLens-1M, and synthetic ones of any size) split for federated
-recommendation, explicit or implicit."""
+"""Rating datasets (MovieLens-100K, FilmTrust, MovieLens-1M, the Monti et al. Douban, Flixster and YahooMusic
+matrices, and synthetic ones of any size) split for federated recommendation, explicit or implicit."""
 from fedrec.data.download import default_data_dir
 from fedrec.data.implicit import SPLITS, ImplicitData, ItemSets, Triples, load_implicit, sample_negatives
+from fedrec.data.monti import MontiMatrix, read_monti
 from fedrec.data.ratings import (
     DATASETS,
     NORMALIZATIONS,
@@ -22,6 +23,7 @@ __all__ = [
     "ImplicitData",
     "ItemSets",
     "NORMALIZATIONS",
+    "MontiMatrix",
     "RatingData",
     "Ratings",
     "SPLITS",
@@ -34,6 +36,7 @@ __all__ = [
     "load_ml1m",
     "load_ml100k",
     "load_ratings",
+    "read_monti",
     "read_ratings",
     "sample_negatives",
     "synthetic_ratings",

@@ -30,12 +30,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _list(data_dir: Path) -> None:
     """Print one line per dataset: name, folder, installed or missing, checksum recorded or not."""
+    names = max(len(name) for name in REGISTRY)
     width = max(len(str(data_dir / entry.folder)) for entry in REGISTRY.values())
-    print(f"{'name':<10} {'folder':<{width}} {'status':<9} sha256")
+    print(f"{'name':<{names}} {'folder':<{width}} {'status':<9} sha256")
     for name, entry in REGISTRY.items():
         status = "missing" if missing_files(name, data_dir) else "present"
         sha = "recorded" if entry.sha256 else "none"
-        print(f"{name:<10} {str(data_dir / entry.folder):<{width}} {status:<9} {sha}")
+        print(f"{name:<{names}} {str(data_dir / entry.folder):<{width}} {status:<9} {sha}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

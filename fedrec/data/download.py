@@ -39,17 +39,21 @@ from fedrec.errors import ConfigError, DatasetNotFoundError
 class Source:
     """Where one dataset's archive is published and what it installs under the data directory."""
 
-    url: str
-    sha256: str | None  # of the archive as published; None = not recorded yet (installs only with --no-verify)
+    url: str | None  # the archive; None = published as bare files only, installed by hand from ``page``
+    sha256: str | None  # of the archive as published (of the one file where url is None); None = not recorded
     folder: str  # folder under the data directory that the loaders read
     files: tuple[str, ...]  # files the loaders read inside ``folder``; the first one locates it in the archive
-    page: str  # the publisher's page, to download the archive by hand
+    page: str  # the publisher's page, to download the archive (or the bare files) by hand
     lines: Mapping[str, int] = field(default_factory=dict)  # published line counts of files, checked when unlisted
 
 
 #: One entry per downloadable dataset. ml-100k, ml-1m and lastfm checksums: archive SHA-256s published in
 #: several unrelated public projects that verify these archives (ml-100k's together with the SHA-256 of its
-#: u.data, which matches shared/data/SHA256SUMS). FilmTrust's and UCI Diabetes' are not recorded yet.
+#: u.data, which matches shared/data/SHA256SUMS). FilmTrust's and UCI Diabetes' are not recorded yet. The Monti
+#: et al. matrices (douban, flixster, yahoo_music) are published as one bare ``.mat`` file each in the authors'
+#: repository (fmonti/mgcnn, ``Data/<name>/``; flixster's and yahoo_music's named ``training_test_dataset_10_NNs.mat``
+#: there) and, under the name the loaders read, in IGMC's (muhanzhang/IGMC, ``raw_data/<name>/``), with no archive to
+#: download: they are installed by hand, and the SHA-256 recorded is that file's (the same bytes in both repositories).
 REGISTRY: dict[str, Source] = {
     "ml-100k": Source(
         url="https://files.grouplens.org/datasets/movielens/ml-100k.zip",
@@ -90,6 +94,27 @@ REGISTRY: dict[str, Source] = {
         files=("diabetic_data.csv",),
         page="https://archive.ics.uci.edu/dataset/296/diabetes+130-us+hospitals+for+years+1999-2008",
     ),
+    "douban": Source(
+        url=None,
+        sha256="1f4476321cbfe0f606e7e35d0695ca15447a1b0b2c811df130109b6cb9a067ae",
+        folder="douban",
+        files=("training_test_dataset.mat",),
+        page="https://github.com/muhanzhang/IGMC/tree/master/raw_data/douban",
+    ),
+    "flixster": Source(
+        url=None,
+        sha256="8b07e0387edfe7ffdccead2826bb3844ddbd9e6a8ccba264ce81a3b59b273197",
+        folder="flixster",
+        files=("training_test_dataset.mat",),
+        page="https://github.com/muhanzhang/IGMC/tree/master/raw_data/flixster",
+    ),
+    "yahoo_music": Source(
+        url=None,
+        sha256="56a80de836537544d0d6ba36fc59937dfe87f738ac5e2a701cc8226faf4f31ec",
+        folder="yahoo_music",
+        files=("training_test_dataset.mat",),
+        page="https://github.com/muhanzhang/IGMC/tree/master/raw_data/yahoo_music",
+    ),
 }
 
 _CHUNK = 1 << 20
@@ -127,10 +152,22 @@ def download_command(name: str, data_dir: str | Path) -> str:
 def install_help(name: str, data_dir: str | Path) -> str:
     """How to install dataset ``name`` into ``data_dir``: the download command, or by hand from its page."""
     entry = source(name)
+    if entry.url is None:
+        return by_hand(name, data_dir)
     unverified = "" if entry.sha256 else " --no-verify"
     return (
         f"Install {name} with `{download_command(name, data_dir)}{unverified}`, or download it from {entry.page} "
         f"and unzip it so that {Path(data_dir) / entry.folder}/ holds {', '.join(entry.files)}."
+    )
+
+
+def by_hand(name: str, data_dir: str | Path) -> str:
+    """How to install dataset ``name``, published without an archive (``url`` None), into ``data_dir`` by hand."""
+    entry = source(name)
+    digest = f" (SHA-256 {entry.sha256})" if entry.sha256 else ""
+    return (
+        f"{name} has no archive to download: save {', '.join(entry.files)} from {entry.page} into "
+        f"{Path(data_dir) / entry.folder}/{digest}."
     )
 
 
@@ -151,6 +188,11 @@ def ensure_dataset(name: str, data_dir: str | Path, download: bool) -> Path:
     missing = missing_files(name, data_dir)
     if not missing:
         return Path(data_dir) / source(name).folder
+    if source(name).url is None:
+        raise DatasetNotFoundError(
+            f"dataset {name} is not installed: {missing[0]} is missing. {by_hand(name, data_dir)} Or point data_dir "
+            "(FEDREC_DATA_DIR) at the folder that holds it."
+        )
     if not download:
         raise DatasetNotFoundError(
             f"dataset {name} is not installed: {missing[0]} is missing. Install it with "
@@ -166,7 +208,8 @@ def download_dataset(
     """Install dataset ``name`` into ``data_dir`` from ``url`` (default: the registry's) and return its folder.
 
     Does nothing if it is already installed. With ``verify`` the archive's SHA-256 must equal the recorded one
-    (an entry without one is refused before any download); without it the archive is installed unchecked.
+    (an entry without one is refused before any download); without it the archive is installed unchecked. A
+    dataset published without an archive (``url`` None) is refused with how to install it by hand.
     """
     entry = source(name)
     data_dir = Path(data_dir)
@@ -174,6 +217,8 @@ def download_dataset(
     missing = missing_files(name, data_dir)
     if not missing:
         return target
+    if entry.url is None:
+        raise DownloadError(by_hand(name, data_dir))
     if target.exists():
         raise DownloadError(f"{target} exists but lacks {missing[0].name}; move it away and download again")
     if verify and entry.sha256 is None:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrec.data.ratings import DATASETS, group_users, read_ratings
+from fedrec.data.ratings import TEXT_DATASETS, group_users, read_ratings
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.rng import KeyedRows, keyed_group_shuffle, stream_key
 
@@ -175,7 +175,7 @@ def load_implicit(
     """Load dataset ``name`` from ``data_dir`` as implicit feedback, split per user (rules: module docstring).
 
     Args:
-        name: one of :data:`~fedrec.data.ratings.DATASETS`.
+        name: one of :data:`~fedrec.data.ratings.TEXT_DATASETS`.
         data_dir: folder that holds the dataset folders.
         seed: fixes the random split and the grouping of users into clients (leave-one-out uses no randomness).
         threshold: positives are the ratings ``>= threshold`` (raw scale); None: every interaction.
@@ -185,8 +185,8 @@ def load_implicit(
         val: hold out validation items (else only test items).
         num_clients: clients; None = one per user.
     """
-    if name not in DATASETS:
-        raise ConfigError(f"name must be one of {', '.join(DATASETS)}; got {name!r}")
+    if name not in TEXT_DATASETS:
+        raise ConfigError(f"name must be one of {', '.join(TEXT_DATASETS)}; got {name!r}")
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
     if not isinstance(val, bool):

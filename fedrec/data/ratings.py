@@ -13,6 +13,9 @@ Datasets (files under ``data_dir``):
 * ``ml-1m``: MovieLens 1M, ``ml-1m/ratings.dat``, ``user::item::rating::timestamp``, ratings 1..5 (whole
   stars). 6,040 users, 3,706 rated items, 1,000,209 ratings (per its README). Users are grouped at random into
   605 clients (paper §VII-A); the other datasets have one client per user.
+* ``douban``, ``flixster``, ``yahoo_music``: the Monti et al. rating matrices (:mod:`fedrec.data.monti`: sizes,
+  scales, side graphs, validation), 3,000 users × 3,000 items each, with a fixed train/test split in the file.
+  Their test split is that one (step 1 below); their training ratings follow steps 2 and 3.
 
 Validation, on the raw file before anything is dropped or normalised (:func:`read_raw_ratings`, the one reader of
 these files, which the environments that read ML-100K share):
@@ -38,7 +41,8 @@ Normalisation (the paper only says "all rating scores are normalized to the rang
 
 Splits (all random numbers come from :func:`fedrec.seeding.numpy_generator`, so a seed fixes everything):
 
-1. ``test``: a uniformly random ``test_fraction`` (default 1/5, the paper's 4:1) of all ratings.
+1. ``test``: a uniformly random ``test_fraction`` (default 1/5, the paper's 4:1) of all ratings, or the dataset's
+   own fixed test set where it has one (the Monti et al. matrices).
 2. ``val``: a random ``val_fraction`` of the remaining (training) ratings, held out of training; empty by
    default. A planner can take its reward from it instead of from the test set.
 3. The rest is split at random into two halves: ``initial`` (available from round 0; it gets the odd rating)
@@ -62,14 +66,21 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
 
 from fedrec.data.download import dataset_file
+from fedrec.data.monti import MONTI_DATASETS, read_monti
+from fedrec.data.scales import RatingScale
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.seeding import numpy_generator
 from fedrec.tables import read_table
 
-#: Names accepted by :func:`load_ratings`.
-DATASETS = ("ml-100k", "filmtrust", "ml-1m")
+#: Rating files of one (user, item, rating) line each, read by :func:`read_ratings`.
+TEXT_DATASETS = ("ml-100k", "filmtrust", "ml-1m")
+#: Names accepted by :func:`load_ratings`: the rating files and the Monti et al. matrices.
+DATASETS = (*TEXT_DATASETS, *MONTI_DATASETS)
+#: Share of the ratings in a random test split unless given (the paper's 4:1 split).
+TEST_FRACTION = 0.2
 #: Normalisation rules accepted by the loaders.
 NORMALIZATIONS = ("max", "minmax")
 #: Clients of ML-1M when ``num_clients`` is not given (paper §VII-A: 6,040 users in 605 clients).
@@ -137,6 +148,9 @@ class RatingData:
     user_ids: np.ndarray = field(repr=False)  # (num_users,) dataset id of each user index
     item_ids: np.ndarray = field(repr=False)  # (num_items,) dataset id of each item index
     duplicates_dropped: int = 0  # repeated (user, item) lines in the file (the last one is kept)
+    # side graphs over the user and item indices (0/1 adjacency, scipy CSR) where the dataset has them (Monti et al.)
+    user_graph: sp.csr_matrix | None = field(default=None, repr=False)
+    item_graph: sp.csr_matrix | None = field(default=None, repr=False)
 
     @property
     def num_ratings(self) -> int:
@@ -159,6 +173,12 @@ class RatingData:
         lo, hi = self.rating_range
         rating = np.asarray(rating, dtype=np.float64)
         return rating * hi if self.normalize == "max" else lo + rating * (hi - lo)
+
+    @property
+    def rating_unit(self) -> float:
+        """Original rating units per normalised unit, the slope of :meth:`denormalize` (``r_max`` under ``"max"``,
+        ``r_max − r_min`` under ``"minmax"``): an RMSE on the normalised scale times it is the original-scale RMSE."""
+        return float(self.denormalize(1.0) - self.denormalize(0.0))
 
     @property
     def scale(self) -> str:
@@ -189,23 +209,8 @@ class RatingData:
 # ---------------------------------------------------------------------------------------------- loaders
 
 
-@dataclass(frozen=True)
-class _Scale:
-    """A documented rating scale: ``low`` to ``high`` in steps of ``step``; ``text`` says so in error messages."""
-
-    low: float
-    high: float
-    step: float
-    text: str
-
-    def off_scale(self, rating: np.ndarray) -> np.ndarray:
-        """Mask of the ratings outside ``[low, high]`` or between two steps of the scale."""
-        steps = (rating - self.low) / self.step
-        return (rating < self.low) | (rating > self.high) | (np.abs(steps - np.round(steps)) > 1e-9)
-
-
-_MOVIELENS_SCALE = _Scale(1.0, 5.0, 1.0, "an integer from 1 to 5 (MovieLens' scale)")
-_FILMTRUST_SCALE = _Scale(0.5, 4.0, 0.5, "one of 0.5, 1, 1.5, ..., 4 (FilmTrust's scale, steps of 0.5)")
+_MOVIELENS_SCALE = RatingScale(1.0, 5.0, 1.0, "an integer from 1 to 5 (MovieLens' scale)")
+_FILMTRUST_SCALE = RatingScale(0.5, 4.0, 0.5, "one of 0.5, 1, 1.5, ..., 4 (FilmTrust's scale, steps of 0.5)")
 
 
 @dataclass(frozen=True)
@@ -215,7 +220,7 @@ class _Format:
     file: str
     sep: str
     columns: tuple[str, ...]
-    scale: _Scale
+    scale: RatingScale
 
 
 _FORMATS = {
@@ -226,7 +231,7 @@ _FORMATS = {
 
 
 def read_raw_ratings(name: str, data_dir: str | Path) -> pd.DataFrame:
-    """The rating file of dataset ``name`` (one of :data:`DATASETS`) under ``data_dir``, as it is: one row per line
+    """The rating file of dataset ``name`` (one of :data:`TEXT_DATASETS`) under ``data_dir``, as it is: one row per line
     in file order, columns ``user`` and ``item`` (the dataset's ids, int64), ``rating`` (raw, float64) and, where
     the file has one, ``timestamp`` (int64); ``frame.attrs["path"]`` is the file.
 
@@ -244,7 +249,7 @@ def read_raw_ratings(name: str, data_dir: str | Path) -> pd.DataFrame:
 
 
 def read_ratings(name: str, data_dir: str | Path, normalize: str = "max", *, timestamps: bool = False) -> pd.DataFrame:
-    """Read dataset ``name`` (one of :data:`DATASETS`) from ``data_dir``.
+    """Read dataset ``name`` (one of :data:`TEXT_DATASETS`) from ``data_dir``.
 
     Returns one row per (user, item) pair, in file order, with columns ``user`` and ``item`` (indices
     ``0..n-1`` in increasing order of the dataset ids), ``rating`` (normalised by ``normalize``, float64),
@@ -297,7 +302,7 @@ def load_ml1m(data_dir: str | Path, normalize: str = "max") -> pd.DataFrame:
     return read_ratings("ml-1m", data_dir, normalize)
 
 
-def _check_values(raw: pd.DataFrame, scale: _Scale, path: Path) -> None:
+def _check_values(raw: pd.DataFrame, scale: RatingScale, path: Path) -> None:
     """Raise ConfigError at the first line with a negative id or a rating off ``scale`` (rows are file lines)."""
     checks = [
         ("user", raw["user"].to_numpy() < 0, "an integer id >= 0"),
@@ -351,7 +356,7 @@ def load_ratings(
     data_dir: str | Path,
     seed: int = 0,
     rounds: int = 100,
-    test_fraction: float = 0.2,
+    test_fraction: float | None = None,
     val_fraction: float = 0.0,
     num_clients: int | None = None,
     normalize: str = "max",
@@ -360,26 +365,43 @@ def load_ratings(
 
     Args:
         name: one of :data:`DATASETS`.
-        data_dir: folder that holds the dataset folders (``ml-100k/``, ``filmtrust/``, ``ml-1m/``).
+        data_dir: folder that holds the dataset folders (``ml-100k/``, ``filmtrust/``, ``ml-1m/``, ``douban/``, ...).
         seed: fixes the test/val/initial/stream split, the arrival order and the ML-1M client grouping.
         rounds: T, the rounds over which ``stream`` arrives.
-        test_fraction: share of all ratings in ``test`` (0.2 = the paper's 4:1 split).
+        test_fraction: share of all ratings in a random ``test`` split; None = 0.2 (the paper's 4:1 split). The
+            Monti et al. datasets (:data:`~fedrec.data.monti.MONTI_DATASETS`) test on their file's fixed split and
+            refuse a number.
         val_fraction: share of the training ratings held out in ``val`` (0 = no validation set).
-        num_clients: clients; None = one per user (ML-100K, FilmTrust) or 605 (ML-1M). Fewer clients than
-            users groups the users at random into clients of near-equal size (sizes differ by at most one).
+        num_clients: clients; None = one per user (ML-100K, FilmTrust, the Monti et al. datasets) or 605 (ML-1M).
+            Fewer clients than users groups the users at random into clients of near-equal size (sizes differ by
+            at most one).
         normalize: ``"max"`` or ``"minmax"`` (module docstring).
 
     The test split has ``round(N * test_fraction)`` ratings (at least 1, at most N - 1), ``val`` has
     ``round(n_train * val_fraction)``, ``initial`` gets ``ceil(rest / 2)`` and ``stream`` the other half.
     """
-    name = _check_name(name)
+    name = _check_name(name, DATASETS)
+    fixed = name in MONTI_DATASETS
+    if fixed and test_fraction is not None:
+        raise ConfigError(f"test_fraction must be null for {name}: its test set is the file's fixed one (Otest), "
+                          f"got {test_fraction!r}")
     seed, rounds, test_fraction, val_fraction, normalize = check_split(
-        seed, rounds, test_fraction, val_fraction, normalize
+        seed, rounds, TEST_FRACTION if test_fraction is None else test_fraction, val_fraction, normalize
     )
-    frame = read_ratings(name, data_dir, normalize)
-    user_ids = np.unique(frame["user_id"].to_numpy())
-    item_ids = np.unique(frame["item_id"].to_numpy())
-    num_users, n = len(user_ids), len(frame)
+    if fixed:
+        matrix = read_monti(name, data_dir)
+        rating_range, duplicates_dropped, fixed_test = matrix.rating_range, 0, matrix.test
+        everything = Ratings(matrix.user, matrix.item,
+                             normalize_ratings(matrix.rating, normalize, *rating_range, matrix.path))
+        user_ids, item_ids = np.arange(matrix.num_users), np.arange(matrix.num_items)
+    else:
+        frame = read_ratings(name, data_dir, normalize)
+        rating_range, duplicates_dropped, fixed_test = (
+            frame.attrs["rating_range"], frame.attrs["duplicates_dropped"], None)
+        everything = Ratings(frame["user"].to_numpy(), frame["item"].to_numpy(), frame["rating"].to_numpy())
+        user_ids = np.unique(frame["user_id"].to_numpy())
+        item_ids = np.unique(frame["item_id"].to_numpy())
+    num_users, n = len(user_ids), len(everything)
 
     if num_clients is None:
         num_clients = ML1M_CLIENTS if name == "ml-1m" else num_users
@@ -393,8 +415,8 @@ def load_ratings(
         )
     if n < 2:
         raise ConfigError(f"{name}: a train/test split needs at least 2 ratings, the file has {n}")
-    return split_ratings(
-        Ratings(frame["user"].to_numpy(), frame["item"].to_numpy(), frame["rating"].to_numpy()),
+    data = split_ratings(
+        everything,
         name=name,
         user_ids=user_ids,
         item_ids=item_ids,
@@ -404,9 +426,13 @@ def load_ratings(
         test_fraction=test_fraction,
         val_fraction=val_fraction,
         normalize=normalize,
-        rating_range=frame.attrs["rating_range"],
-        duplicates_dropped=int(frame.attrs["duplicates_dropped"]),
+        rating_range=rating_range,
+        duplicates_dropped=int(duplicates_dropped),
+        fixed_test=fixed_test,
     )
+    if fixed:
+        data.user_graph, data.item_graph = matrix.user_graph, matrix.item_graph
+    return data
 
 
 def check_split(
@@ -436,20 +462,29 @@ def split_ratings(
     normalize: str,
     rating_range: tuple[float, float],
     duplicates_dropped: int = 0,
+    fixed_test: np.ndarray | None = None,
 ) -> RatingData:
     """Split ``everything`` (normalised ratings with user and item indices into ``user_ids`` and ``item_ids``, one
     per (user, item) pair, at least 2) for federated training by the rules of the module docstring: the step of
     :func:`load_ratings` after reading a file, shared by the generated datasets (:mod:`fedrec.data.synthetic`).
-    The arguments are those of :func:`load_ratings`, checked by the caller (:func:`check_split`)."""
+    The arguments are those of :func:`load_ratings`, checked by the caller (:func:`check_split`); ``fixed_test``
+    (bool per rating) is a dataset's own test set, which replaces the random one (``test_fraction`` is unused)."""
     n, num_users = len(everything), len(user_ids)
     client_of_user = group_users(num_users, num_clients, seed)
-    order = numpy_generator(seed, "ratings-split").permutation(n)
-    n_test = min(max(_round(n * test_fraction), 1), n - 1)
-    n_val = _round((n - n_test) * val_fraction)
-    n_rest = n - n_test - n_val
+    shuffle = numpy_generator(seed, "ratings-split")
+    if fixed_test is None:
+        order = shuffle.permutation(n)
+        n_test = min(max(_round(n * test_fraction), 1), n - 1)
+        held_out, training = order[:n_test], order[n_test:]
+    else:
+        held_out, training = np.flatnonzero(fixed_test), np.flatnonzero(~np.asarray(fixed_test, dtype=bool))
+        training = training[shuffle.permutation(len(training))]
+    n_val = _round(len(training) * val_fraction)
+    n_rest = len(training) - n_val
     n_initial = n_rest - n_rest // 2
-    cuts = np.cumsum([n_test, n_val, n_initial])
-    test, val, initial, stream = (everything.take(_by_user(everything, part)) for part in np.split(order, cuts))
+    val, initial, stream = np.split(training, np.cumsum([n_val, n_initial]))
+    test, val, initial, stream = (everything.take(_by_user(everything, part)) for part in (held_out, val, initial,
+                                                                                           stream))
 
     stream_round = arrival_rounds_by_group(client_of_user[stream.user], rounds, seed)
     by_round = np.lexsort((stream.item, stream.user, stream_round))
@@ -536,9 +571,9 @@ def _round(x: float) -> int:
     return int(math.floor(x + 0.5))
 
 
-def _check_name(name: object) -> str:
-    if name not in DATASETS:
-        raise ConfigError(f"name must be one of {', '.join(DATASETS)}; got {name!r}")
+def _check_name(name: object, names: tuple[str, ...] = TEXT_DATASETS) -> str:
+    if name not in names:
+        raise ConfigError(f"name must be one of {', '.join(names)}; got {name!r}")
     return str(name)
 
 

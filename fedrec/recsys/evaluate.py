@@ -1,4 +1,5 @@
-"""Evaluation (step ⑤ of the round): the current model's test (and validation) RMSE, MAE and F1.
+"""Evaluation (step ⑤ of the round): the current model's test (and validation) RMSE, MAE and F1, and the RMSE on
+the dataset's original rating scale (``test_rmse_raw``).
 
 Every user is represented from its current local graph (the round's training ratings). In a sharded run each
 process scores the held-out ratings of its shard's users (rank 0 also those of clients without training ratings)
@@ -55,7 +56,7 @@ def evaluate(model: FederatedRecommender, ratings: RatingData, data: RoundData, 
         sums.append(rating_sums(pred, torch.from_numpy(r.rating[mine])))
     collective.all_reduce(sums)
     return {f"{name}_{metric}": v for (name, _), total in zip(splits, sums)
-            for metric, v in metrics_from_sums(total).items()}
+            for metric, v in metrics_from_sums(total, ratings.rating_unit).items()}
 
 
 #: the length of the recommendation list a target item's exposure counts (top-10)
