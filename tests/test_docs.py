@@ -41,6 +41,7 @@ PUBLIC = (
 CONSTANTS = {
     ("fedrec.data", "DATASETS"): "tuple of the dataset names load_ratings accepts",
     ("fedrec.data", "NORMALIZATIONS"): "tuple of the rating normalisations (data.normalize)",
+    ("fedrec.data", "SPLITS"): "tuple of the implicit-feedback split rules load_implicit accepts",
     ("fedrec.metrics", "F1_THRESHOLD"): "float; documented by the #: comment above it",
 }
 
