@@ -193,3 +193,38 @@ def test_a_run_above_the_memory_limit_is_refused_naming_the_field(compose_cfg: C
                                           r"protocol.layout=sparse, .*\); lower one of them or raise max_memory_gb$"):
         build.build_task(cfg)
     assert built == []  # refused before the environment or the protocol is built
+
+
+# ------------------------------------------------------------------------------------------- a run resumed
+RUN = ("task.steps=600", "task.steps_per_round=50", "env.num_clients=2000", "env.dim=5", "env.num_arms=5",
+       "protocol.gamma_u=2.0", "logger.tensorboard=false", "plots=false", "trainer.checkpoint_every=4")
+
+
+@pytest.mark.parametrize("protocol", ["async", "sync"])
+def test_a_sparse_run_interrupted_and_resumed_equals_the_dense_run(compose_cfg: Compose, tmp_path, protocol) -> None:
+    from fedrec.cli import run
+
+    base = (*RUN, f"protocol={protocol}") if protocol == "sync" else RUN
+    base = tuple(o for o in base if protocol == "async" or not o.startswith("protocol.gamma"))
+    full = run(compose_cfg(*base), output_dir=tmp_path / "dense")
+    assert full["comm_messages"] > 0
+    sparse = (*base, "protocol.layout=sparse")
+    part = run(compose_cfg(*sparse, "trainer.max_rounds=5"), output_dir=tmp_path / "part")
+    assert part["steps"] == 250
+    ckpt = tmp_path / "part" / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, weights_only=False)
+    protocol_state = next(v for v in _find(state, "client_of"))
+    used = int(protocol_state["allocated"].max())
+    assert used < 250 and protocol_state["policy.G"].shape[0] == used  # the arrived clients' rows only
+    resumed = run(compose_cfg(*sparse, f"ckpt_path={ckpt}"), output_dir=tmp_path / "resumed")
+    strip = lambda s: {k: v for k, v in s.items() if k != "wall_seconds"}  # noqa: E731
+    assert strip(resumed) == strip(full)
+
+
+def _find(node, key):
+    """The mappings inside a checkpoint that hold ``key``."""
+    if isinstance(node, dict):
+        if key in node:
+            yield node
+        for v in node.values():
+            yield from _find(v, key)
