@@ -3,11 +3,12 @@
 Each client holds a local policy row (``policy``), an upload buffer (ΔV_i, Δb_i) as an augmented matrix and the
 cached log det S_i(λ) of its last synchronised copy S_i = V_i − ΔV_i; each replicate's server holds the aggregate
 (V_g, b_g). State rows are slots: replicate r owns rows r·cap … r·cap + cap − 1, ``row_of`` maps a client to its
-slot and ``client_of`` a slot to its client. The ``dense`` layout gives every client its slot up front (slot = client);
-the ``sparse`` layout gives a client its slot when it first arrives, in order of arrival, and grows ``cap`` by
-doubling, so that memory follows the clients that arrived rather than ``num_clients``. Both lay the same statistics
-and make the same decisions: loops over clients (downloads, syncs) visit them in client order either way. The torch path below is the readable reference: one step of every
-replicate at a time, communication through the channel. The compiled path runs a kernel of
+slot and ``client_of`` a slot to its client. The ``dense`` layout gives every client its slot up front (slot =
+client); the ``sparse`` layout gives a client its slot when it first arrives, in order of arrival, and grows ``cap``
+by doubling, so that memory follows the clients that arrived rather than ``num_clients``. Both hold the same
+statistics and make the same decisions: loops over clients (downloads, syncs) visit them in client order either
+way. The torch path below is the readable reference: one step of every replicate at a time, communication through
+the channel. The compiled path runs a kernel of
 :mod:`fedrec.protocols.kernels.client_server` and returns to Python only for messages the channel transforms.
 """
 from __future__ import annotations
@@ -185,11 +186,11 @@ class ClientServerLinUCB(StepProtocol):
         return {"policy": self.policy}
 
     def _row_buffers(self) -> dict[str, Tensor]:
-        """Other per-client buffers (leading dim R·N) that a step reads or changes, by name."""
+        """Other per-client buffers (one entry per state row) that a step reads or changes, by name."""
         return {"buffer_count": self.buffer_count}
 
     def _additive(self) -> list[Tensor]:
-        """Per-client buffers (R·N, n, n) that grow by the z zᵀ of every step (not carried as state)."""
+        """Per-client buffers (rows, n, n) that grow by the z zᵀ of every step (not carried as state)."""
         return [self.policy.G, self.buffer]
 
     @abstractmethod

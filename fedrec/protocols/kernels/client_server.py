@@ -219,8 +219,8 @@ def _async_run(io, p, pol, st, cfg, traffic):
 @jit(inline=True)
 def sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g):
     """A global synchronisation of replicate ``r`` (Algorithm 4): every registered client uploads its buffer, then
-    downloads the aggregate V_g, factorised once (``L`` and ``inv_g`` are d × d scratch). Clients are visited in
-    client order (the order of the uploads' floating-point sum), whatever the order of their slots."""
+    downloads the aggregate V_g, factorised once (``L`` and ``inv_g`` are d × d scratch). The uploads are summed in
+    client order (the order of the floating-point sum), whatever the order of the clients' slots."""
     d = pol.inv.shape[1]
     scalars, bps = cfg.message_scalars, cfg.bytes_per_scalar
     base = r * (io.client_of.shape[0] // io.clients.shape[0])
@@ -233,7 +233,7 @@ def sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g):
             record(traffic.client, c2, traffic.server, 0, r, UPLOAD, scalars, bps)
     ld = cholesky_logdet(st.server[r, :d, :d], p.lam, L)
     inverse_from_cholesky(L, inv_g)
-    for j in order:  # ... and downloads V_g
+    for j in range(base, base + io.allocated[r]):  # ... and downloads V_g (in any order: each writes its own row)
         c2 = io.client_of[j]
         if st.registered[j]:
             pol.G[j] = st.server[r]
