@@ -208,28 +208,50 @@ def available_memory() -> int | None:
     return None
 
 
+def _state_rows(cfg: DictConfig, num_clients: int) -> int:
+    """Per replicate, the clients whose state a bandit run may allocate: all of them, or with
+    ``protocol.layout=sparse`` (rows on arrival, capacity doubled) at most twice the arrivals, which ``task.steps``
+    bounds (one client acts per step)."""
+    steps = cfg.task.get("steps")
+    if cfg.protocol.get("layout") != "sparse" or not isinstance(steps, int):
+        return num_clients
+    return min(num_clients, 2 * steps)
+
+
 def bandit_memory_estimate(cfg: DictConfig) -> int:
     """An estimate of the bytes a bandit run's sizes need, from its config before anything is allocated: per replicate
-    and client, three (d + 1)² blocks of statistics (the protocol's V, its inverse and the client's copy) and the
-    client's θ; per replicate, the environment's cached chunks (two of ``chunk_size`` steps, K contexts of d floats
-    and the rewards) and the round's tensors. Sizes a config does not give (real data) count as 1."""
+    and client that holds state (:func:`_state_rows`), three (d + 1)² blocks of statistics (the protocol's V, its
+    inverse and the client's copy) and the client's θ; per replicate, the environment's cached chunks (two of
+    ``chunk_size`` steps, K contexts of d floats and the rewards) and the round's tensors. Sizes a config does not
+    give (real data) count as 1."""
     given = {k: cfg.env.get(k) for k in ("num_clients", "dim", "num_arms", "chunk_size")}
     size = {k: v if isinstance(v, int) and not isinstance(v, bool) else 1 for k, v in given.items()}
     per_client = 3 * (size["dim"] + 1) ** 2 + size["dim"]
     per_chunk = 3 * size["chunk_size"] * size["num_arms"] * (size["dim"] + 2)
-    return int(cfg.replicates) * (size["num_clients"] * per_client + per_chunk) * _FLOAT
+    rows = _state_rows(cfg, size["num_clients"])
+    return int(cfg.replicates) * (rows * per_client + per_chunk) * _FLOAT
 
 
 def check_memory(cfg: DictConfig) -> None:
-    """Refuse a bandit run whose estimated memory (:func:`bandit_memory_estimate`) exceeds what the machine has,
-    before allocating it (it would otherwise die in the allocator), naming the sizes to lower."""
-    available = available_memory()
+    """Refuse a bandit run whose estimated memory (:func:`bandit_memory_estimate`) exceeds what the machine has, or
+    the user's limit ``max_memory_gb``, before allocating it (it would otherwise die in the allocator), naming the
+    sizes to lower."""
     need = bandit_memory_estimate(cfg)
+    sizes = (f"replicates={cfg.replicates}, env.num_clients={cfg.env.get('num_clients')}, "
+             f"task.steps={cfg.task.get('steps')}, protocol.layout={cfg.protocol.get('layout', 'dense')}, "
+             f"env.dim={cfg.env.get('dim')}, env.num_arms={cfg.env.get('num_arms')}, "
+             f"env.chunk_size={cfg.env.get('chunk_size')}")
+    limit = cfg.get("max_memory_gb")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+            raise ConfigError(f"max_memory_gb must be a positive number of GiB or null, got {limit!r}")
+        if need > limit * 2**30:
+            raise ConfigError(f"max_memory_gb={limit}: the run needs about {need / 2**30:.1f} GiB ({sizes}); lower "
+                              "one of them or raise max_memory_gb")
+    available = available_memory()
     if available is not None and need > available:
         field = "replicates" if cfg.replicates > 1 else "env.num_clients"
-        raise ConfigError(f"{field}: the run needs about {need / 2**30:.1f} GiB (replicates={cfg.replicates}, "
-                          f"env.num_clients={cfg.env.get('num_clients')}, env.dim={cfg.env.get('dim')}, "
-                          f"env.num_arms={cfg.env.get('num_arms')}, env.chunk_size={cfg.env.get('chunk_size')}) and "
+        raise ConfigError(f"{field}: the run needs about {need / 2**30:.1f} GiB ({sizes}) and "
                           f"{available / 2**30:.1f} GiB is available; lower one of them")
 
 

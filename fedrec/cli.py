@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 #: top-level config keys that say how a run is executed, logged and written, not what it computes: a checkpoint's
 #: identity leaves them out, so a resume may change them (e.g. trainer.max_rounds to run on)
 RUN_SETTINGS = ("trainer", "logger", "plots", "hydra", "ckpt_path", "resume_allow_changes", "num_threads",
-                "download_data", "quick", "quick_recipe")
+                "download_data", "quick", "quick_recipe", "max_memory_gb")
 #: keys, at any depth, that say where the inputs are rather than what they are (the dataset's sizes are checked)
 LOCATION_KEYS = ("data_dir",)
 #: what a resume can never change: the seed, and the digests of the dataset files the run read (``data_files``)

@@ -19,6 +19,14 @@ Cases (``--cases``, comma-separated):
   sharded run at least 1.5x faster per round with 2 processes. ``--shard-only`` runs one setting alone (e.g. at
   MovieLens-10M's size, ``--shard "data.users=69878 data.items=10677 data.ratings=10000054 data.num_clients=6988"``).
 
+* ``clients``: one client-server bandit run per protocol (``--protocols``: async, sync, central), layout and number
+  of clients (``--clients``, default 10^4, 10^5, 10^6), d = K = 25, ``--steps`` steps (default 10^5) of one replicate,
+  each in a process of its own: its peak resident memory (``getrusage`` maxrss: everything the process touched,
+  Python and torch included) and its steps/s (process CPU time of building the environment and the protocol and
+  playing the steps, the kernels compiled beforehand), the clients
+  that arrived and the state rows held. ``--layouts`` (default sparse; dense only where it fits, ``--dense-max``)
+  also runs the dense layout, whose decisions must equal the sparse one's. ``--plot`` draws the log-log figure.
+
 A new case is a function of the parsed arguments returning the dict to print, registered in ``CASES``.
 
     FEDREC_DATA_DIR=/path/to/data .venv/bin/python -m scripts.bench_scale --cases sweep
@@ -170,7 +178,109 @@ def case_shard(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-CASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"sweep": case_sweep, "shard": case_shard}
+def clients_run(protocol: str, layout: str, clients: int, steps: int, block: int) -> dict[str, Any]:
+    """One run in this process (``--clients-child``): peak memory, steps/s, arrivals and a digest of the decisions."""
+    import hashlib
+
+    import numpy as np
+
+    from fedrec.envs.synthetic import LinearEnv
+    from fedrec.protocols import AsyncLinUCB, CentralizedLinUCB, SyncLinUCB
+
+    def build(n: int) -> tuple[LinearEnv, Any]:
+        env = LinearEnv(num_clients=n, dim=25, num_arms=25, seed=0)
+        if protocol == "central":
+            return env, CentralizedLinUCB(n, 25, backend="compiled")
+        cls = AsyncLinUCB if protocol == "async" else SyncLinUCB
+        return env, cls(n, 25, backend="compiled", layout=layout)
+
+    env, p = build(50)  # compile (or load the cached kernels) before timing
+    it = env.interactions(0, 20)
+    p.run(it.clients, it.contexts, it.rewards)
+    del env, p
+    began = time.process_time()  # CPU time: other work on the shared machine does not count
+    env, p = build(clients)  # timed: the dense layout allocates its state here, the sparse one while it runs
+    setup = seconds = time.process_time() - began
+    digest, regret = hashlib.sha256(), 0.0
+    for start in range(0, steps, block):
+        it = env.interactions(start, min(start + block, steps))
+        began = time.process_time()
+        arms = p.run(it.clients, it.contexts, it.rewards)
+        seconds += time.process_time() - began
+        digest.update(arms.numpy().tobytes())
+        exp = it.expected.numpy()
+        regret += float((exp.max(-1) - np.take_along_axis(exp, arms.numpy()[..., None], -1)[..., 0]).sum())
+    rows = p.policy.G.shape[0]
+    arrived = int(p.allocated.sum()) if protocol != "central" and layout == "sparse" else None
+    return {"protocol": protocol, "layout": layout if protocol != "central" else "one row per replicate",
+            "clients": clients, "steps": steps, "steps_per_s": round(steps / seconds, 1),
+            "setup_s": round(setup, 2),
+            "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "arrived": arrived,
+            "state_rows": rows, "regret": round(regret, 3), "decisions_sha256": digest.hexdigest()[:16],
+            "messages": int(p.ledger.totals()["comm_messages"].sum()) if protocol != "central" else 0}
+
+
+def case_clients(args: argparse.Namespace) -> dict[str, Any]:
+    """Every protocol × layout × clients in a process of its own (its peak memory is its own); the dense and the
+    sparse layout's decisions must agree where both ran."""
+    runs = []
+    for protocol in args.protocols.split(","):
+        layouts = ["sparse"] if protocol == "central" else args.layouts.split(",")
+        for clients in (int(float(c)) for c in args.clients.split(",")):
+            for layout in layouts:
+                if layout == "dense" and clients > args.dense_max:
+                    continue
+                cmd = [sys.executable, "-m", "scripts.bench_scale", "--clients-child",
+                       f"{protocol},{layout},{clients},{args.steps},{args.block}"]
+                proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{shlex.join(cmd[2:])} failed (exit code {proc.returncode}):\n"
+                                     f"{proc.stderr[-3000:]}")
+                runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+    for a in runs:
+        for b in runs:
+            same = (a["protocol"], a["clients"]) == (b["protocol"], b["clients"])
+            if same and a["decisions_sha256"] != b["decisions_sha256"]:
+                raise SystemExit(f"{a['protocol']} at {a['clients']} clients: the layouts' decisions differ")
+    if args.plot:
+        plot_clients(runs, Path(args.plot))
+    return {"case": "clients", "cores": len(os.sched_getaffinity(0)), "load_after": [round(x, 2) for x in
+            os.getloadavg()], "runs": runs}
+
+
+def plot_clients(runs: list[dict[str, Any]], path: Path) -> None:
+    """Peak memory and steps/s against clients, log-log, one line per protocol and layout."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        lines.setdefault((r["protocol"], r["layout"]), []).append(r)
+    for (protocol, layout), rs in lines.items():
+        rs = sorted(rs, key=lambda r: r["clients"])
+        label = f"{protocol} ({layout})"
+        axes[0].plot([r["clients"] for r in rs], [r["peak_mib"] for r in rs], "o-", label=label)
+        axes[1].plot([r["clients"] for r in rs], [r["steps_per_s"] for r in rs], "o-", label=label)
+    for ax, what in zip(axes, ("peak resident memory (MiB)", "steps/s")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("clients (env.num_clients)")
+        ax.set_ylabel(what)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    steps = runs[0]["steps"]
+    fig.suptitle(f"Client-server LinUCB protocols, d = K = 25, {steps:,} steps, one replicate")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+CASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"sweep": case_sweep, "shard": case_shard,
+                                                                     "clients": case_clients}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,7 +292,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--devices", type=int, default=2, help="processes of the shard case's sharded run")
     parser.add_argument("--shard-only", action="store_true", help="the shard case runs the sharded setting alone")
     parser.add_argument("--repeats", type=int, default=1, help="times each sweep is run (the fastest is reported)")
+    parser.add_argument("--protocols", default="async,sync,central", help="the clients case's protocols")
+    parser.add_argument("--clients", default="1e4,1e5,1e6", help="the clients case's numbers of clients")
+    parser.add_argument("--layouts", default="sparse", help="the clients case's layouts (sparse, dense)")
+    parser.add_argument("--dense-max", type=int, default=10**5, help="the largest number of clients run dense")
+    parser.add_argument("--steps", type=int, default=10**5, help="steps of each clients run")
+    parser.add_argument("--block", type=int, default=1000, help="steps per protocol call in the clients case")
+    parser.add_argument("--plot", default=None, help="the clients case's figure (a .png path)")
+    parser.add_argument("--clients-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.clients_child:
+        protocol, layout, clients, steps, block = args.clients_child.split(",")
+        print(json.dumps(clients_run(protocol, layout, int(clients), int(steps), int(block))), flush=True)
+        return
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
     if unknown or not cases:

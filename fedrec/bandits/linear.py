@@ -378,6 +378,9 @@ class LinTS(LinearBandit):
         self.sampler = sampler
         self.compiled = sampler == "cholesky"
         self.register_buffer("draws", torch.zeros(self.num_rows, dtype=torch.long, device=device))
+        # the stream each row draws from (its row by default; a protocol whose rows move, e.g. allocated on arrival,
+        # keeps a row's stream its owner's, and sets it again after loading a state dict)
+        self.register_buffer("stream", torch.arange(self.num_rows, device=device), persistent=False)
 
     def get_extra_state(self) -> dict:
         return {"seed": self.seed}  # the draws are a function of (seed, row, counter): a checkpoint carries both
@@ -409,7 +412,7 @@ class LinTS(LinearBandit):
             evals, evecs = torch.linalg.eigh(state["inv"])
             root = (evecs * evals.clamp_min(0).sqrt().unsqueeze(-2)) @ evecs.transpose(-1, -2)
         rows, draws = state["row"], state["draws"]
-        z = self.standard_normals(rows, draws).to(theta)
+        z = self.standard_normals(self.stream.index_select(0, rows), draws).to(theta)
         self.draws.index_copy_(0, rows, draws + 1)
         sample = theta + self.v * torch.bmm(root, z.unsqueeze(-1)).squeeze(-1)
         return torch.bmm(contexts, sample.unsqueeze(-1)).squeeze(-1)

@@ -71,8 +71,9 @@ class LinearEnv(BanditEnv):
         self.zipf_exponent = check_float("zipf_exponent", zipf_exponent, low=0.0)
         self._worlds = [self._world(r) for r in range(self.replicates)]
 
-    def _world(self, replicate: int) -> dict[str, np.ndarray]:
-        """θ of every client, the article pool and the arrival law of one replicate."""
+    def _world(self, replicate: int) -> dict[str, np.ndarray | None]:
+        """θ of every client, the article pool and the arrival law of one replicate (homogeneous clients share one
+        θ and uniform arrivals need no weights: neither is stored per client, which a million clients would feel)."""
         rng = numpy_generator(self.seed, "linear-world", replicate)
         d, N = self.dim, self.num_clients
         if self.global_dim is None:
@@ -86,12 +87,11 @@ class LinearEnv(BanditEnv):
         if self.contexts == "pool":
             scale = np.sqrt((d - np.arange(d)) / d)
             pool = unit_rows(rng.standard_normal((self.pool_size, d)) * scale)
-        if self.arrival == "uniform":
-            weights = np.full(N, 1.0 / N)
-        else:
+        weights = None
+        if self.arrival == "zipf":
             w = (1.0 + np.arange(N)) ** -self.zipf_exponent
             weights = (w / w.sum())[rng.permutation(N)]
-        return {"theta": np.ascontiguousarray(theta), "pool": pool, "weights": weights}
+        return {"theta": theta, "pool": pool, "weights": weights}
 
     def chunk(self, replicate: int, index: int) -> Chunk:
         rng = numpy_generator(self.seed, "linear-stream", replicate, index)

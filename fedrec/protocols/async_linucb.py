@@ -36,6 +36,8 @@ class AsyncLinUCB(ClientServerLinUCB):
             ``False`` is the authors' code, where downloaded statistics reach a client's decisions only after
             its next own update (its cached inverse, θ̂ and radius are refreshed only there).
         seed, backend: see :class:`~fedrec.protocols.base.StepProtocol`.
+        layout: ``dense`` (every client's state allocated up front) or ``sparse`` (on arrival; for many clients),
+            see :mod:`fedrec.protocols.client_server`.
     """
 
     def __init__(
@@ -52,20 +54,28 @@ class AsyncLinUCB(ClientServerLinUCB):
         refresh_on_download: bool = True,
         seed: int = 0,
         backend: str = "auto",
+        layout: str = "dense",
     ) -> None:
-        super().__init__(num_clients, dim, replicates, policy, seed, backend, preregister)
+        super().__init__(num_clients, dim, replicates, policy, seed, backend, preregister, layout)
         self.log_gamma_u = log_threshold("gamma_u", gamma_u)
         self.log_gamma_d = log_threshold("gamma_d", gamma_d)
         self.download_to_uploader = bool(download_to_uploader)
         self.check_on_register = bool(check_on_register)
         self.refresh_on_download = bool(refresh_on_download)
-        R, N, d = self.replicates, self.num_clients, self.dim
-        self.register_buffer("synced_count", torch.zeros(R * N, dtype=torch.long))
+        R, d = self.replicates, self.dim
+        rows = self.client_of.shape[0]
+        self.register_buffer("synced_count", torch.zeros(rows, dtype=torch.long))
         self.register_buffer("server_logdet", torch.full((R,), d * math.log(self.lam), dtype=torch.float64))
         # downloads that reach the policy only with the client's next own update (refresh_on_download=False)
-        rows = 1 if self.refresh_on_download else R * N
+        rows = 1 if self.refresh_on_download else rows
         self.register_buffer("pending", torch.zeros(rows, d + 1, d + 1, dtype=torch.float64))
         self.register_buffer("pending_count", torch.zeros(rows, dtype=torch.long))
+
+    def _row_state(self) -> dict[str, tuple[torch.nn.Module, str]]:
+        out = {**super()._row_state(), "synced_count": (self, "synced_count")}
+        if not self.refresh_on_download:
+            out.update({k: (self, k) for k in ("pending", "pending_count")})
+        return out
 
     # ------------------------------------------------------------------------------------ torch path
     def _advance(self, rows: Tensor, contexts: Tensor, rewards: Tensor, state: RowState):
@@ -101,7 +111,7 @@ class AsyncLinUCB(ClientServerLinUCB):
         if new.numel() == 0:
             return
         if self.check_on_register:
-            reps = new // self.num_clients
+            reps = self._client_ids(new)[0]
             due = (self.server_logdet.index_select(0, reps) - self.synced_logdet.index_select(0, new)) \
                 > self.log_gamma_d
             if bool(due.any()):
@@ -123,14 +133,14 @@ class AsyncLinUCB(ClientServerLinUCB):
         eye = torch.eye(self.dim, dtype=V.dtype, device=V.device)
         L = torch.linalg.cholesky(V + self.lam * eye)
         self.server_logdet.index_copy_(0, reps, 2 * torch.diagonal(L, dim1=-2, dim2=-1).log().sum(-1))
-        R, N = self.replicates, self.num_clients
+        R, cap = self.replicates, self.capacity
         uploaded = torch.zeros(R, dtype=torch.bool, device=rows.device)
         uploaded[reps] = True
-        gap = self.server_logdet.view(R, 1) - self.synced_logdet.view(R, N)
-        due = (gap > self.log_gamma_d) & self.registered.view(R, N) & uploaded.view(R, 1)
+        gap = self.server_logdet.view(R, 1) - self.synced_logdet.view(R, cap)
+        due = (gap > self.log_gamma_d) & self.registered.view(R, cap) & uploaded.view(R, 1)
         if not self.download_to_uploader:
             due.view(-1)[rows] = False
-        targets = due.view(-1).nonzero().view(-1)
+        targets = self._in_client_order(due.view(-1).nonzero().view(-1))
         if targets.numel():
             self._download(targets)
 

@@ -376,8 +376,8 @@ class MultiAgentProtocol(ProtocolModule, metaclass=ABCMeta):
 def policy_views(policy: LinearBandit) -> dict[str, tuple]:
     """A linear policy as the kernels take it: ``params`` (:class:`~fedrec.protocols.kernels.linear.LinearParams`)
     and ``rows`` (:class:`~fedrec.protocols.kernels.linear.PolicyRows`, zero-copy views of its buffers; LinUCB,
-    which draws nothing, gets one unused draw counter)."""
-    draws = {} if isinstance(policy, LinTS) else {"draws": np.zeros(1, dtype=np.int64)}
+    which draws nothing, gets one unused draw counter and stream)."""
+    draws = {} if isinstance(policy, LinTS) else {k: np.zeros(1, dtype=np.int64) for k in ("draws", "stream")}
     return {"params": build(LinearParams, policy.kernel_params()), "rows": build(PolicyRows, policy, **draws)}
 
 

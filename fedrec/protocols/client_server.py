@@ -1,23 +1,29 @@
 """State and step loop shared by the star-network protocols (Async-LinUCB, Async-LinUCB-AM, Sync-LinUCB).
 
-Each client holds a local policy row (``policy``, rows = replicate × client), an upload buffer (ΔV_i, Δb_i) as an
-augmented matrix and the cached log det S_i(λ) of its last synchronised copy S_i = V_i − ΔV_i; each replicate's
-server holds the aggregate (V_g, b_g). The torch path below is the readable reference: one step of every
-replicate at a time, communication through the channel. The compiled path runs a kernel of
+Each client holds a local policy row (``policy``), an upload buffer (ΔV_i, Δb_i) as an augmented matrix and the
+cached log det S_i(λ) of its last synchronised copy S_i = V_i − ΔV_i; each replicate's server holds the aggregate
+(V_g, b_g). State rows are slots: replicate r owns rows r·cap … r·cap + cap − 1, ``row_of`` maps a client to its
+slot and ``client_of`` a slot to its client. The ``dense`` layout gives every client its slot up front (slot =
+client); the ``sparse`` layout gives a client its slot when it first arrives, in order of arrival, and grows ``cap``
+by doubling, so that memory follows the clients that arrived rather than ``num_clients``. Both hold the same
+statistics and make the same decisions: loops over clients (downloads, syncs) visit them in client order either
+way. The torch path below is the readable reference: one step of every replicate at a time, communication through
+the channel. The compiled path runs a kernel of
 :mod:`fedrec.protocols.kernels.client_server` and returns to Python only for messages the channel transforms.
 """
 from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from fedrec.bandits.linear import LinearBandit, RowState, outer
+from fedrec.bandits.linear import LinearBandit, LinTS, RowState, outer
+from fedrec.errors import ConfigError
 from fedrec.jit import build
 from fedrec.protocols.base import PolicyFactory, StepProtocol, build_policy, kernel_call, policy_views
 from fedrec.protocols.kernels.client_server import Steps, Traffic
@@ -33,22 +39,43 @@ class ClientServerLinUCB(StepProtocol):
     """
 
     takes_policy = True
+    LAYOUTS = ("dense", "sparse")
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int, policy: PolicyFactory | None, seed: int, backend: str,
-        preregister: bool,
+        preregister: bool, layout: str = "dense",
     ) -> None:
         super().__init__(num_clients, dim, replicates, seed, backend)
+        if layout not in self.LAYOUTS:
+            raise ConfigError(f"protocol.layout must be one of {list(self.LAYOUTS)}, got {layout!r}")
+        if layout == "sparse" and preregister:
+            raise ConfigError("protocol.layout=sparse: preregistered clients all hold state from the start; "
+                              "use layout=dense with preregister=true")
+        self.layout = layout
         R, N, d = self.replicates, self.num_clients, self.dim
-        self.policy = build_policy(policy, d, (R, N), self.seed)
+        cap = N if layout == "dense" else 1  # the sparse layout starts with one (fresh) slot per replicate
+        self.policy = build_policy(policy, d, (R, cap), self.seed)
         self.lam = self.policy.lam
         kw: dict[str, Any] = dict(dtype=torch.float64)
-        self.register_buffer("buffer", torch.zeros(R * N, d + 1, d + 1, **kw))
-        self.register_buffer("buffer_count", torch.zeros(R * N, dtype=torch.long))
-        self.register_buffer("synced_logdet", torch.full((R * N,), d * math.log(self.lam), **kw))
-        self.register_buffer("registered", torch.full((R * N,), bool(preregister)))
+        self.register_buffer("buffer", torch.zeros(R * cap, d + 1, d + 1, **kw))
+        self.register_buffer("buffer_count", torch.zeros(R * cap, dtype=torch.long))
+        self.register_buffer("synced_logdet", torch.full((R * cap,), d * math.log(self.lam), **kw))
+        self.register_buffer("registered", torch.full((R * cap,), bool(preregister)))
         self.register_buffer("server", torch.zeros(R, d + 1, d + 1, **kw))
         self.register_buffer("server_count", torch.zeros(R, dtype=torch.long))
+        if layout == "dense":
+            self.register_buffer("client_of", torch.arange(N).repeat(R))
+            self.register_buffer("allocated", torch.full((R,), N))
+        else:
+            self.row_of.fill_(-1)
+            self.register_buffer("client_of", torch.full((R,), -1))
+            self.register_buffer("allocated", torch.zeros(R, dtype=torch.long))
+        self._fresh: dict[str, Tensor] | None = None  # a fresh slot of every row buffer (see :meth:`_fresh_rows`)
+
+    @property
+    def capacity(self) -> int:
+        """Slots per replicate (``num_clients`` in the dense layout)."""
+        return self.client_of.shape[0] // self.replicates
 
     @property
     def message_scalars(self) -> int:
@@ -60,8 +87,98 @@ class ClientServerLinUCB(StepProtocol):
         return self.row_of[replicate * self.num_clients + client].view(1)
 
     def _client_ids(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """(replicate, client) of state rows (the client-server protocols keep ``row_of`` the identity)."""
-        return rows // self.num_clients, rows % self.num_clients
+        """(replicate, client) of state rows."""
+        return rows // self.capacity, self.client_of.index_select(0, rows)
+
+    def _in_client_order(self, rows: Tensor) -> Tensor:
+        """``rows`` sorted by (replicate, client): the order in which the dense layout visits them."""
+        key = rows // self.capacity * self.num_clients + self.client_of.index_select(0, rows)
+        return rows.index_select(0, key.argsort())
+
+    # ---------------------------------------------------------------------------------- state rows
+    def _row_state(self) -> dict[str, tuple[nn.Module, str]]:
+        """Every buffer with one entry per state row, by its state-dict key: (module, attribute)."""
+        out = {f"{name}.{k}": (bandit, k) for name, bandit in self._bandits().items()
+               for k in bandit._buffers if k not in bandit._non_persistent_buffers_set}
+        out.update({k: (self, k) for k in ("buffer", "buffer_count", "synced_logdet", "registered", "client_of")})
+        return out
+
+    def _fresh_rows(self) -> dict[str, Tensor]:
+        """One fresh slot of every row buffer, copied before the first arrival or load changes any slot."""
+        if self._fresh is None:
+            self._fresh = {k: getattr(m, a)[0].clone() for k, (m, a) in self._row_state().items()}
+        return self._fresh
+
+    def _resize(self, cap: int) -> None:
+        """Give every replicate ``cap`` slots, keeping the first ``min(cap, capacity)`` (one buffer at a time, so
+        that the peak is the new state plus one old buffer) and filling the rest with fresh slots."""
+        self.__dict__["_views_cache"] = None  # the kernels' views would keep the old buffers alive
+        R, old = self.replicates, self.capacity
+        keep = min(cap, old)
+        for k, (module, attr) in self._row_state().items():
+            buf = getattr(module, attr)
+            fresh = self._fresh_rows()[k].to(buf)
+            new = buf.new_empty((R, cap, *fresh.shape))
+            new[:, :keep] = buf.view(R, old, *fresh.shape)[:, :keep]
+            new[:, keep:] = fresh
+            module._buffers[attr] = new.view(R * cap, *fresh.shape)
+        mapped = self.row_of >= 0
+        self.row_of.copy_(torch.where(mapped, self.row_of // old * cap + self.row_of % old, -1))
+        self._set_streams()
+
+    def _set_streams(self, rows: Tensor | None = None) -> None:
+        """A LinTS policy's ``rows`` (all if None) draw from their client's stream r·N + c, the dense layout's row."""
+        if not isinstance(self.policy, LinTS):
+            return
+        if rows is None:
+            rows = torch.arange(self.client_of.shape[0])
+            self.policy._buffers["stream"] = torch.empty_like(rows)
+        self.policy.stream[rows] = rows // self.capacity * self.num_clients + self.client_of.index_select(0, rows)
+
+    def _arrive(self, clients: Tensor) -> None:
+        """Slots for the clients of ``clients`` (R, S) that have none yet (sparse layout), in order of arrival."""
+        if self.layout == "dense":
+            return
+        self._fresh_rows()
+        R, N = self.replicates, self.num_clients
+        arrivals = []
+        for r in range(R):
+            ids, first = np.unique(clients[r].numpy(), return_index=True)
+            ids = torch.from_numpy(ids[first.argsort()])
+            arrivals.append(ids[self.row_of[r * N + ids] < 0])
+        need = max(int(self.allocated[r]) + len(new) for r, new in enumerate(arrivals))
+        if need > self.capacity:
+            self._resize(min(max(need, 2 * self.capacity), N))
+        cap = self.capacity
+        for r, new in enumerate(arrivals):
+            rows = r * cap + int(self.allocated[r]) + torch.arange(len(new))
+            self.row_of[r * N + new] = rows
+            self.client_of[rows] = new
+            self.allocated[r] += len(new)
+            self._set_streams(rows)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """``nn.Module.state_dict`` with the row buffers cut to the slots in use (compact checkpoints)."""
+        state = super().state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        R, cap, used = self.replicates, self.capacity, max(int(self.allocated.max()), 1)
+        if used < cap:
+            for k in self._row_state():
+                t = state[prefix + k]
+                state[prefix + k] = t.view(R, cap, *t.shape[1:])[:, :used].reshape(R * used, *t.shape[1:])
+            row_of = state[prefix + "row_of"]
+            state[prefix + "row_of"] = torch.where(row_of >= 0, row_of // cap * used + row_of % cap, -1)
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict`` into row buffers sized as the checkpoint's (see :meth:`state_dict`)."""
+        rows = state_dict.get("client_of")
+        self._fresh_rows()
+        if rows is not None and rows.shape[0] != self.client_of.shape[0]:
+            self._resize(rows.shape[0] // self.replicates)
+        out = super().load_state_dict(state_dict, strict, assign)
+        self._set_streams()
+        return out
 
     # ------------------------------------------------------------------------------- subclass hooks
     def _bandits(self) -> dict[str, LinearBandit]:
@@ -69,11 +186,11 @@ class ClientServerLinUCB(StepProtocol):
         return {"policy": self.policy}
 
     def _row_buffers(self) -> dict[str, Tensor]:
-        """Other per-client buffers (leading dim R·N) that a step reads or changes, by name."""
+        """Other per-client buffers (one entry per state row) that a step reads or changes, by name."""
         return {"buffer_count": self.buffer_count}
 
     def _additive(self) -> list[Tensor]:
-        """Per-client buffers (R·N, n, n) that grow by the z zᵀ of every step (not carried as state)."""
+        """Per-client buffers (rows, n, n) that grow by the z zᵀ of every step (not carried as state)."""
         return [self.policy.G, self.buffer]
 
     @abstractmethod
@@ -139,6 +256,7 @@ class ClientServerLinUCB(StepProtocol):
 
     # -------------------------------------------------------------------------------------- backends
     def _run(self, clients: Tensor, contexts: Tensor, rewards: Tensor) -> Tensor:
+        self._arrive(clients)
         if self.use_compiled():
             return self._run_compiled(clients, contexts, rewards)
         return self._run_torch(clients, contexts, rewards)
@@ -166,7 +284,8 @@ class ClientServerLinUCB(StepProtocol):
         event = np.zeros(R, dtype=np.int64)
         kernel = self.kernels[R > 1]
         io = Steps(clients=clients.numpy(), contexts=contexts.numpy(), rewards=rewards.numpy(), arms=arms, pos=pos,
-                   event=event, row_of=self.row_of.numpy())
+                   event=event, row_of=self.row_of.numpy(), client_of=self.client_of.numpy(),
+                   allocated=self.allocated.numpy())
         v = self.kernel_views()
         while True:
             kernel_call(kernel, io, *v.values())

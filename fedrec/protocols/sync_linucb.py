@@ -18,7 +18,8 @@ class SyncLinUCB(ClientServerLinUCB):
     """Every client uploads and downloads whenever the active client's Δt_i·log(det V_i(λ)/det S_i(λ)) > D.
 
     A sync round costs 2 messages per registered client (idle clients upload empty buffers too), after which
-    every registered client holds the server aggregate (V_g, b_g).
+    every registered client holds the server aggregate (V_g, b_g). ``layout``: as in
+    :class:`~fedrec.protocols.AsyncLinUCB`.
     """
 
     def __init__(
@@ -31,11 +32,15 @@ class SyncLinUCB(ClientServerLinUCB):
         preregister: bool = False,
         seed: int = 0,
         backend: str = "auto",
+        layout: str = "dense",
     ) -> None:
-        super().__init__(num_clients, dim, replicates, policy, seed, backend, preregister)
+        super().__init__(num_clients, dim, replicates, policy, seed, backend, preregister, layout)
         self.threshold = check_float("threshold", threshold, low=0.0, allow_inf=True)
-        self.register_buffer("steps_since_sync", torch.zeros(self.replicates * self.num_clients, dtype=torch.long))
+        self.register_buffer("steps_since_sync", torch.zeros(self.client_of.shape[0], dtype=torch.long))
         self.register_buffer("sync_rounds", torch.zeros(self.replicates, dtype=torch.long))
+
+    def _row_state(self) -> dict[str, tuple[torch.nn.Module, str]]:
+        return {**super()._row_state(), "steps_since_sync": (self, "steps_since_sync")}
 
     def _row_buffers(self) -> dict[str, Tensor]:
         return {**super()._row_buffers(), "steps_since_sync": self.steps_since_sync}
@@ -53,8 +58,8 @@ class SyncLinUCB(ClientServerLinUCB):
 
     def _sync(self, rep: int) -> None:
         """One global synchronisation of replicate ``rep``: all registered clients upload, then download."""
-        N = self.num_clients
-        members = self.registered[rep * N : (rep + 1) * N].nonzero().view(-1) + rep * N
+        cap = self.capacity
+        members = self._in_client_order(self.registered[rep * cap : (rep + 1) * cap].nonzero().view(-1) + rep * cap)
         _, clients = self._client_ids(members)
         n = members.numel()
         uploads = self.channel.send("upload", ("client", clients), ("server", 0), self.buffer[members],

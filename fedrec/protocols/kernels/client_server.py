@@ -33,7 +33,9 @@ class Steps(NamedTuple):
     arms: I64[2]  #: (R, S) the decisions, written by the kernel
     pos: I64[1]  #: (R,) the next step of each replicate
     event: I64[1]  #: (R,) why a replicate stopped (module docstring)
-    row_of: I64[1]  #: (R·N,) replicate × client → state row
+    row_of: I64[1]  #: (R·N,) replicate × client → state row (its slot)
+    client_of: I64[1]  #: (R·cap,) slot → client (replicate r owns slots r·cap … r·cap + cap − 1)
+    allocated: I64[1]  #: (R,) slots in use in each replicate
 
 
 class Traffic(NamedTuple):
@@ -162,6 +164,7 @@ def _async_replicate(r, io, p, pol, st, cfg, traffic):
     """Async-LinUCB (Algorithm 2 with Algorithm 1 after every step) in replicate ``r``; see the module docstring."""
     S = io.clients.shape[1]
     N = cfg.num_clients
+    cap = io.client_of.shape[0] // io.clients.shape[0]
     d = pol.inv.shape[1]
     Ax = np.empty(d)
     L = np.empty((d, d))
@@ -196,8 +199,9 @@ def _async_replicate(r, io, p, pol, st, cfg, traffic):
         st.buffer[row] = 0.0
         st.buffer_count[row] = 0
         st.server_logdet[r] = cholesky_logdet(st.server[r, :d, :d], p.lam, L)
-        for c2 in range(N):  # Eq. (4) for every registered client
-            j = io.row_of[r * N + c2]
+        base = r * cap
+        for j in range(base, base + io.allocated[r]):  # Eq. (4) for every registered client
+            c2 = io.client_of[j]
             if st.registered[j] and (cfg.download_to_uploader or j != row) \
                     and st.server_logdet[r] - st.synced_logdet[j] > cfg.log_gamma_d:
                 _download(r, j, c2, pol, st, cfg, traffic)
@@ -215,20 +219,22 @@ def _async_run(io, p, pol, st, cfg, traffic):
 @jit(inline=True)
 def sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g):
     """A global synchronisation of replicate ``r`` (Algorithm 4): every registered client uploads its buffer, then
-    downloads the aggregate V_g, factorised once (``L`` and ``inv_g`` are d × d scratch)."""
-    N = cfg.num_clients
+    downloads the aggregate V_g, factorised once (``L`` and ``inv_g`` are d × d scratch). The uploads are summed in
+    client order (the order of the floating-point sum), whatever the order of the clients' slots."""
     d = pol.inv.shape[1]
     scalars, bps = cfg.message_scalars, cfg.bytes_per_scalar
-    for c2 in range(N):  # every registered client uploads its buffer ...
-        j = io.row_of[r * N + c2]
+    base = r * (io.client_of.shape[0] // io.clients.shape[0])
+    order = base + np.argsort(io.client_of[base : base + io.allocated[r]])
+    for j in order:  # every registered client uploads its buffer ...
+        c2 = io.client_of[j]
         if st.registered[j]:
             st.server[r] += st.buffer[j]
             st.server_count[r] += st.buffer_count[j]
             record(traffic.client, c2, traffic.server, 0, r, UPLOAD, scalars, bps)
     ld = cholesky_logdet(st.server[r, :d, :d], p.lam, L)
     inverse_from_cholesky(L, inv_g)
-    for c2 in range(N):  # ... and downloads V_g
-        j = io.row_of[r * N + c2]
+    for j in range(base, base + io.allocated[r]):  # ... and downloads V_g (in any order: each writes its own row)
+        c2 = io.client_of[j]
         if st.registered[j]:
             pol.G[j] = st.server[r]
             pol.count[j] = st.server_count[r]

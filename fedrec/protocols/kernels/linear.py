@@ -41,6 +41,7 @@ class PolicyRows(NamedTuple):
     since_refactor: I64[1]  #: updates since the row's last refactorisation
     stale: BOOL[1]  #: G changed wholesale (a download): refactorise before the row is next used
     draws: I64[1]  #: LinTS's draw counters (one unused entry for LinUCB)
+    stream: I64[1]  #: LinTS's stream of each row (one unused entry for LinUCB)
 
 
 @jit
@@ -103,7 +104,7 @@ def choose(p: LinearParams, pol: PolicyRows, row: int, ctx: np.ndarray, Ax: np.n
             scores[k] = mean + alpha * np.sqrt(max(width, 0.0))
     else:  # LinTS: θ̃ = θ̂ + v · chol((V + λI)^{-1}) z with z from the row's counter-based stream
         z = np.empty(d)
-        fill_normals(p.seed, row, pol.draws[row], z)
+        fill_normals(p.seed, pol.stream[row], pol.draws[row], z)
         pol.draws[row] += 1
         L = np.empty((d, d))
         cholesky_logdet(A, 0.0, L)
