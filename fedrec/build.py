@@ -232,15 +232,10 @@ def bandit_memory_estimate(cfg: DictConfig) -> int:
     return int(cfg.replicates) * (rows * per_client + per_chunk) * _FLOAT
 
 
-def check_memory(cfg: DictConfig) -> None:
-    """Refuse a bandit run whose estimated memory (:func:`bandit_memory_estimate`) exceeds what the machine has, or
-    the user's limit ``max_memory_gb``, before allocating it (it would otherwise die in the allocator), naming the
-    sizes to lower."""
-    need = bandit_memory_estimate(cfg)
-    sizes = (f"replicates={cfg.replicates}, env.num_clients={cfg.env.get('num_clients')}, "
-             f"task.steps={cfg.task.get('steps')}, protocol.layout={cfg.protocol.get('layout', 'dense')}, "
-             f"env.dim={cfg.env.get('dim')}, env.num_arms={cfg.env.get('num_arms')}, "
-             f"env.chunk_size={cfg.env.get('chunk_size')}")
+def check_fits(cfg: DictConfig, need: int, field: str, sizes: str) -> None:
+    """Refuse a run whose estimated memory ``need`` (bytes) exceeds the user's limit ``max_memory_gb`` or what the
+    machine has, before allocating it (it would otherwise die in the allocator), naming ``field`` and the ``sizes``
+    that make the estimate."""
     limit = cfg.get("max_memory_gb")
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
@@ -250,9 +245,27 @@ def check_memory(cfg: DictConfig) -> None:
                               "one of them or raise max_memory_gb")
     available = available_memory()
     if available is not None and need > available:
-        field = "replicates" if cfg.replicates > 1 else "env.num_clients"
         raise ConfigError(f"{field}: the run needs about {need / 2**30:.1f} GiB ({sizes}) and "
                           f"{available / 2**30:.1f} GiB is available; lower one of them")
+
+
+def check_memory(cfg: DictConfig) -> None:
+    """Refuse a bandit run too large for the memory (:func:`bandit_memory_estimate`, :func:`check_fits`)."""
+    sizes = (f"replicates={cfg.replicates}, env.num_clients={cfg.env.get('num_clients')}, "
+             f"task.steps={cfg.task.get('steps')}, protocol.layout={cfg.protocol.get('layout', 'dense')}, "
+             f"env.dim={cfg.env.get('dim')}, env.num_arms={cfg.env.get('num_arms')}, "
+             f"env.chunk_size={cfg.env.get('chunk_size')}")
+    check_fits(cfg, bandit_memory_estimate(cfg), "replicates" if cfg.replicates > 1 else "env.num_clients", sizes)
+
+
+def multi_agent_memory_estimate(cfg: DictConfig) -> int:
+    """An estimate of the bytes a multi-agent run's sizes need, from its config before anything is allocated: the
+    communication graph's N × N adjacency (bytes) and, per replicate, agent and arm, the gossip protocols' six 8-byte
+    statistics (counts, sums, estimates) and their four tree-noise arrays of one entry per level of a horizon of
+    ``task.steps`` rounds. Sizes a config does not give count as 1."""
+    n, arms = _as_whole(cfg.env.get("num_agents"), 1), _as_whole(cfg.env.get("num_arms"), 1)
+    levels = _as_whole(cfg.task.get("steps"), 1).bit_length()  # ⌊log₂ T⌋ + 1, the tree's levels
+    return n * n + _as_whole(cfg.replicates, 1) * n * arms * (6 + 4 * levels) * _FLOAT
 
 
 def recommendation_memory_estimate(cfg: DictConfig, num_users: int, num_items: int, num_training: int,
@@ -299,6 +312,10 @@ def build_multi_agent(cfg: DictConfig) -> Any:
     it; the others run under ``tree_laplace`` only at ε = ∞, where it adds no noise."""
     from fedrec.privacy import TreeLaplace
 
+    check_fits(cfg, multi_agent_memory_estimate(cfg),
+               "env.num_agents" if _as_whole(cfg.replicates, 1) == 1 else "replicates",
+               f"replicates={cfg.replicates}, env.num_agents={cfg.env.get('num_agents')}, "
+               f"env.num_arms={cfg.env.get('num_arms')}, task.steps={cfg.task.get('steps')}")
     env = instantiate_group(cfg.env, "env", replicates=cfg.replicates, seed=cfg.seed)
     topology = instantiate_group(cfg.topology, "topology")
     cls = group_class(cfg.protocol, "protocol")
@@ -329,13 +346,11 @@ def build_recommendation(cfg: DictConfig) -> Any:
     import torch
 
     data = instantiate_group(cfg.data, "data", seed=cfg.seed, rounds=cfg.task.rounds)
-    need = recommendation_memory_estimate(cfg, data.num_users, data.num_items, len(data.training), data.num_clients)
-    available = available_memory()
-    if available is not None and need > available:
-        raise ConfigError(f"model.embed_dim: the run needs about {need / 2**30:.1f} GiB (model.embed_dim="
-                          f"{cfg.model.get('embed_dim')}, {data.num_users} users, {data.num_items} items, "
-                          f"{len(data.training)} training ratings, task.pseudo_items={cfg.task.get('pseudo_items')}) "
-                          f"and {available / 2**30:.1f} GiB is available; lower them")
+    check_fits(cfg, recommendation_memory_estimate(cfg, data.num_users, data.num_items, len(data.training),
+                                                   data.num_clients),
+               "model.embed_dim", f"model.embed_dim={cfg.model.get('embed_dim')}, {data.num_users} users, "
+               f"{data.num_items} items, {len(data.training)} training ratings, "
+               f"task.pseudo_items={cfg.task.get('pseudo_items')}")
     torch.manual_seed(cfg.seed)  # model initialisation
     model = instantiate_group(cfg.model, "model", num_users=data.num_users, num_items=data.num_items)
     privacy = None

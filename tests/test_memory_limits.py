@@ -1,5 +1,6 @@
-"""A recommendation run whose model cannot fit in the machine's memory is refused once its data is loaded, before
-the embedding tables are allocated, naming model.embed_dim with the estimate and the memory available."""
+"""Recommendation and multi-agent runs too large for the memory (or the user's max_memory_gb) are refused before
+allocating; a recommendation run once its data is loaded, naming model.embed_dim with the estimate and the memory
+available."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -29,7 +30,7 @@ def test_an_oversized_embedding_is_refused_before_allocating(compose_cfg: Compos
     cfg = compose_cfg("+experiment=fedgnn_ml100k", f"data_dir={data_dir}", f"model.embed_dim={size}")
     with pytest.raises(ConfigError, match=r"^model\.embed_dim: the run needs about \d+\.\d GiB \(model\.embed_dim="
                                           rf"{shown}, 943 users, 1682 items, \d+ training ratings, "
-                                          r"task\.pseudo_items=\d+\) and .* GiB is available; lower them$"):
+                                          r"task\.pseudo_items=\d+\) and .* GiB is available; lower one of them$"):
         build.build_task(cfg)
 
 
@@ -43,3 +44,23 @@ def test_the_refusal_is_at_the_available_memory(compose_cfg: Compose, monkeypatc
         build.build_task(cfg)
     monkeypatch.setattr(build, "available_memory", lambda: need)  # exactly enough: built
     assert build.build_task(cfg).model.embed_dim == cfg.model.embed_dim
+
+
+def test_a_multi_agent_run_larger_than_the_memory_is_refused(compose_cfg: Compose) -> None:
+    """env.num_agents=10^7 would allocate a 91 TiB adjacency; replicates=10^8 the gossip statistics."""
+    cfg = compose_cfg("+experiment=gossip_synthetic_k3", "env.num_agents=10000000", "replicates=1")
+    levels = cfg.task.steps.bit_length()
+    assert build.multi_agent_memory_estimate(cfg) == 10**14 + 10**7 * cfg.env.num_arms * (6 + 4 * levels) * 8
+    with pytest.raises(ConfigError, match=r"^env\.num_agents: the run needs about \d+\.\d GiB \(replicates=1, "
+                                          r"env\.num_agents=10000000, .*\) and .* GiB is available"):
+        build.build_task(cfg)
+    with pytest.raises(ConfigError, match=r"^replicates: the run needs about"):
+        build.build_task(compose_cfg("+experiment=gossip_synthetic_k3", "replicates=100000000"))
+
+
+def test_the_users_limit_applies_to_every_kind_of_run(compose_cfg: Compose) -> None:
+    with pytest.raises(ConfigError, match=r"^max_memory_gb=1e-06: the run needs about .* GiB \(model\.embed_dim=8, "):
+        build.build_task(compose_cfg(*SMALL, "max_memory_gb=1e-6"))
+    with pytest.raises(ConfigError, match=r"^max_memory_gb=1e-06: the run needs about .* GiB \(replicates=1, "
+                                          r"env\.num_agents=3, "):
+        build.build_task(compose_cfg("+experiment=gossip_synthetic_k3", "replicates=1", "max_memory_gb=1e-6"))
