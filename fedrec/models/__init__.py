@@ -1,5 +1,13 @@
-"""Federated recommendation models: FedGNN (graph attention over local star graphs) and an MF baseline."""
-from fedrec.models.fedgnn import FedGNN, StarGAT
-from fedrec.models.recommender import FederatedRecommender, MatrixFactorization
+"""Federated recommendation models: FedGNN (graph attention over local star graphs), an MF baseline and NeuMF
+(GMF + MLP). The models load on first use."""
+from __future__ import annotations
 
-__all__ = ["FedGNN", "FederatedRecommender", "MatrixFactorization", "StarGAT"]
+from fedrec._exports import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "FedGNN": "fedgnn",
+    "FederatedRecommender": "recommender",
+    "MatrixFactorization": "recommender",
+    "NeuMF": "neumf",
+    "StarGAT": "fedgnn",
+})
