@@ -84,7 +84,7 @@ class NeuMF(FederatedRecommender):
             raise ConfigError("model.mlp_layers must list the tower's even input width (the user's and the item's "
                               f"MLP vectors, concatenated) and at least one layer's width, got {list(mlp_layers)}")
         super().__init__(num_users, num_items, gmf + widths[0] // 2)
-        self.gmf_dim, self.mlp_dim = gmf, widths[0] // 2
+        self.gmf_dim = gmf
         self.tower = nn.ModuleList(nn.Linear(a, b) for a, b in pairwise(widths))
         self.output = nn.Linear(gmf + widths[-1], 1, bias=False)
 
@@ -95,7 +95,7 @@ class NeuMF(FederatedRecommender):
         """``h^T [φ^GMF; φ^MLP]`` of each pair (eq. 12 before the sigmoid), each pair with its user's ω copy when
         ``shared`` carries a leading per-user dimension."""
         g, user = self.gmf_dim, h[pair_user]
-        gmf = user[:, :g] * item_vecs[:, :g]  # eq. 9's p_u ⊙ q_i
+        gmf = user[:, :g] * item_vecs[:, :g]  # eq. 8: p_u ⊙ q_i
         x = torch.cat([user[:, g:], item_vecs[:, g:]], -1)  # eq. 10's z_1
         blocks = UserBlocks.of(pair_user, h.shape[0]) if shared["output.weight"].dim() == 3 else None
         if blocks is not None:
