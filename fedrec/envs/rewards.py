@@ -32,14 +32,27 @@ class RewardSource(NamedTuple):
 
 
 @jit
+def reward_stream(src: RewardSource, r: int, i: int, k: int) -> np.uint64:
+    """The state of the reward stream of (replicate r, agent i, arm k): stream (r·N + i)·M + k under ``key`` (a step
+    loop computes it once and draws from it with :func:`draw_reward_from`)."""
+    return substream(src.key, (r * src.means.shape[1] + i) * src.means.shape[2] + k)
+
+
+@jit
 def draw_reward(src: RewardSource, r: int, i: int, k: int, t: int) -> float:
-    """X_{i,k}(t) of replicate r (t = 0: the initialisation pull): draw t of stream (r·N + i)·M + k under ``key``.
+    """X_{i,k}(t) of replicate r (t = 0: the initialisation pull): draw t of stream (r·N + i)·M + k under ``key``
+    (:func:`draw_reward_from` of :func:`reward_stream`)."""
+    return draw_reward_from(src, reward_stream(src, r, i, k), r, i, k, t)
+
+
+@jit
+def draw_reward_from(src: RewardSource, state: np.uint64, r: int, i: int, k: int, t: int) -> float:
+    """X_{i,k}(t) of replicate r drawn from its stream's ``state``.
 
     ``GAUSSIAN``: μ_{i,k} + σ·:func:`~fedrec.rng.normal`. ``RECORDS``: the value ⌊u·size⌋ (u
     :func:`~fedrec.rng.uniform`) of pool (i, k), a draw with replacement.
     """
     M = src.means.shape[2]
-    state = substream(src.key, (r * src.means.shape[1] + i) * M + k)
     if src.reward_kind == RECORDS:
         lo = src.pool_ptr[i * M + k]
         size = src.pool_ptr[i * M + k + 1] - lo
@@ -58,4 +71,4 @@ def rewards_many(src: RewardSource, arms: np.ndarray, t: int) -> np.ndarray:
     return out
 
 
-__all__ = ["GAUSSIAN", "RECORDS", "RewardSource", "draw_reward", "rewards_many"]
+__all__ = ["GAUSSIAN", "RECORDS", "RewardSource", "draw_reward", "draw_reward_from", "reward_stream", "rewards_many"]
