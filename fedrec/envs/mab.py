@@ -15,13 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from fedrec.envs.rewards import GAUSSIAN, RewardSource, draw_reward, rewards_many
+import math
+
+from fedrec.envs.rewards import BERNOULLI, CLIPPED, GAUSSIAN, RewardSource, draw_reward, rewards_many
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.jit import build
 from fedrec.rng import stream_key
 from fedrec.seeding import numpy_generator
 
-NOISES = ("gaussian",)
+#: ``noise`` → the reward kind: the paper's μ + N(0, σ²) (unbounded), the same clipped to [0, 1], or Bernoulli(μ)
+#: (both in [0, 1], as Fed_UCB's sensitivity-1 Laplace noise assumes; spec §4.2 [AMBIG])
+NOISES = {"gaussian": GAUSSIAN, "clipped": CLIPPED, "bernoulli": BERNOULLI}
 
 
 class MultiAgentMAB:
@@ -33,11 +37,13 @@ class MultiAgentMAB:
         means: μ as (N, M) (the same for every replicate) or (R, N, M); None draws μ_{i,k} ~ U(0, 1) once per seed
             (spec §4.2: fixed across trials, only the noise varies), or once per (seed, replicate) with
             ``vary_means``.
-        noise: ``"gaussian"``.
+        noise: ``"gaussian"`` (the paper), ``"clipped"`` (μ_{i,k} + N(0, σ²) clipped to [0, 1]) or ``"bernoulli"``
+            (1 with probability μ_{i,k}, which must lie in [0, 1]; σ unused).
         noise_std: σ >= 0 (the paper: 1, which violates its [0, 1] support assumption; not clipped, spec §4.2).
         vary_means: draw new means for every replicate.
 
-    Attributes: ``means`` (R, N, M), ``global_means`` (R, M), ``best_arm`` (R,) (argmax of the global means),
+    Attributes: ``means`` (R, N, M) the draws' parameters μ_{i,k}, ``reward_means`` (R, N, M) the rewards' means
+    (μ_{i,k}, except under ``"clipped"``), ``global_means`` (R, M), ``best_arm`` (R,) (argmax of the global means),
     ``local_best`` (R, N), ``reward_kind``, ``key`` (uint64 of the reward stream).
     """
 
@@ -45,7 +51,6 @@ class MultiAgentMAB:
     kind = "multi_agent"
 
     name = "mab"
-    reward_kind = GAUSSIAN
     #: the downloadable dataset the environment reads (see :attr:`fedrec.envs.base.BanditEnv.dataset`)
     dataset: str | None = None
 
@@ -73,15 +78,37 @@ class MultiAgentMAB:
                 raise ConfigError(f"env.means must have shape ({N}, {M}) or ({R}, {N}, {M}), got {mu.shape}")
             if not np.isfinite(mu).all():
                 raise ConfigError("env.means must be finite")
+        if noise == "bernoulli" and not ((mu >= 0.0) & (mu <= 1.0)).all():
+            raise ConfigError("env.means must lie in [0, 1] for env.noise=bernoulli")
         self.means = np.ascontiguousarray(mu)
         self.key = stream_key(self.seed, "envs.mab.rewards")
         self.pool_ptr = np.zeros(N * M + 1, dtype=np.int64)
         self.pool_values = np.zeros(0)
 
     @property
+    def reward_kind(self) -> int:
+        """The :mod:`fedrec.envs.rewards` kind of ``noise`` (a real-data subclass sets its own)."""
+        return NOISES[self.noise]
+
+    @property
+    def reward_means(self) -> np.ndarray:
+        """The mean reward of every (replicate, agent, arm): μ_{i,k}, or under ``"clipped"`` E[min(max(μ + σZ, 0), 1)]
+        = 1 − σ[g((1 − μ)/σ) − g(−μ/σ)] with g(z) = zΦ(z) + φ(z) (σ = 0: μ clipped)."""
+        if self.reward_kind != CLIPPED:
+            return self.means
+        if self.noise_std == 0.0:
+            return np.clip(self.means, 0.0, 1.0)
+        sd = self.noise_std
+
+        def g(z: float) -> float:
+            return z * 0.5 * (1.0 + math.erf(z / math.sqrt(2.0))) + math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+
+        return np.vectorize(lambda m: 1.0 - sd * (g((1.0 - m) / sd) - g(-m / sd)))(self.means)
+
+    @property
     def global_means(self) -> np.ndarray:
-        """μ_k = (1/N) Σ_i μ_{i,k} per replicate: (R, M)."""
-        return self.means.mean(axis=1)
+        """μ_k = (1/N) Σ_i μ_{i,k} (of the rewards' means) per replicate: (R, M)."""
+        return self.reward_means.mean(axis=1)
 
     @property
     def best_arm(self) -> np.ndarray:
@@ -91,7 +118,7 @@ class MultiAgentMAB:
     @property
     def local_best(self) -> np.ndarray:
         """argmax_k μ_{i,k} per replicate and agent (R, N)."""
-        return self.means.argmax(axis=2)
+        return self.reward_means.argmax(axis=2)
 
     def reward_source(self) -> RewardSource:
         """What :func:`~fedrec.envs.rewards.draw_reward` (and a step loop drawing rewards itself) reads, built by

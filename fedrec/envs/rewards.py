@@ -15,8 +15,9 @@ import numpy as np
 from fedrec.jit import F64, I64, jit
 from fedrec.rng import normal, substream, uniform
 
-#: reward kinds: μ_{i,k} + σ·N(0, 1), or a record drawn with replacement from the (i, k) pool
-GAUSSIAN, RECORDS = 0, 1
+#: reward kinds: μ_{i,k} + σ·N(0, 1), a record drawn with replacement from the (i, k) pool, μ_{i,k} + σ·N(0, 1)
+#: clipped to [0, 1], or Bernoulli(μ_{i,k})
+GAUSSIAN, RECORDS, CLIPPED, BERNOULLI = 0, 1, 2, 3
 
 
 class RewardSource(NamedTuple):
@@ -32,19 +33,36 @@ class RewardSource(NamedTuple):
 
 
 @jit
-def draw_reward(src: RewardSource, r: int, i: int, k: int, t: int) -> float:
-    """X_{i,k}(t) of replicate r (t = 0: the initialisation pull): draw t of stream (r·N + i)·M + k under ``key``.
+def reward_stream(src: RewardSource, r: int, i: int, k: int) -> np.uint64:
+    """The state of the reward stream of (replicate r, agent i, arm k): stream (r·N + i)·M + k under ``key`` (a step
+    loop computes it once and draws from it with :func:`draw_reward_from`)."""
+    return substream(src.key, (r * src.means.shape[1] + i) * src.means.shape[2] + k)
 
-    ``GAUSSIAN``: μ_{i,k} + σ·:func:`~fedrec.rng.normal`. ``RECORDS``: the value ⌊u·size⌋ (u
-    :func:`~fedrec.rng.uniform`) of pool (i, k), a draw with replacement.
+
+@jit
+def draw_reward(src: RewardSource, r: int, i: int, k: int, t: int) -> float:
+    """X_{i,k}(t) of replicate r (t = 0: the initialisation pull): draw t of stream (r·N + i)·M + k under ``key``
+    (:func:`draw_reward_from` of :func:`reward_stream`)."""
+    return draw_reward_from(src, reward_stream(src, r, i, k), r, i, k, t)
+
+
+@jit
+def draw_reward_from(src: RewardSource, state: np.uint64, r: int, i: int, k: int, t: int) -> float:
+    """X_{i,k}(t) of replicate r drawn from its stream's ``state``.
+
+    ``GAUSSIAN``: μ_{i,k} + σ·:func:`~fedrec.rng.normal`; ``CLIPPED``: the same clipped to [0, 1]. ``RECORDS``: the
+    value ⌊u·size⌋ (u :func:`~fedrec.rng.uniform`) of pool (i, k), a draw with replacement. ``BERNOULLI``: 1 if
+    u < μ_{i,k}, else 0.
     """
     M = src.means.shape[2]
-    state = substream(src.key, (r * src.means.shape[1] + i) * M + k)
     if src.reward_kind == RECORDS:
         lo = src.pool_ptr[i * M + k]
         size = src.pool_ptr[i * M + k + 1] - lo
         return src.pool_values[lo + min(int(uniform(state, t) * size), size - 1)]
-    return src.means[r, i, k] + src.noise_std * normal(state, t)
+    if src.reward_kind == BERNOULLI:
+        return 1.0 if uniform(state, t) < src.means[r, i, k] else 0.0
+    x = src.means[r, i, k] + src.noise_std * normal(state, t)
+    return min(max(x, 0.0), 1.0) if src.reward_kind == CLIPPED else x
 
 
 @jit
@@ -58,4 +76,4 @@ def rewards_many(src: RewardSource, arms: np.ndarray, t: int) -> np.ndarray:
     return out
 
 
-__all__ = ["GAUSSIAN", "RECORDS", "RewardSource", "draw_reward", "rewards_many"]
+__all__ = ["BERNOULLI", "CLIPPED", "GAUSSIAN", "RECORDS", "RewardSource", "draw_reward", "draw_reward_from", "reward_stream", "rewards_many"]

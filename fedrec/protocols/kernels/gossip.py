@@ -27,8 +27,8 @@ The width arithmetic is shared: the baselines pass α₁ = 0, P = 0 and the fact
 Randomness is counter based (:mod:`fedrec.rng`): draw c of a stream is a pure function of its key, its row and c,
 so a resumed run redraws exactly what an uninterrupted one would, whatever the batching:
 
-* choice: ``uniform(substream(key_choice, r·N + i), t)``, one uniform per agent and round, for the consistency
-  pick or the tie break;
+* choice: ``uniform(substream(key_choice, r·N + i), t)``, the uniform of agent i in round t, read only for the
+  consistency pick or a tie break;
 * edge: ``uniform(substream(key_edge, r), t)``, the gossip edge ⌊u·|E|⌋ of the sorted edge list;
 * rewards: :func:`~fedrec.envs.rewards.draw_reward` of stream (r·N + i)·M + k under the environment's key, draw t;
 * noise: the binary mechanism of :mod:`fedrec.privacy.tree_noise` with Laplace nodes on stream (r·N + i)·M + k
@@ -37,7 +37,14 @@ so a resumed run redraws exactly what an uninterrupted one would, whatever the b
 Noise memory is O(log T) per (replicate, agent, arm) (spec §2.6): per level l, the level-l node indices of the
 two latest distinct nodes holding a pull of the arm (``last``, ``prev``) decide whether a node of t's cover is
 empty, and the noise of the level's latest drawn node is cached with its index (``node``, ``value``):
-:func:`~fedrec.privacy.tree_noise.mark_record` and :func:`~fedrec.privacy.tree_noise.cached_prefix_noise`.
+:func:`~fedrec.privacy.tree_noise.mark_record` and :func:`cover_noise` (the scalar form of
+:func:`~fedrec.privacy.tree_noise.cached_prefix_noise`).
+
+Speed without changing a draw or a decision (docs/benchmarks.md, "Gossip_UCB / Fed_UCB: the work of an
+agent-step"): every stream's state is computed once per call, t's cover once per round, and at finite ε the index
+of an arm is computed exactly (one root) only when an upper bound of it, sqrt(x) <= (x + w²)/(2w) with w the arm's
+root at its latest exact evaluation, reaches the best exact index so far; the argmax and its ties are the exact
+ones, since a skipped arm lies strictly below the maximum.
 """
 from __future__ import annotations
 
@@ -45,12 +52,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.envs.rewards import RewardSource, draw_reward
+from fedrec.envs.rewards import RewardSource, draw_reward_from, reward_stream
 from fedrec.federation.ledger import KINDS
 from fedrec.jit import F64, I64, jit, parallel_variant, prange
-from fedrec.privacy.tree_noise import LAPLACE, cached_prefix_noise, mark_record
+from fedrec.privacy.tree_noise import mark_record, node_code
 from fedrec.protocols.kernels.client_server import record
-from fedrec.rng import substream, uniform
+from fedrec.rng import laplace, substream, uniform
 
 #: ``mode`` of :data:`GOSSIP_RUN`: Gossip_UCB / Fed_UCB, local-only UCB1, centralised UCB (module docstring)
 GOSSIP, LOCAL, CENTRAL = 0, 1, 2
@@ -116,25 +123,48 @@ class PeerTraffic(NamedTuple):
 
 
 @jit
-def count_terms(terms: np.ndarray, n: int, private: bool) -> None:
-    """Cache what :func:`ucb_width` needs of count ``n`` in ``terms`` (3,): 1/n, log n / n² (only when
-    ``private``: P > 0) and sqrt(1/n), so a round evaluates every arm's width without a division or a logarithm
-    (and without a root at P = 0)."""
-    inv = 1.0 / n
-    terms[0] = inv
-    terms[1] = np.log(n) * inv * inv if private else 0.0
-    terms[2] = np.sqrt(inv)
+def count_terms(inv: np.ndarray, log_sq: np.ndarray, root: np.ndarray, i: int, k: int, n: int,
+                private: bool) -> None:
+    """Cache what the UCB width needs of arm k's count ``n`` at [i, k] of ``inv``, ``log_sq``, ``root``: 1/n,
+    log n / n² (only when ``private``: P > 0) and sqrt(1/n), so a round evaluates every arm's width without a
+    division or a logarithm (and without a root at P = 0)."""
+    v = 1.0 / n
+    inv[i, k] = v
+    log_sq[i, k] = np.log(n) * v * v if private else 0.0
+    root[i, k] = np.sqrt(v)
 
 
 @jit
-def ucb_width(terms: np.ndarray, alpha1: float, privacy_t: float, factor_t: float, root_t: float) -> float:
-    """C̃ of eq. 12, α₁ + sqrt(2N (P log t log n / n² + 1/n) log t) with P = 128 N log²T / ε², for the
-    :func:`count_terms` of the pre-pull count n. Per round: ``privacy_t`` = P log t (log₂ t with ``privacy_log2``),
-    ``factor_t`` = 2N log t and ``root_t`` = its root; P = 0 (Gossip_UCB, or ε = ∞) gives C of eq. 11,
-    α₁ + sqrt(2N log t / n). The baselines pass 2 for 2N, α₁ = 0 and P = 0."""
-    if privacy_t == 0.0:
-        return alpha1 + root_t * terms[2]
-    return alpha1 + np.sqrt((privacy_t * terms[1] + terms[0]) * factor_t)
+def cover_levels(t: int, levels: np.ndarray) -> int:
+    """Write the levels of t's dyadic cover (its set bits, lowest first) into ``levels``; returns their number. A
+    round computes them once for all its agents."""
+    count = 0
+    level = 0
+    while t >> level:
+        if (t >> level) & 1:
+            levels[count] = level
+            count += 1
+        level += 1
+    return count
+
+
+@jit
+def cover_noise(row_state: np.uint64, row: int, t: int, levels: np.ndarray, count: int, scale: float,
+                noise_empty: bool, last: np.ndarray, prev: np.ndarray, node: np.ndarray, value: np.ndarray) -> float:
+    """:func:`~fedrec.privacy.tree_noise.cached_prefix_noise` of one Laplace stream, scalar: the sum, lowest level
+    first, of the cached noises of t's cover nodes (those holding a marked record unless ``noise_empty``), drawing
+    a node's b·Laplace the first time it is needed, from the row's stream state ``row_state`` = substream(key, row)
+    (computed once per call) and the cover ``levels`` of :func:`cover_levels`."""
+    total = 0.0
+    for c in range(count):
+        level = levels[c]
+        m = t >> level
+        if noise_empty or last[row, level] == m or prev[row, level] == m:
+            if node[row, level] != m:
+                value[row, level, 0] = laplace(substream(row_state, node_code(level, m)), 0) * scale
+                node[row, level] = m
+            total += value[row, level, 0]
+    return total
 
 
 @jit
@@ -150,17 +180,34 @@ def _gossip_replicate(r, io, graph, cfg, st, env, traffic):
     N, M = n.shape[1], n.shape[2]
     E = edges.shape[0]
     keep = arms_out.shape[1] == steps
+    private = privacy > 0.0
     nxt = np.empty((N, M), dtype=np.int64)
     q = np.empty(M)
+    work = np.empty(M)  # finite ε: the radicand of each arm's width
+    bound = np.empty(M)  # finite ε: an upper bound of each arm's index
     chosen = np.empty(N, dtype=np.int64)
     delta = np.empty(N)
-    terms = np.empty((N, M, 3))  # count_terms of n (CENTRAL: of the pooled count, in row 0)
-    noise = np.empty(1)  # the tree noise of one pull
+    # count_terms of n (CENTRAL: of the pooled count, in row 0)
+    inv, log_sq, root = np.empty((N, M)), np.empty((N, M)), np.empty((N, M))
+    # finite ε: the root w of each arm's width at its latest exact evaluation and 1/(2w) (0: none yet), which
+    # bound its root at any later round by sqrt(x) <= (x + w²)/(2w)
+    anchor, half_inv = np.zeros((N, M)), np.zeros((N, M))
+    levels = np.empty(64, dtype=np.int64)
+    # the keyed streams' states, computed once per call
+    choice_state = np.empty(N, dtype=np.uint64)
+    reward_state = np.empty((N, M), dtype=np.uint64)
+    noise_state = np.empty((N, M), dtype=np.uint64)
+    for i in range(N):
+        choice_state[i] = substream(cfg.key_choice, r * N + i)
+        for k in range(M):
+            reward_state[i, k] = reward_stream(env, r, i, k)
+            noise_state[i, k] = substream(cfg.key_noise, (r * N + i) * M + k)
+    edge_state = substream(cfg.key_edge, r)
     best = env.global_means[r].max()
     if io.initialise:
         for i in range(N):
             for k in range(M):
-                x = draw_reward(env, r, i, k, 0)
+                x = draw_reward_from(env, reward_state[i, k], r, i, k, 0)
                 x0[r, i, k] = x
                 xbar[r, i, k] = x
                 theta[r, i, k] = x
@@ -180,7 +227,7 @@ def _gossip_replicate(r, io, graph, cfg, st, env, traffic):
                 count = 0
                 for j in range(N):
                     count += n[r, j, k]
-            count_terms(terms[i, k], count, privacy > 0.0)
+            count_terms(inv, log_sq, root, i, k, count, private)
     for s in range(steps):
         t = t0 + s + 1
         log_t = np.log(t)
@@ -199,55 +246,75 @@ def _gossip_replicate(r, io, graph, cfg, st, env, traffic):
             if mode == CENTRAL and i > 0:
                 chosen[i] = chosen[0]
                 continue
-            u = uniform(substream(cfg.key_choice, r * N + i), t)
+            target = nxt[i] if cfg.consistency_fresh else ntil[r, i]
+            a = -1
             lagging = 0
             if mode == GOSSIP:
                 for k in range(M):
-                    target = nxt[i, k] if cfg.consistency_fresh else ntil[r, i, k]
-                    if n[r, i, k] < target - N:
-                        lagging += 1
-            a = -1
-            if lagging > 0:
-                pick = min(int(u * lagging), lagging - 1)
+                    lagging += n[r, i, k] < target[k] - N
+            if lagging > 0:  # the ⌊u·c⌋-th lagging arm
+                pick = min(int(uniform(choice_state[i], t) * lagging), lagging - 1)
                 for k in range(M):
-                    target = nxt[i, k] if cfg.consistency_fresh else ntil[r, i, k]
-                    if n[r, i, k] < target - N:
+                    if n[r, i, k] < target[k] - N:
                         if pick == 0:
                             a = k
                             break
                         pick -= 1
-            else:
+                chosen[i] = a
+                continue
+            if private:  # eq. 12: exact indices only for arms whose bound reaches the best exact index
+                top_bound = -np.inf
+                first = 0
+                for k in range(M):
+                    x = (privacy_t * log_sq[i, k] + inv[i, k]) * factor_t
+                    work[k] = x
+                    w = anchor[i, k]
+                    b = theta[r, i, k] + alpha1 + (x + w * w) * half_inv[i, k] if w > 0.0 else np.inf
+                    bound[k] = b
+                    if b > top_bound:
+                        top_bound = b
+                        first = k
                 top = -np.inf
-                ties = 0
+                for c in range(M):
+                    k = (first + c) % M
+                    if c > 0 and bound[k] < top - 1e-9 * (1.0 + abs(top)):
+                        q[k] = -np.inf
+                        continue
+                    w = np.sqrt(work[k])
+                    anchor[i, k] = w
+                    half_inv[i, k] = 0.5 / w if w > 0.0 else 0.0
+                    q[k] = theta[r, i, k] + (alpha1 + w)
+                    top = max(top, q[k])
+            else:  # eq. 11 (and the baselines' UCB1)
+                top = -np.inf
                 for k in range(M):
-                    q[k] = theta[r, i, k] + ucb_width(terms[i, k], alpha1, privacy_t, factor_t, root_t)
-                    if q[k] > top:
-                        top = q[k]
-                        ties = 1
-                    elif q[k] == top:
-                        ties += 1
-                pick = min(int(u * ties), ties - 1)
-                for k in range(M):
-                    if q[k] == top:
-                        if pick == 0:
-                            a = k
-                            break
-                        pick -= 1
+                    q[k] = theta[r, i, k] + (alpha1 + root_t * root[i, k])
+                    top = max(top, q[k])
+            ties = 0
+            for k in range(M):
+                ties += q[k] == top
+            pick = 0 if ties == 1 else min(int(uniform(choice_state[i], t) * ties), ties - 1)
+            for k in range(M):
+                if q[k] == top:
+                    if pick == 0:
+                        a = k
+                        break
+                    pick -= 1
             chosen[i] = a
+        cover = cover_levels(t, levels) if scale > 0.0 else 0
         for i in range(N):  # lines 14–15: observe, n += 1, (noisy) sample mean
             a = chosen[i]
-            x = draw_reward(env, r, i, a, t)
+            x = draw_reward_from(env, reward_state[i, a], r, i, a, t)
             n[r, i, a] += 1
             if mode != CENTRAL:
-                count_terms(terms[i, a], n[r, i, a], privacy > 0.0)
+                count_terms(inv, log_sq, root, i, a, n[r, i, a], private)
             sums[r, i, a] += x
             total = x0[r, i, a] + sums[r, i, a]
             if scale > 0.0:  # Alg. 2–3: mark the pull, add the noise of t's (non-empty) cover nodes
                 stream = (r * N + i) * M + a
                 mark_record(stream, t, last, prev)
-                cached_prefix_noise(cfg.key_noise, stream, t, LAPLACE, scale, cfg.noise_empty_intervals, last, prev,
-                                    node, value, noise)
-                total += noise[0]
+                total += cover_noise(noise_state[i, a], stream, t, levels, cover, scale, cfg.noise_empty_intervals,
+                                     last, prev, node, value)
             mean = total / n[r, i, a]
             delta[i] = mean - xbar[r, i, a]
             xbar[r, i, a] = mean
@@ -263,10 +330,10 @@ def _gossip_replicate(r, io, graph, cfg, st, env, traffic):
                 count += n[r, i, a]
             for i in range(N):
                 theta[r, i, a] = pooled / count
-            count_terms(terms[0, a], count, privacy > 0.0)
+            count_terms(inv, log_sq, root, 0, a, count, private)
             continue
         if mode == GOSSIP:
-            e = min(int(uniform(substream(cfg.key_edge, r), t) * E), E - 1)  # lines 16–22
+            e = min(int(uniform(edge_state, t) * E), E - 1)  # lines 16–22
             eu = edges[e, 0]
             ev = edges[e, 1]
             for k in range(M):
