@@ -1,5 +1,18 @@
-"""Federated recommendation models: FedGNN (graph attention over local star graphs) and an MF baseline."""
-from fedrec.models.fedgnn import FedGNN, StarGAT
-from fedrec.models.recommender import FederatedRecommender, MatrixFactorization
+"""Federated recommendation models: FedGNN (graph attention over local star graphs), an MF baseline, NeuMF (GMF +
+MLP) and LightGCN (light graph convolution over local star graphs; the whole-graph form for one party).
 
-__all__ = ["FedGNN", "FederatedRecommender", "MatrixFactorization", "StarGAT"]
+The models load on first use: LightGCN's module imports torch_geometric, which runs without it need not load.
+"""
+from __future__ import annotations
+
+from fedrec._exports import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "CentralLightGCN": "lightgcn",
+    "FedGNN": "fedgnn",
+    "FederatedRecommender": "recommender",
+    "LightGCN": "lightgcn",
+    "MatrixFactorization": "recommender",
+    "NeuMF": "neumf",
+    "StarGAT": "fedgnn",
+})

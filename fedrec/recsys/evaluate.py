@@ -36,7 +36,7 @@ def predict(model: FederatedRecommender, data: RoundData, user: np.ndarray, item
     or a shard of it: enough for its clients' users and those without ratings)."""
     h = represent_users(model, data)
     u, i = torch.from_numpy(np.asarray(user)), torch.from_numpy(np.asarray(item))
-    return torch.sigmoid((h[u] * model.item_emb[i]).sum(-1))
+    return torch.sigmoid(model.score(model.shared_parameters(), h, model.item_emb[i], u))
 
 
 def evaluate(model: FederatedRecommender, ratings: RatingData, data: RoundData, bounds: list[tuple[int, int]],
@@ -75,10 +75,10 @@ def benign_test_rmse(model: FederatedRecommender, ratings: RatingData, data: Rou
 def target_exposure(model: FederatedRecommender, data: RoundData, target: int, users: Tensor,
                     top: int = EXPOSURE_TOP) -> float:
     """The fraction of ``users`` (global ids) with no rating of item ``target`` in ``data`` that find it among their
-    ``top`` unrated items, ranked by the score ``h_u · e_i`` (ties in the target's favour); NaN if every one of them
-    rated it. "Unrated" means no rating in the round's training data."""
+    ``top`` unrated items, ranked by the model's score (``h_u · e_i`` for FedGNN and MF; ties in the target's
+    favour); NaN if every one of them rated it. "Unrated" means no rating in the round's training data."""
     h = represent_users(model, data)[users.to(model.user_emb.device)]
-    scores = h @ model.item_emb.T
+    scores = model.score_all(model.shared_parameters(), h, model.item_emb)
     d = data.to(scores.device)
     rated = torch.zeros(model.num_users, model.num_items, dtype=torch.bool, device=scores.device)
     rated[d.users[d.entry_user], d.row_item[d.entry_row]] = True

@@ -47,7 +47,7 @@ def client_losses(
     per_user = {n: (v[data.user_client] if v.dim() > base[n].dim() else v) for n, v in shared.items()}
     item_vecs = rows[data.entry_row]
     h = model.represent(per_user, users, item_vecs, data.entry_user)
-    pred = torch.sigmoid((h[data.entry_user] * item_vecs).sum(-1))
+    pred = torch.sigmoid(model.score(per_user, h, item_vecs, data.entry_user))
     sq = (pred - data.entry_rating.to(pred.dtype)) ** 2
     entry_client = data.entry_client
     sse = torch.zeros(data.num_clients, dtype=sq.dtype, device=sq.device).index_add(0, entry_client, sq)
