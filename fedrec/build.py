@@ -301,13 +301,18 @@ def build_recommendation(cfg: DictConfig) -> Any:
                           "sweep seeds with -m seed=0,1,2 instead")
     import torch
 
-    data = instantiate_group(cfg.data, "data", seed=cfg.seed, rounds=cfg.task.rounds)
-    need = recommendation_memory_estimate(cfg, data.num_users, data.num_items, len(data.training), data.num_clients)
+    from fedrec.data import load_implicit
+
+    # implicit feedback has no stream, so its loader takes no rounds
+    implicit = cfg.data.get("_target_") in ("fedrec.data.load_implicit", f"{load_implicit.__module__}.load_implicit")
+    data = instantiate_group(cfg.data, "data", seed=cfg.seed, **({} if implicit else {"rounds": cfg.task.rounds}))
+    training = len(data.train) if implicit else len(data.training)
+    need = recommendation_memory_estimate(cfg, data.num_users, data.num_items, training, data.num_clients)
     available = available_memory()
     if available is not None and need > available:
         raise ConfigError(f"model.embed_dim: the run needs about {need / 2**30:.1f} GiB (model.embed_dim="
                           f"{cfg.model.get('embed_dim')}, {data.num_users} users, {data.num_items} items, "
-                          f"{len(data.training)} training ratings, task.pseudo_items={cfg.task.get('pseudo_items')}) "
+                          f"{training} training ratings, task.pseudo_items={cfg.task.get('pseudo_items')}) "
                           f"and {available / 2**30:.1f} GiB is available; lower them")
     torch.manual_seed(cfg.seed)  # model initialisation
     model = instantiate_group(cfg.model, "model", num_users=data.num_users, num_items=data.num_items)
