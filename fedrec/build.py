@@ -345,12 +345,15 @@ def build_recommendation(cfg: DictConfig) -> Any:
                           "sweep seeds with -m seed=0,1,2 instead")
     import torch
 
-    data = instantiate_group(cfg.data, "data", seed=cfg.seed, rounds=cfg.task.rounds)
-    check_fits(cfg, recommendation_memory_estimate(cfg, data.num_users, data.num_items, len(data.training),
-                                                   data.num_clients),
+    from fedrec.data import load_implicit
+
+    # implicit feedback has no stream, so its loader takes no rounds
+    implicit = cfg.data.get("_target_") in ("fedrec.data.load_implicit", f"{load_implicit.__module__}.load_implicit")
+    data = instantiate_group(cfg.data, "data", seed=cfg.seed, **({} if implicit else {"rounds": cfg.task.rounds}))
+    training = len(data.train) if implicit else len(data.training)
+    check_fits(cfg, recommendation_memory_estimate(cfg, data.num_users, data.num_items, training, data.num_clients),
                "model.embed_dim", f"model.embed_dim={cfg.model.get('embed_dim')}, {data.num_users} users, "
-               f"{data.num_items} items, {len(data.training)} training ratings, "
-               f"task.pseudo_items={cfg.task.get('pseudo_items')}")
+               f"{data.num_items} items, {training} training ratings, task.pseudo_items={cfg.task.get('pseudo_items')}")
     torch.manual_seed(cfg.seed)  # model initialisation
     model = instantiate_group(cfg.model, "model", num_users=data.num_users, num_items=data.num_items)
     privacy = None

@@ -21,6 +21,7 @@ PLOTS = (
     ("relative_ctr.png", "steps", "logged event t", "relative_ctr", "CTR / random policy's CTR (replay)"),
     ("test_rmse.png", "round", "round t", "test_rmse", "test RMSE"),
     ("test_f1.png", "round", "round t", "test_f1", "test F1 (threshold 0.5)"),
+    ("test_ndcg10.png", "round", "round t", "test_ndcg@10", "test NDCG@10"),
     ("rmse_vs_epsilon.png", "epsilon_spent", "epsilon spent (max over clients)", "test_rmse", "test RMSE"),
     ("rmse_vs_nominal_epsilon.png", "epsilon_nominal", "authors' nominal epsilon, sum of per-round budgets (max over "
      "clients)", "test_rmse", "test RMSE"),

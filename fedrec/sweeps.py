@@ -25,10 +25,11 @@ from fedrec.io import atomic_write
 
 #: the main result of each task kind, in order of preference (the first present is the sweep objective): on real
 #: click data the papers' metric, the reward relative to a random policy (bandit runs) or the replayed CTR relative to
-#: it (logged streams), else the cumulative regret (synthetic worlds) or the final test RMSE (recommendation)
-PRIMARY = ("normalized_reward", "relative_ctr", "cumulative_regret", "final_test_rmse")
+#: it (logged streams), else the cumulative regret (synthetic worlds), the final test RMSE (recommendation from
+#: ratings) or the final test NDCG@10 (top-K recommendation from implicit feedback, which has no RMSE)
+PRIMARY = ("normalized_reward", "relative_ctr", "cumulative_regret", "final_test_rmse", "final_test_ndcg@10")
 #: reported beside it when present
-SECONDARY = ("cumulative_regret", "comm_messages", "epsilon_spent", "ari", "best_test_rmse")
+SECONDARY = ("cumulative_regret", "comm_messages", "epsilon_spent", "ari", "best_test_rmse", "final_test_hr@10")
 #: a failed job's error line in its log (train.py logs it there as well as on the terminal)
 ERROR_PREFIX = "error: "
 

@@ -17,6 +17,10 @@ QUICK = ("task.rounds=3", "logger.tensorboard=false")
 SUMMARY = {"final_test_rmse", "final_test_mae", "final_test_f1", "best_test_rmse", "best_test_rmse_round",
            "best_test_f1", "epsilon_spent", "delta", "rounds_run", "comm_messages", "comm_upload_scalars",
            "wall_seconds", "privacy"}
+#: an implicit-feedback run's: ranking metrics instead of the rating ones
+IMPLICIT_SUMMARY = {"final_test_hr@10", "final_test_ndcg@10", "final_test_mrr", "best_test_ndcg@10",
+                    "best_test_ndcg@10_round", "epsilon_spent", "delta", "rounds_run", "comm_messages",
+                    "comm_upload_scalars", "wall_seconds", "privacy"}
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +34,17 @@ def test_fedrec_experiment_runs_end_to_end(compose_cfg, data_dir: Path, ml1m_dir
                                            experiment: str) -> None:
     """Each experiment's documented short recipe (quick=true) runs: 3 rounds, 8 for a planner (its initial stage
     (2+1)·2 = 6 rounds, then 2 planned ones); the synthetic world shrunk to 70 clients from ML-1M's size."""
-    where = ml1m_dir if experiment.endswith("_ml1m") else data_dir
+    where = ml1m_dir if "_ml1m" in experiment else data_dir
+    implicit = experiment.endswith("_implicit")
+    metric, best = ("test_ndcg@10", max) if implicit else ("test_rmse", min)
     extra = experiment.startswith("bgtplanner_")
     small = experiment.endswith("_synthetic")
     cfg = compose_cfg(*quick_command_line(experiment, where))
     assert cfg.task.rounds == (8 if extra else 3)
     out = tmp_path / "run"
     summary = run(cfg, output_dir=out)
-    assert SUMMARY <= set(summary), SUMMARY - set(summary)
+    fields = IMPLICIT_SUMMARY if implicit else SUMMARY
+    assert fields <= set(summary), fields - set(summary)
     assert json.loads((out / "summary.json").read_text()) == summary
     rounds = 3
     if extra:  # a planner may end the run when no level is affordable any more
@@ -45,10 +52,11 @@ def test_fedrec_experiment_runs_end_to_end(compose_cfg, data_dir: Path, ml1m_dir
         assert rounds == 8 or (summary["planner_stopped_for_budget"] and rounds >= 6)
     assert summary["rounds_run"] == rounds and summary["experiment"] == experiment
     rows = read_csv(out / "metrics.csv")
-    assert len(rows) == rounds and float(rows[-1]["test_rmse"]) == summary["final_test_rmse"]
-    assert min(float(r["test_rmse"]) for r in rows) == summary["best_test_rmse"]
-    assert max(float(r["test_f1"]) for r in rows) == summary["best_test_f1"]
-    assert (out / "test_rmse.png").read_bytes()[:8] == PNG_MAGIC
+    assert len(rows) == rounds and float(rows[-1][metric]) == summary[f"final_{metric}"]
+    assert best(float(r[metric]) for r in rows) == summary[f"best_{metric}"]
+    if not implicit:
+        assert max(float(r["test_f1"]) for r in rows) == summary["best_test_f1"]
+    assert (out / f"{metric.replace('@', '')}.png").read_bytes()[:8] == PNG_MAGIC
     if experiment.endswith("_dp") or extra:
         assert summary["privacy"] == "gaussian" and summary["delta"] == 1e-5
         assert 0 < summary["epsilon_spent"] <= summary["epsilon_total"] == 10.0
@@ -59,6 +67,8 @@ def test_fedrec_experiment_runs_end_to_end(compose_cfg, data_dir: Path, ml1m_dir
         assert sum(summary["planner_action_counts"]) == rounds
     if experiment.endswith("_ml1m"):
         assert summary["clients"] == 605
+    if experiment.endswith("_ml1m_implicit"):
+        assert summary["clients"] == 700  # one per user
     if small:
         assert summary["clients"] == 70
 

@@ -2,7 +2,8 @@
 Fig. 1, steps ①–⑤).
 
 * ``data.py``: a round's training ratings, flat and grouped by client (``RoundData``), and its shards;
-* ``local.py``: the clients' losses and local updates, all clients in one backward pass;
+* ``objectives.py``: the clients' losses: RMSE of ratings, BPR or pointwise BCE of implicit feedback;
+* ``local.py``: the clients' local updates, all clients in one backward pass;
 * ``upload.py``: upload assembly: pseudo items, the item ids X^t, synthesised pseudo rows, the upload order;
 * ``privatize.py``: the round's budget and draw keys, clipping and noising of the uploads, the accounting;
 * ``attack.py``: malicious clients that poison their uploads (``ScaledUpdates``, ``GaussianNoise``,
@@ -11,8 +12,8 @@ Fig. 1, steps ①–⑤).
   the robust rules ``CoordinateMedian``, ``TrimmedMean``, ``Krum``, ``MultiKrum``, ``NormBound``);
 * ``server.py``: the server optimiser's step on ω and the item table (``task.optimizer``, or a server optimiser of
   :mod:`fedrec.aggregation`), and the clients' step on their user rows;
-* ``evaluate.py``: test and validation metrics of the current model (under an attack, the benign users' and the
-  target item's exposure).
+* ``evaluate.py``: test and validation metrics of the current model: rating metrics, ranking metrics
+  (``RankingEval``), under an attack the benign users' and the target item's exposure;
 * ``ranking.py``: top-K ranking metrics (HR@K, NDCG@K, Recall@K, MRR) of a score matrix, full or against sampled
   negatives, and the ``topk.npz`` lists (``UserItems``: each user's training or held-out items).
 

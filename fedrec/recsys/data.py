@@ -1,8 +1,9 @@
 """A round's training data (step ① of the round): every participating client's ratings, flat and grouped by client.
 
 :class:`RoundData` holds one entry per rating and one *row* per (client, item) pair, i.e. per item-embedding row the
-client uploads; a client may hold several users (ML-1M). :func:`round_data` builds it from the ratings streamed so
-far, and :func:`shard_bounds` / :func:`shard` cut it into the contiguous client ranges the processes of a sharded
+client uploads; a client may hold several users (ML-1M); under an implicit-feedback objective it also holds the round's sampled
+negatives, each paired with a training entry, whose items are rows of the upload too. :func:`round_data` builds it
+from the ratings streamed so far, and :func:`shard_bounds` / :func:`shard` cut it into the contiguous client ranges the processes of a sharded
 run compute (:meth:`RoundData.select`).
 """
 from __future__ import annotations
@@ -13,15 +14,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedrec.data.implicit import Triples
+
 
 @dataclass(frozen=True)
 class RoundData:
     """One round's training ratings of the participating clients, flat.
 
     ``clients`` are global client ids; every other index is local: ``user_client`` and ``row_client`` index
-    ``clients``, ``entry_user`` indexes ``users``, ``entry_row`` indexes the rows. A *row* is one (client, item)
-    pair, i.e. one item-embedding row the client uploads; entries of two users of one client on the same item
-    share a row.
+    ``clients``, ``entry_user`` indexes ``users``, ``entry_row`` and ``pair_row`` index the rows, ``pair_entry``
+    the entries. A *row* is one (client, item) pair, i.e. one item-embedding row the client uploads; entries of two
+    users of one client on the same item share a row. A *pair* is a sampled negative item of the user of entry
+    ``pair_entry`` (BPR's j for the entry's positive i), sorted by entry; none under the RMSE objective.
     """
 
     clients: Tensor  # (C,) global client ids, increasing
@@ -32,6 +36,8 @@ class RoundData:
     entry_rating: Tensor  # (E,) float32 in [0, 1]
     row_client: Tensor  # (R,)
     row_item: Tensor  # (R,) global item ids
+    pair_entry: Tensor  # (N,) the training entry each sampled negative pairs with, non-decreasing
+    pair_row: Tensor  # (N,) the negative item's row
 
     @property
     def num_clients(self) -> int:
@@ -58,6 +64,7 @@ class RoundData:
         are sorted by client, so theirs are slices; each client's rows keep their order."""
         e0, e1 = (int(v) for v in torch.searchsorted(self.entry_client, torch.tensor([lo, hi])))
         r0, r1 = (int(v) for v in torch.searchsorted(self.row_client, torch.tensor([lo, hi])))
+        n0, n1 = (int(v) for v in torch.searchsorted(self.pair_entry, torch.tensor([e0, e1])))
         keep = (self.user_client >= lo) & (self.user_client < hi)
         new_user = torch.cumsum(keep.long(), 0) - 1
         return RoundData(
@@ -69,6 +76,8 @@ class RoundData:
             entry_rating=self.entry_rating[e0:e1],
             row_client=self.row_client[r0:r1] - lo,
             row_item=self.row_item[r0:r1],
+            pair_entry=self.pair_entry[n0:n1] - e0,
+            pair_row=self.pair_row[n0:n1] - r0,
         )
 
 
@@ -85,15 +94,19 @@ def _unique_inverse(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarra
 
 def round_data(
     user: np.ndarray, item: np.ndarray, rating: np.ndarray, client_of_user: np.ndarray, num_items: int,
-    keep_client: np.ndarray | None = None,
+    keep_client: np.ndarray | None = None, negatives: Triples | None = None,
 ) -> RoundData:
     """Group ratings by client (sorted by client, user, item). ``keep_client`` (bool per global client) drops the
-    ratings of clients that do not take part."""
+    ratings of clients that do not take part. ``negatives``: sampled negatives of training positives (each triple's
+    (user, positive) one of the ratings, :func:`fedrec.data.implicit.sample_negatives`), kept as pairs."""
     user = np.asarray(user, dtype=np.int64)
     client = np.asarray(client_of_user, dtype=np.int64)[user]
     if keep_client is not None:
         keep = np.asarray(keep_client, dtype=bool)[client]
         user, item, rating, client = user[keep], np.asarray(item)[keep], np.asarray(rating)[keep], client[keep]
+        if negatives is not None:
+            kept = np.asarray(keep_client, dtype=bool)[np.asarray(client_of_user)[negatives.user]]
+            negatives = Triples(negatives.user[kept], negatives.positive[kept], negatives.negative[kept])
     item = np.asarray(item, dtype=np.int64)
     num_users = len(client_of_user)
     key = torch.from_numpy((client * num_users + user) * num_items + item)  # (client, user, item) as one number
@@ -105,7 +118,19 @@ def round_data(
     position = np.zeros(num_users, dtype=np.int64)
     position[users] = np.arange(len(users))
     entry_user = position[user]
-    rows, entry_row = _unique_inverse(entry_client * num_items + item, len(clients) * num_items)
+    row_keys = entry_client * num_items + item
+    pair_entry = np.zeros(0, dtype=np.int64)
+    if negatives is not None:  # each triple's entry, found by its (client, user, item) key among the sorted ones
+        per = negatives.negative.shape[1]
+        triple = (np.asarray(client_of_user, dtype=np.int64)[negatives.user] * num_users + negatives.user) \
+            * num_items + negatives.positive
+        pair_entry = np.repeat(np.searchsorted(key.numpy()[order], triple), per)
+        by_entry = np.argsort(pair_entry, kind="stable")
+        pair_entry = pair_entry[by_entry]
+        row_keys = np.concatenate([row_keys, entry_client[pair_entry] * num_items
+                                   + negatives.negative.reshape(-1)[by_entry]])
+    rows, row_index = _unique_inverse(row_keys, len(clients) * num_items)
+    entry_row, pair_row = row_index[:len(item)], row_index[len(item):]
     t = torch.from_numpy
     return RoundData(
         clients=t(clients),
@@ -116,6 +141,8 @@ def round_data(
         entry_rating=t(np.asarray(rating, dtype=np.float32)[order]),
         row_client=t(rows // num_items),
         row_item=t(rows % num_items),
+        pair_entry=t(pair_entry),
+        pair_row=t(pair_row.reshape(-1)),
     )
 
 

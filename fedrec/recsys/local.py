@@ -1,6 +1,7 @@
 """Local training (step ③ of the round): every participating client's update, computed for all clients together.
 
-:func:`local_updates` differentiates every client's loss (:func:`client_losses`) with respect to its own copy of
+:func:`local_updates` differentiates every client's loss (an objective of :mod:`fedrec.recsys.objectives`, by
+default the RMSE of its ratings) with respect to its own copy of
 the shared parameters ω, its users' rows and its item rows in one backward pass: the copies are separate leaves,
 so the gradient of the *sum* of client losses with respect to a client's copy is that client's gradient. With
 ``local_steps > 1`` (FedAvg) it repeats this for the local SGD steps and returns the pseudo-gradients; FedProx
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from fedrec.models.recommender import FederatedRecommender
 from fedrec.recsys.data import RoundData
+from fedrec.recsys.objectives import Objective, rmse_losses
 
 
 @dataclass
@@ -38,32 +40,12 @@ class LocalUpdates:
         return torch.cat([v.reshape(num_clients, -1) for v in self.shared.values()], 1)
 
 
-def client_losses(
-    model: FederatedRecommender, data: RoundData, shared: dict[str, Tensor], users: Tensor, rows: Tensor
-) -> Tensor:
-    """Each client's RMSE over its ratings, ``sqrt(mean (ŷ − y)²)`` (the authors' loss), given per-client ω
-    copies (leading C, or shared), user rows ``(S, k)`` and item rows ``(R, k)``."""
-    base = model.shared_parameters()
-    per_user = {n: (v[data.user_client] if v.dim() > base[n].dim() else v) for n, v in shared.items()}
-    item_vecs = rows[data.entry_row]
-    h = model.represent(per_user, users, item_vecs, data.entry_user)
-    pred = torch.sigmoid(model.score(per_user, h, item_vecs, data.entry_user))
-    sq = (pred - data.entry_rating.to(pred.dtype)) ** 2
-    entry_client = data.entry_client
-    sse = torch.zeros(data.num_clients, dtype=sq.dtype, device=sq.device).index_add(0, entry_client, sq)
-    count = torch.bincount(entry_client, minlength=data.num_clients).to(sq.dtype)
-    mse = sse / count
-    # sqrt has an infinite slope at 0: a client predicted perfectly (sigmoid saturated at a rating of exactly
-    # 1) would send inf/NaN gradients; its loss is at its minimum, so its gradient is 0
-    positive = mse > 0
-    return torch.where(positive, torch.sqrt(torch.where(positive, mse, torch.ones_like(mse))), torch.zeros_like(mse))
-
-
 def local_updates(
-    model: FederatedRecommender, data: RoundData, local_steps: int = 1, local_lr: float = 0.05, prox_mu: float = 0.0
+    model: FederatedRecommender, data: RoundData, local_steps: int = 1, local_lr: float = 0.05, prox_mu: float = 0.0,
+    objective: Objective = rmse_losses,
 ) -> LocalUpdates:
     """The updates of all participating clients, computed together (see the module docstring); ``prox_mu`` is
-    FedProx's μ."""
+    FedProx's μ, ``objective`` the clients' loss."""
     C = data.num_clients
     start_shared = {n: p.detach().expand(C, *p.shape).clone() for n, p in model.shared_parameters().items()}
     start_users = model.user_emb.detach()[data.users]
@@ -75,7 +57,7 @@ def local_updates(
         leaves = [*shared.values(), users, rows]
         for leaf in leaves:
             leaf.requires_grad_(True)
-        loss = client_losses(model, data, shared, users, rows)
+        loss = objective(model, data, shared, users, rows)
         grads = torch.autograd.grad(loss.sum(), leaves)
         if first_loss is None:
             first_loss = loss.detach()

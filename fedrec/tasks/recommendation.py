@@ -16,8 +16,29 @@
    Under an attack, the malicious clients transform their uploads (:mod:`~fedrec.recsys.attack`);
 4. the channel counts the uploads, the aggregator combines them (:mod:`~fedrec.recsys.aggregate`), the server
    optimiser steps and broadcasts, and the clients update their own user rows (:mod:`~fedrec.recsys.server`);
-5. the model is evaluated on the test (and validation) ratings (:mod:`~fedrec.recsys.evaluate`), and under an
-   attack on the benign users alone, with the target item's exposure.
+5. the model is evaluated on the test (and validation) ratings (:mod:`~fedrec.recsys.evaluate`): RMSE, MAE and F1
+   on explicit ratings, top-K ranking (``task.eval``) on either kind of data; under an attack also on the benign
+   users alone, with the target item's exposure.
+
+**Objectives** (``task.objective``, :mod:`fedrec.recsys.objectives`): the clients' RMSE on explicit ratings
+(:func:`fedrec.data.load_ratings`), or on implicit feedback (:func:`fedrec.data.load_implicit`) BPR (the default) or
+pointwise BCE against ``task.train_negatives`` negatives per training positive, drawn per client per round
+(:func:`fedrec.data.implicit.sample_negatives`); the negatives' item rows are uploaded, privatised and aggregated
+like the positives'. Implicit data has no stream: every training positive is there from round 0.
+
+**Ranking** (``task.eval``): each evaluation round ranks, per user with held-out items, every item but the user's
+training items (the round's; for the test split its validation items too, which it has interacted with), or with
+``ranking=sampled`` its held-out items against ``negatives`` sampled ones (:mod:`fedrec.recsys.ranking`). On
+explicit ratings every held-out rating counts as relevant, whatever its value (the "every interaction" convention
+of implicit feedback; binarise with ``data=*_implicit`` and a threshold to count only liked items). The sampled
+negatives are drawn once per run (the key of round 0 every round, as NCF fixes its negatives), so the curve over
+rounds compares the model against one fixed candidate set. ``save_topk=true`` writes each test user's first
+``max(ks)`` items to ``topk.npz`` in the run folder at the end (:func:`~fedrec.recsys.ranking.save_topk`).
+
+**Central baseline** (``task.federated=false``): one party holding every user's data, i.e. one client that holds
+all users, without client DP (refused) and without pseudo items; the one client's upload aggregates to itself, so
+the same round trains the central model on the same loss (the mean over all the data) and the federated and
+private gaps are measured on one code path. A federated run whose data has a single client is the same model.
 
 Randomness is counter based (seed, component, round), so a resumed run repeats the uninterrupted one exactly;
 with ``privacy.rng=secure`` the draws that protect clients (pseudo items, DP noise, pseudo rows, upload order)
@@ -29,8 +50,11 @@ are flagged by :meth:`FedRecTask.is_private_metric`, so the CLI can keep them ou
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,6 +62,7 @@ import torch
 from torch import Tensor
 
 from fedrec.aggregation import ServerOptimizer
+from fedrec.data.implicit import ImplicitData, sample_negatives
 from fedrec.data.ratings import RatingData, Ratings
 from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.federation.channel import Channel
@@ -47,15 +72,44 @@ from fedrec.privacy.client_dp import ClientDP
 from fedrec.recsys.aggregate import AggregateSums, Aggregator, Uploads
 from fedrec.recsys.attack import Attack
 from fedrec.recsys.data import RoundData, round_data, shard, shard_bounds
-from fedrec.recsys.evaluate import benign_test_rmse, evaluate, target_exposure
+from fedrec.recsys.evaluate import (
+    RankingEval,
+    RankingSplit,
+    benign_test_rmse,
+    evaluate,
+    evaluate_ranking,
+    target_exposure,
+    topk_lists,
+)
 from fedrec.recsys.local import local_updates
-from fedrec.recsys.privatize import privatize_uploads, record_round, round_budget, round_key
+from fedrec.recsys.objectives import OBJECTIVES, WITH_NEGATIVES
+from fedrec.recsys.privatize import (
+    privatize_uploads,
+    record_round,
+    round_budget,
+    round_key,
+)
+from fedrec.recsys.ranking import UserItems, negatives_key, save_topk
 from fedrec.recsys.server import AdaptiveServerStep, ServerStep, UserStep
-from fedrec.recsys.upload import assemble_uploads, sample_pseudo_items, upload_matrix, upload_scalars
+from fedrec.recsys.upload import (
+    assemble_uploads,
+    sample_pseudo_items,
+    upload_matrix,
+    upload_scalars,
+)
 from fedrec.tasks.base import FederatedTask
 
 #: prefixes of the per-round metrics computed from clients' raw ratings without noise
 PRIVATE_METRIC_PREFIXES = ("train_", "test_", "val_")
+#: the metrics where higher is better (the suffix of ``test_NAME``, before any ``@K``); lower is better for the rest
+HIGHER_IS_BETTER = ("f1", "hr", "ndcg", "recall", "mrr")
+#: the file :attr:`RankingEval.save_topk` writes into the run folder
+TOPK_FILE = "topk.npz"
+
+
+def higher_is_better(name: str) -> bool:
+    """Whether a larger value of metric ``name`` (e.g. ``test_ndcg@10``, ``val_rmse``) is the better one."""
+    return name.rsplit("_", 1)[-1].split("@")[0] in HIGHER_IS_BETTER
 
 
 @dataclass
@@ -66,13 +120,16 @@ class _Prepared:
     data: RoundData
     pseudo: Tensor  # (C, M) item ids
     pseudo_valid: Tensor  # (C, M)
+    negatives: Any = None  # the round's sampled negatives (fedrec.data.implicit.Triples), implicit feedback only
 
 
 class FedRecTask(FederatedTask):
-    """Federated rating prediction driven by :class:`~fedrec.trainer.FederatedTrainer`.
+    """Federated recommendation (rating prediction or top-K from implicit feedback) driven by
+    :class:`~fedrec.trainer.FederatedTrainer`.
 
     Args:
-        data: the split ratings (:func:`fedrec.data.load_ratings`); ``data.rounds`` must equal ``rounds``.
+        data: the split ratings (:func:`fedrec.data.load_ratings`; ``data.rounds`` must equal ``rounds``) or
+            implicit feedback (:func:`fedrec.data.load_implicit`).
         model: a :class:`~fedrec.models.FederatedRecommender` sized for ``data``.
         aggregator: how uploads are combined (FedSGD, FedAvg, a robust rule of :mod:`fedrec.recsys.aggregate`).
         privacy: client-level DP, or None for non-private training.
@@ -89,6 +146,12 @@ class FedRecTask(FederatedTask):
             user rows); None: ``optimizer`` on the aggregate.
         prox_mu: FedProx's μ ≥ 0, the weight of ``μ/2 ‖w − w_global‖²`` in the clients' local steps (0: none).
         attack: malicious clients (:mod:`fedrec.recsys.attack`), or None.
+        objective: the clients' loss, ``"rmse"``, ``"bpr"`` or ``"bce"`` (module docstring); None: RMSE on ratings,
+            BPR on implicit feedback.
+        train_negatives: negatives sampled per training positive per round (``bpr``, ``bce``).
+        eval: the ranking evaluation (:class:`~fedrec.recsys.evaluate.RankingEval` fields: ``ranking``, ``ks``,
+            ``negatives``, ``save_topk``).
+        federated: False trains the central baseline (module docstring).
     """
 
     kind = "recommendation"
@@ -100,7 +163,7 @@ class FedRecTask(FederatedTask):
 
     def __init__(
         self,
-        data: RatingData,
+        data: RatingData | ImplicitData,
         model: FederatedRecommender,
         aggregator: Aggregator,
         privacy: ClientDP | None = None,
@@ -114,9 +177,34 @@ class FedRecTask(FederatedTask):
         server: ServerOptimizer | None = None,
         prox_mu: float = 0.0,
         attack: Attack | None = None,
+        objective: str | None = None,
+        train_negatives: int = 1,
+        eval: Mapping[str, Any] | None = None,
+        federated: bool = True,
     ) -> None:
         self.num_rounds = check_int("task.rounds", rounds)
-        if data.rounds != self.num_rounds:
+        self.implicit = isinstance(data, ImplicitData)
+        self.objective = objective or ("bpr" if self.implicit else "rmse")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"task.objective must be one of {', '.join(OBJECTIVES)} or null, got {objective!r}")
+        if (self.objective in WITH_NEGATIVES) != self.implicit:
+            raise ConfigError(f"task.objective={self.objective} trains on " + (
+                "implicit feedback: use a data=*_implicit dataset" if not self.implicit else
+                "explicit ratings, which implicit feedback has not: use bpr or bce"))
+        self.train_negatives = check_int("task.train_negatives", train_negatives)
+        self.ranking = RankingEval.from_config(eval, self.implicit)
+        if not isinstance(federated, bool):
+            raise ConfigError(f"task.federated must be true or false, got {federated!r}")
+        self.federated = federated
+        if not federated:
+            if privacy is not None or attack is not None:
+                raise ConfigError("task.federated=false trains one party's central model: it has no client DP and "
+                                  "no malicious clients (set privacy=none and attack=none)")
+            data = dataclasses.replace(data, num_clients=1, client_of_user=np.zeros(data.num_users, dtype=np.int64))
+            pseudo_items = 0
+        if self.implicit and attack is not None:
+            raise ConfigError("attack: the attacks act on rating data; implicit feedback runs have none (attack=none)")
+        if not self.implicit and data.rounds != self.num_rounds:
             raise ConfigError(f"task.rounds ({self.num_rounds}) must equal the rounds the data stream is spread "
                               f"over ({data.rounds})")
         if model.num_users != data.num_users or model.num_items != data.num_items:
@@ -148,6 +236,10 @@ class FedRecTask(FederatedTask):
         self._budget: Tensor | None = None
         self._prepared: dict[int, _Prepared] = {}
         self.collective = Collective()  # the trainer's, once set up (several processes shard the clients)
+        heldout = {name: (r.user, r.item) for name, r in (("test", data.test), ("val", data.val))} if not \
+            self.implicit else {"test": data.test.pairs(), "val": data.val.pairs()}
+        self._heldout = {name: UserItems.from_pairs(*pairs, data.num_users) for name, pairs in heldout.items()
+                         if len(pairs[0])}
 
     # ------------------------------------------------------------------------------------------------ hooks
     def setup(self, trainer: Any) -> None:
@@ -228,12 +320,23 @@ class FedRecTask(FederatedTask):
         prep = self._prepared.get(round_idx)
         if prep is None:
             self._prepared = {}  # only the current round is ever needed again
-            tr = self.data.training_until(round_idx)
-            d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items)
+            tr, negatives = self._training(round_idx)
+            d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items,
+                           negatives=negatives)
             pseudo, valid = sample_pseudo_items(d, self.data.num_items, self.pseudo_items,
                                                 self._key("pseudo_items", round_idx))
-            prep = self._prepared[round_idx] = _Prepared(tr, d, pseudo, valid)
+            prep = self._prepared[round_idx] = _Prepared(tr, d, pseudo, valid, negatives)
         return prep
+
+    def _training(self, round_idx: int) -> tuple[Ratings, Any]:
+        """The training ratings available at round ``round_idx`` (implicit feedback: every training positive, as a
+        rating of 1) and, under BPR or BCE, every client's negatives of the round."""
+        if not self.implicit:
+            return self.data.training_until(round_idx), None
+        user, item = self.data.train.pairs()
+        tr = Ratings(user, item, np.ones(len(user), dtype=np.float32))
+        clients = np.unique(self.data.client_of_user[user])
+        return tr, sample_negatives(self.data, clients, round_idx, self.seed, self.train_negatives)
 
     def _admit(self, round_idx: int, prep: _Prepared) -> tuple[RoundData, Tensor, Tensor, Tensor | None]:
         """Step ②: the round's budget; the data, pseudo items and per-client budgets of the clients it admits."""
@@ -246,7 +349,8 @@ class FedRecTask(FederatedTask):
         if not bool(run[d.clients].all()):
             keep = run[d.clients]
             tr = prep.training
-            d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items, run.numpy())
+            d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items, run.numpy(),
+                           prep.negatives)
             return d, prep.pseudo[keep], prep.pseudo_valid[keep], budget
         return d, prep.pseudo, prep.pseudo_valid, budget
 
@@ -266,7 +370,7 @@ class FedRecTask(FederatedTask):
         if d.num_clients:
             # ③ local training, privatisation of ω and the real item rows, upload assembly
             upd = local_updates(model, d.to(device), self.aggregator.local_steps, self.aggregator.local_lr,
-                                self.prox_mu)
+                                self.prox_mu, OBJECTIVES[self.objective])
             shared, rows = upd.flat_shared(), upd.rows
             finite[0] = float(bool(torch.isfinite(shared).all()) and bool(torch.isfinite(rows).all()))
             if finite[0] and self.privacy is not None:
@@ -309,8 +413,13 @@ class FedRecTask(FederatedTask):
     # ------------------------------------------------------------------------------------------------ metrics
     def evaluate(self, prep: _Prepared) -> dict[str, float]:
         """Step ⑤: test (and validation) metrics, users represented from the round's local graphs
-        (:func:`fedrec.recsys.evaluate.evaluate`: each process scores its shard's users)."""
-        metrics = evaluate(self.model, self.data, prep.data, self._bounds(prep.data), self.collective)
+        (:func:`fedrec.recsys.evaluate.evaluate`, :func:`~fedrec.recsys.evaluate.evaluate_ranking`: each process
+        scores its shard's users)."""
+        bounds = self._bounds(prep.data)
+        metrics = {} if self.implicit else evaluate(self.model, self.data, prep.data, bounds, self.collective)
+        metrics.update(evaluate_ranking(self.model, self.data.client_of_user, self.data.num_clients, prep.data,
+                                        bounds, self.collective, self._ranking_splits(prep), self.ranking,
+                                        self._negatives_key()))
         if self.attack is not None:
             benign = self.attack.benign_users(self.data)
             metrics["test_benign_rmse"] = benign_test_rmse(self.model, self.data, prep.data, benign)
@@ -319,12 +428,36 @@ class FedRecTask(FederatedTask):
                                                                   torch.from_numpy(np.flatnonzero(benign)))
         return metrics
 
+    def _ranking_splits(self, prep: _Prepared) -> list[RankingSplit]:
+        """The held-out splits to rank, each against the round's training items (the test split's also against the
+        validation items)."""
+        if self.ranking.ranking == "none":
+            return []
+        tr, num_users = prep.training, self.data.num_users
+        train = UserItems.from_pairs(tr.user, tr.item, num_users)
+        seen = train
+        if "val" in self._heldout:
+            vu, vi = (self.data.val.user, self.data.val.item) if not self.implicit else self.data.val.pairs()
+            seen = UserItems.from_pairs(np.concatenate([tr.user, vu]), np.concatenate([tr.item, vi]), num_users)
+        return [RankingSplit(name, seen if name == "test" else train, items) for name, items in self._heldout.items()]
+
+    def _negatives_key(self) -> int:
+        """The sampled ranking negatives' key: round 0's in every round (drawn once per run, module docstring)."""
+        return negatives_key(self.seed, 0)
+
+    def write_topk(self, folder: str | Path, round_idx: int) -> Path:
+        """Write the test users' top-K lists as round ``round_idx`` ranks them (the current model) to
+        ``folder``/:data:`TOPK_FILE`."""
+        prep = self._prepare(round_idx)
+        split = next(s for s in self._ranking_splits(prep) if s.name == "test")
+        return save_topk(Path(folder) / TOPK_FILE, topk_lists(self.model, prep.data, split, self.ranking,
+                                                               self._negatives_key()))
+
     def _track_best(self, round_idx: int, metrics: dict[str, float]) -> None:
         for name, v in metrics.items():
-            kind = name.rsplit("_", 1)[-1]
             if not name.startswith(("test_", "val_")) or math.isnan(v):
                 continue
-            better = (lambda a, b: a > b) if kind == "f1" else (lambda a, b: a < b)
+            better = (lambda a, b: a > b) if higher_is_better(name) else (lambda a, b: a < b)
             if name not in self.best or better(v, self.best[name][0]):
                 self.best[name] = (v, round_idx)
 
@@ -353,9 +486,21 @@ class FedRecTask(FederatedTask):
         self.latest = dict(state["latest"])
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"dataset": self.data.name, "rating_scale": self.data.scale,
-                               "model": type(self.model).__name__, "aggregator": type(self.aggregator).__name__,
-                               "clients": self.data.num_clients}
+        """The run's final results; with ``task.eval.save_topk`` it also writes :data:`TOPK_FILE` into the run
+        folder (rank 0), the lists of the last round's ranking."""
+        trainer = self.trainer
+        if self.ranking.save_topk and trainer is not None and trainer.root is not None and trainer.is_global_zero \
+                and trainer.round > 0:
+            self.write_topk(trainer.root, trainer.round - 1)
+        out: dict[str, Any] = {"dataset": self.data.name, "model": type(self.model).__name__,
+                               "aggregator": type(self.aggregator).__name__, "clients": self.data.num_clients,
+                               "objective": self.objective, "federated": self.federated}
+        if self.implicit:
+            out.update({"positives": self.data.positives, "split": self.data.split})
+        else:
+            out["rating_scale"] = self.data.scale
+        if self.ranking.ranking != "none":
+            out["ranking"] = self.ranking.ranking
         if self.server is not None:
             out["server_optimizer"] = type(self.server).__name__
         if self.attack is not None:
