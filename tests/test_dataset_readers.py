@@ -11,12 +11,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedrec.data.integrity import write_sums
 from fedrec.data import load_ratings
 from fedrec.data.download import REGISTRY
+from fedrec.data.integrity import write_sums
 from fedrec.data.movielens import ML_GENRES, read_ml100k_movies
 from fedrec.data.ratings import read_raw_ratings
-from fedrec.envs import ClusteredLinearEnv, DiabetesMAB, LastFMEnv, MovieLensEnv, MovieLensReplayEnv
+from fedrec.envs import (
+    ClusteredLinearEnv,
+    DiabetesMAB,
+    LastFMEnv,
+    MovieLensEnv,
+    MovieLensReplayEnv,
+)
 from fedrec.errors import ConfigError, DatasetNotFoundError
 
 #: every reader of ``ml-100k/u.data``, called on a data directory

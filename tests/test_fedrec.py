@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedrec.data.integrity import write_sums
 from fedrec.data import RatingData, load_ratings
+from fedrec.data.integrity import write_sums
 from fedrec.errors import ConfigError
 from fedrec.metrics import rating_metrics
 from fedrec.models import FedGNN, MatrixFactorization, StarGAT

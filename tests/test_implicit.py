@@ -12,8 +12,15 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from fedrec.data import (
+    ImplicitData,
+    ItemSets,
+    group_users,
+    load_implicit,
+    read_ratings,
+    sample_negatives,
+)
 from fedrec.data.integrity import write_sums
-from fedrec.data import ImplicitData, ItemSets, group_users, load_implicit, read_ratings, sample_negatives
 from fedrec.errors import ConfigError, DatasetNotFoundError
 
 

@@ -12,10 +12,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fedrec.data import (
+    RatingData,
+    Ratings,
+    arrival_rounds,
+    group_users,
+    load_ratings,
+    read_ratings,
+)
 from fedrec.data.integrity import write_sums
-from fedrec.data import RatingData, Ratings, arrival_rounds, group_users, load_ratings, read_ratings
 from fedrec.errors import ConfigError, DatasetNotFoundError
-
 
 #: The warning loading the shipped FilmTrust file gives: lines 7411, 7412 and 7414 repeat later pairs.
 FILMTRUST_WARNING = (
