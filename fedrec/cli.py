@@ -11,7 +11,6 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-import fedrec.resolvers  # noqa: F401  (registers ${by_conventions:...} before any config is resolved)
 from fedrec.build import build_task_fetching_data, check_groups, check_used, instantiate_group
 from fedrec.data.integrity import recording
 from fedrec.errors import ConfigError
