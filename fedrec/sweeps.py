@@ -29,7 +29,8 @@ from fedrec.io import atomic_write
 #: ratings) or the final test NDCG@10 (top-K recommendation from implicit feedback, which has no RMSE)
 PRIMARY = ("normalized_reward", "relative_ctr", "cumulative_regret", "final_test_rmse", "final_test_ndcg@10")
 #: reported beside it when present
-SECONDARY = ("cumulative_regret", "comm_messages", "epsilon_spent", "ari", "best_test_rmse", "final_test_hr@10")
+SECONDARY = ("cumulative_regret", "comm_messages", "epsilon_spent", "ari", "best_test_rmse", "best_test_f1",
+             "final_test_hr@10")
 #: a failed job's error line in its log (train.py logs it there as well as on the terminal)
 ERROR_PREFIX = "error: "
 
