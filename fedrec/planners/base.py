@@ -16,10 +16,9 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError
 from fedrec.privacy.client_dp import BUDGET_MARGIN
 from fedrec.trainer.callbacks import Callback
 

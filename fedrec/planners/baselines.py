@@ -4,13 +4,12 @@ Settings the paper leaves open are documented per class.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import check_float, check_int
 from fedrec.planners.base import BudgetPlanner, SchedulePlanner
 from fedrec.privacy.client_dp import BUDGET_MARGIN
 
