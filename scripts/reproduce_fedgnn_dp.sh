@@ -4,7 +4,7 @@
 # Adam rebuild with and without Gaussian DP (3 seeds). Each row is one Hydra multirun; its summary.md has the
 # mean +- std over seeds of the final and best test RMSE and the best F1.
 # Usage: bash scripts/reproduce_fedgnn_dp.sh [OUT_DIR] [JOBS]   (JOBS: rows run side by side, default 2)
-# Time on this 2-core machine: about 12 minutes.
+# Time on this 2-core machine: about 6 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-reproductions/fedgnn_dp}

@@ -80,3 +80,19 @@ def test_sensitivity_script_names_bad_arguments(tmp_path: Path, argv: list[str])
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bgtplanner_sensitivity.py"), "--out",
                           str(tmp_path / "o"), *argv], capture_output=True, text=True)
     assert res.returncode == 2 and argv[0] in res.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{out}", "two"], "JOBS must be a positive integer"),
+    (["{out}", "0"], "JOBS must be a positive integer"),
+    (["{full}"], "already holds results"),
+])
+def test_fedgnn_dp_script_refuses_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
+    """scripts/reproduce_fedgnn_dp.sh: one error line, exit 2 and no run started, nothing written."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "table.md").write_text("a result\n")
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "reproduce_fedgnn_dp.sh"),
+                          *(a.format(out=tmp_path / "out", full=tmp_path / "full") for a in args)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.startswith("error:") and message in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists() and (tmp_path / "full" / "table.md").read_text() == "a result\n"
