@@ -80,7 +80,7 @@ class MultiAgentMAB:
                 raise ConfigError("env.means must be finite")
         if noise == "bernoulli" and not ((mu >= 0.0) & (mu <= 1.0)).all():
             raise ConfigError("env.means must lie in [0, 1] for env.noise=bernoulli")
-        self.means = np.ascontiguousarray(mu)
+        self.means = np.array(mu, order="C")  # a writable copy: a broadcast view is read-only, another kernel type
         self.key = stream_key(self.seed, "envs.mab.rewards")
         self.pool_ptr = np.zeros(N * M + 1, dtype=np.int64)
         self.pool_values = np.zeros(0)

@@ -69,8 +69,9 @@ class CentralizedLinUCB(StepProtocol):
     def _run_compiled(self, rows: Tensor, contexts: Tensor, rewards: Tensor, logged: Tensor | None) -> Tensor:
         arms = torch.empty(rows.shape, dtype=torch.long)
         event = np.zeros(self.replicates, dtype=np.int64)
-        replay = np.zeros((self.replicates, 0), dtype=np.int64) if logged is None else logged.numpy()
-        io = RowSteps(rows=rows.contiguous().numpy(), contexts=contexts.numpy(), rewards=rewards.numpy(),
+        replay = np.zeros((self.replicates, 0), dtype=np.int64) if logged is None else logged.contiguous().numpy()
+        # C-contiguous blocks (a replay's rewards arrive as a strided view), so the kernel compiles once
+        io = RowSteps(rows=rows.contiguous().numpy(), contexts=contexts.numpy(), rewards=rewards.contiguous().numpy(),
                       logged=replay, arms=arms.numpy(), event=event)
         v = self.kernel_views()
         kernel_call(ROWS_RUN[self.replicates > 1], io, v["params"], v["rows"])

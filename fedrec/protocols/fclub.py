@@ -174,12 +174,14 @@ class FederatedClustering(StepProtocol):
                     self._detect_and_adjust(r)
             stop = min(S, done + 2 ** (int(self.phase) + 1) - 1 - (int(self.t) + 1))
             block = slice(done, stop)
+            # every array C-contiguous, the arms too (copied into place after), so the kernel compiles once
             io = StepBlock(users=clients[:, block].contiguous().numpy(),
                            contexts=contexts[:, block].contiguous().numpy(),
                            rewards=rewards[:, block].contiguous().numpy(),
-                           arms=arms[:, block].numpy() if stop - done == S else _view(arms, block), t0=int(self.t))
+                           arms=np.empty((clients.shape[0], stop - done), dtype=np.int64), t0=int(self.t))
             kernel_call(PHASE_RUN[self.replicates > 1], io, v["params"], v["settings"], v["partition"], v["users"],
                         v["clusters"], v["privatisers"], v["traffic"])
+            arms[:, block] = torch.from_numpy(io.arms)
             self.t += stop - done
             done = stop
         return arms
@@ -327,11 +329,6 @@ def _noise_placement(value: str | None, conventions: str) -> str:
     if value not in NOISE_PLACEMENTS:
         raise ConfigError(f"protocol.noise_placement must be one of {list(NOISE_PLACEMENTS)}, got {value!r}")
     return value
-
-
-def _view(arms: torch.Tensor, block: slice) -> np.ndarray:
-    """A writable numpy view of ``arms[:, block]`` (the kernel writes the arms in place)."""
-    return arms.numpy()[:, block]
 
 
 __all__ = ["FederatedClustering", "confidence_shape"]

@@ -220,7 +220,8 @@ def _draw(users: np.ndarray, taken: Tensor, count: int, key: int) -> tuple[np.nd
     indptr = np.zeros(len(users) + 1, dtype=np.int64)
     np.cumsum(np.bincount(row.numpy(), minlength=len(users)), out=indptr[1:])
     num_items = taken.shape[1]
-    return keyed_sample_excluding(np.uint64(key), users, indptr, item.numpy(), num_items, min(count, num_items))
+    return keyed_sample_excluding(np.uint64(key), np.ascontiguousarray(users), indptr, item.contiguous().numpy(),
+                                  num_items, min(count, num_items))  # C-contiguous: one compiled type
 
 
 def sample_negatives(users: np.ndarray | Sequence[int] | Tensor, train: UserItems, heldout: UserItems,
