@@ -17,6 +17,7 @@ from fedrec.recsys.ranking import (
     load_topk,
     metrics_from_ranking_sums,
     negatives_key,
+    popularity_metrics,
     ranking_metric_names,
     ranking_metrics,
     ranking_sums,
@@ -134,6 +135,32 @@ def test_sampled_negatives_ranking_equals_a_per_user_loop(seed, num_users, num_i
         assert got[name] == pytest.approx(want[name], rel=1e-12, abs=1e-15), name
     topk = top_k(scores, users, tr, he, 10, negatives=count, key=key, batch_size=batch_size)
     assert topk.topk.tolist() == [r[:10] + [-1] * (10 - len(r[:10])) for r in lists]
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), num_users=st.integers(2, 10), num_items=st.integers(2, 25),
+       sampled=st.booleans())
+def test_popularity_baseline_equals_a_per_user_loop(seed, num_users, num_items, sampled) -> None:
+    """Ranking by training counts: every user's candidates (not its ``seen`` items) ordered by how many users trained
+    on each item, ties by the rule; with sampled ranking the candidates are the held-out items and the same keyed
+    negatives a run draws."""
+    _, train, held, _ = random_case(seed, num_users, num_items, True, torch.float64)
+    extra = np.random.default_rng(seed + 1).integers(0, num_items, num_users)  # a "validation" item, never ranked
+    seen = [t | ({int(x)} - h) for t, h, x in zip(train, held, extra)]
+    count = [sum(i in t for t in train) for i in range(num_items)]
+    tr, sn, he = as_user_items(train), as_user_items(seen), as_user_items(held)
+    ranked = he.users_with_items()
+    key = negatives_key(seed, 0) if sampled else None
+    if sampled:
+        negatives, valid = sample_negatives(ranked, sn, he, num_items, key, 4)
+        candidates = [sorted(held[u] | set(negatives[r][valid[r]].tolist())) for r, u in enumerate(ranked)]
+    else:
+        candidates = [[i for i in range(num_items) if i not in seen[u]] for u in ranked]
+    lists = [reference_list([float(c) for c in count], cand, held[u]) for cand, u in zip(candidates, ranked)]
+    got = popularity_metrics(tr, sn, he, num_items, [1, 5], negatives=4 if sampled else None, key=key)
+    want = reference_metrics(lists, [held[u] for u in ranked], [1, 5])
+    for name in want:
+        assert got[name] == pytest.approx(want[name], rel=1e-12, abs=1e-15), name
 
 
 # ---- hand-computed cases --------------------------------------------------------------------------------------

@@ -56,8 +56,8 @@ from fedrec.io import atomic_write
 from fedrec.rng import keyed_sample_excluding, stream_key
 
 __all__ = ["BATCH_USERS", "NEGATIVES", "TopK", "UserItems", "check_ks", "load_topk", "metrics_from_ranking_sums",
-           "negatives_key", "ranking_metric_names", "ranking_metrics", "ranking_sums", "sample_negatives",
-           "save_topk", "top_k"]
+           "negatives_key", "popularity_metrics", "ranking_metric_names", "ranking_metrics", "ranking_sums",
+           "sample_negatives", "save_topk", "top_k"]
 
 #: users ranked together by default: bounds the (batch, items) masks and sort indices held at once
 BATCH_USERS = 256
@@ -367,6 +367,19 @@ def ranking_metrics(scores: Tensor, users: np.ndarray | Sequence[int] | Tensor, 
     """HR@K, NDCG@K, Recall@K for each K of ``ks`` and MRR, averaged over ``users`` (:func:`ranking_sums`)."""
     return metrics_from_ranking_sums(ranking_sums(scores, users, train, heldout, ks, negatives=negatives, key=key,
                                                   batch_size=batch_size), ks)
+
+
+def popularity_metrics(train: UserItems, seen: UserItems, heldout: UserItems, num_items: int,
+                       ks: Iterable[int] | int, *, negatives: int | None = None,
+                       key: int | None = None) -> dict[str, float]:
+    """The metrics of the non-personalised baseline every model should beat: each user's candidates ranked by how
+    many ``train`` interactions each item has (ties by the module's rule). ``seen`` are the items each user may not
+    be recommended (for a test split: training and validation items), ``heldout`` its held-out items; ``negatives``
+    and ``key`` as in :func:`ranking_metrics` (the same key, the same sampled candidates as a run's)."""
+    users = heldout.users_with_items()
+    counts = torch.from_numpy(np.bincount(train.items, minlength=check_int("num_items", num_items)).astype(np.float64))
+    return ranking_metrics(counts[None].expand(len(users), -1), users, seen, heldout, ks, negatives=negatives,
+                           key=key)
 
 
 @torch.no_grad()
