@@ -8,6 +8,7 @@ dataset an environment reads (``dataset``). Errors name the config group (``erro
 """
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.errors import InstantiationException
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import fedrec.resolvers  # noqa: F401  (the configs' ${by_conventions:...}, so build_task resolves any config)
@@ -52,15 +53,21 @@ def instantiate_group(node: DictConfig, key: str, **kwargs: Any) -> Any:
         raise ConfigError(f"{key}: {e}") from e
 
 
-def group_class(node: Any, key: str) -> type:
-    """The class a config group's ``_target_`` names (errors name the group)."""
+def group_target(node: Any, key: str, *, kind: Callable[[str], Any] = get_object) -> Any:
+    """What a config group's ``_target_`` names, a class or a function (errors name the group)."""
     target = node.get("_target_") if isinstance(node, DictConfig) else None
     if target is None:
         raise ConfigError(f"{key}: the group builds nothing (it has no _target_)")
     try:
-        return get_class(str(target))
+        return kind(str(target))
     except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"{key}: cannot find the class {target!r} ({one_line(e)})") from e
+        what = "class" if kind is get_class else "target"
+        raise ConfigError(f"{key}: cannot find the {what} {target!r} ({one_line(e)})") from e
+
+
+def group_class(node: Any, key: str) -> type:
+    """The class a config group's ``_target_`` names (errors name the group)."""
+    return group_target(node, key, kind=get_class)
 
 
 def task_kind(cfg: DictConfig) -> str:
@@ -345,12 +352,12 @@ def build_recommendation(cfg: DictConfig) -> Any:
                           "sweep seeds with -m seed=0,1,2 instead")
     import torch
 
-    from fedrec.data import load_implicit
+    from fedrec.data.implicit import ImplicitData
 
-    # implicit feedback has no stream, so its loader takes no rounds
-    implicit = cfg.data.get("_target_") in ("fedrec.data.load_implicit", f"{load_implicit.__module__}.load_implicit")
-    data = instantiate_group(cfg.data, "data", seed=cfg.seed, **({} if implicit else {"rounds": cfg.task.rounds}))
-    training = len(data.train) if implicit else len(data.training)
+    # a loader that streams ratings over the rounds takes their number (implicit feedback has no stream)
+    streams = "rounds" in inspect.signature(group_target(cfg.data, "data")).parameters
+    data = instantiate_group(cfg.data, "data", seed=cfg.seed, **({"rounds": cfg.task.rounds} if streams else {}))
+    training = len(data.train) if isinstance(data, ImplicitData) else len(data.training)
     check_fits(cfg, recommendation_memory_estimate(cfg, data.num_users, data.num_items, training, data.num_clients),
                "model.embed_dim", f"model.embed_dim={cfg.model.get('embed_dim')}, {data.num_users} users, "
                f"{data.num_items} items, {training} training ratings, task.pseudo_items={cfg.task.get('pseudo_items')}")
