@@ -5,7 +5,7 @@
 #   SEEDS: Hydra list of seeds (default 0,1,2,3,4: the paper's five runs); JOBS: sweeps run side by side (2).
 #   CONVENTIONS="paper authors" (default both): paper -> OUT/table2.md, authors (privacy.conventions=authors:
 #   the authors' accounting, test-set reward, per-round Adam) -> OUT/table2_authors.md. FIG3=0 skips Figure 3.
-# Time on this 2-core machine with the defaults: about 40 minutes per convention, plus 15 for Figure 3.
+# Time on this 2-core machine with the defaults: about 50 minutes for both conventions and Figure 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-reproductions/bgtplanner}
