@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (first time) and run the test suite (long reproductions marked `slow` are excluded; run them
 # with `.venv/bin/python -m pytest -m slow`). Two pytest-xdist workers: the suite is mostly single-threaded
-# compiles and small runs, so two workers on two cores take ~8 minutes instead of ~12 (pass -n 0 for one process).
+# compiles and small runs, so two workers share two cores (about 14 minutes here on 2026-11-27; pass -n 0 for one
+# process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
