@@ -73,10 +73,10 @@ def cell(values: list[float]) -> str:
 
 
 def popularity(runs: list[dict[str, Any]], k: int) -> dict[str, list[float]]:
-    """HR@k and NDCG@k of ranking by training popularity (:func:`fedrec.recsys.ranking.popularity_metrics`), per seed
+    """HR@k and NDCG@k of ranking by training popularity (:func:`fedrec.recsys.ranking.split_popularity`), per seed
     of the runs, ranked as the runs rank (full, or sampled against the same keyed negatives)."""
     from fedrec.data import load_implicit
-    from fedrec.recsys.ranking import UserItems, negatives_key, popularity_metrics
+    from fedrec.recsys.ranking import negatives_key, split_popularity
 
     cfg = runs[0]["config"]
     data_cfg = {key: v for key, v in cfg["data"].items() if key != "_target_"}
@@ -84,20 +84,21 @@ def popularity(runs: list[dict[str, Any]], k: int) -> dict[str, list[float]]:
     sampled = cfg["task"]["eval"]["ranking"] == "sampled"
     out: dict[str, list[float]] = defaultdict(list)
     for seed in sorted({r["summary"]["seed"] for r in runs}):
-        data = load_implicit(seed=seed, **data_cfg)
-        (u, i), (vu, vi) = data.train.pairs(), data.val.pairs()
-        m = popularity_metrics(UserItems.from_pairs(u, i, data.num_users),
-                               UserItems.from_pairs(np.r_[u, vu], np.r_[i, vi], data.num_users),
-                               UserItems.from_pairs(*data.test.pairs(), data.num_users), data.num_items, k,
-                               negatives=cfg["task"]["eval"]["negatives"] if sampled else None,
-                               key=negatives_key(seed, 0) if sampled else None)
+        m = split_popularity(load_implicit(seed=seed, **data_cfg), k,
+                             negatives=cfg["task"]["eval"]["negatives"] if sampled else None,
+                             key=negatives_key(seed, 0) if sampled else None)
         out["hr"].append(m[f"hr@{k}"])
         out["ndcg"].append(m[f"ndcg@{k}"])
     return out
 
 
+def settings_of(runs: list[dict[str, Any]]) -> list[str]:
+    """The runs' settings in the page's order: central, federated, then the private ones by name."""
+    return sorted({setting(r["summary"]) for r in runs}, key=lambda s: (s != "central", s != "federated", s))
+
+
 def table(runs: list[dict[str, Any]], k: int, pop: dict[str, list[float]] | None) -> str:
-    settings = sorted({setting(r["summary"]) for r in runs}, key=lambda s: (s != "central", s != "federated", s))
+    settings = settings_of(runs)
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         groups[(r["summary"]["model"], setting(r["summary"]))].append(r["summary"])
@@ -124,7 +125,7 @@ def figure(runs: list[dict[str, Any]], k: int, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = sorted({setting(r["summary"]) for r in runs}, key=lambda s: (s != "central", s != "federated", s))
+    settings = settings_of(runs)
     fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.4), sharey=True, squeeze=False)
     column = f"test_ndcg@{k}"
     for ax, s in zip(axes[0], settings):

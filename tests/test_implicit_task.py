@@ -18,7 +18,7 @@ from fedrec.errors import ConfigError
 from fedrec.models import LightGCN, MatrixFactorization
 from fedrec.privacy import ClientDP
 from fedrec.recsys import FedSGD
-from fedrec.recsys.ranking import UserItems, load_topk, popularity_metrics
+from fedrec.recsys.ranking import UserItems, load_topk, split_popularity
 from fedrec.sweeps import headline
 from fedrec.tasks import FedRecTask
 from fedrec.tasks.recommendation import higher_is_better
@@ -139,10 +139,7 @@ def test_central_baseline_refuses_privacy_and_bad_objectives(data_dir: Path, ml1
 
 def popularity_hr10(data: ImplicitData) -> float:
     """HR@10 of ranking every user's candidates by the items' training popularity (full ranking)."""
-    (u, i), (vu, vi) = data.train.pairs(), data.val.pairs()
-    return popularity_metrics(UserItems.from_pairs(u, i, data.num_users),
-                              UserItems.from_pairs(np.r_[u, vu], np.r_[i, vi], data.num_users),
-                              UserItems.from_pairs(*data.test.pairs(), data.num_users), data.num_items, 10)["hr@10"]
+    return split_popularity(data, 10)["hr@10"]
 
 
 @pytest.mark.slow

@@ -63,17 +63,12 @@ def test_table_groups_runs_by_model_and_setting_and_draws_the_curves(tmp_path: P
 
 def test_popularity_uses_the_runs_split_and_negatives(tmp_path: Path, data_dir: Path) -> None:
     from fedrec.data import load_implicit
-    from fedrec.recsys.ranking import UserItems, negatives_key, popularity_metrics
+    from fedrec.recsys.ranking import negatives_key, split_popularity
 
     write_run(tmp_path / "runs" / "0", "MF", "federated", 0, 0.5, 0.3)
     res = table(tmp_path / "runs", "--out", tmp_path / "table", "--popularity", data_dir=data_dir)
     assert res.returncode == 0, res.stderr
-    data = load_implicit("ml-100k", data_dir, seed=0)
-    (u, i), (vu, vi) = data.train.pairs(), data.val.pairs()
-    want = popularity_metrics(UserItems.from_pairs(u, i, data.num_users),
-                              UserItems.from_pairs(np.r_[u, vu], np.r_[i, vi], data.num_users),
-                              UserItems.from_pairs(*data.test.pairs(), data.num_users), data.num_items, 10,
-                              negatives=99, key=negatives_key(0, 0))
+    want = split_popularity(load_implicit("ml-100k", data_dir, seed=0), 10, negatives=99, key=negatives_key(0, 0))
     assert f"HR@10 {want['hr@10']:.4f}, NDCG@10 {want['ndcg@10']:.4f} (1 seeds)" in res.stdout
 
 

@@ -45,7 +45,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -55,9 +55,12 @@ from fedrec.errors import ConfigError, check_int
 from fedrec.io import atomic_write
 from fedrec.rng import keyed_sample_excluding, stream_key
 
+if TYPE_CHECKING:
+    from fedrec.data.implicit import ImplicitData
+
 __all__ = ["BATCH_USERS", "NEGATIVES", "TopK", "UserItems", "check_ks", "load_topk", "metrics_from_ranking_sums",
            "negatives_key", "popularity_metrics", "ranking_metric_names", "ranking_metrics", "ranking_sums",
-           "sample_negatives", "save_topk", "top_k"]
+           "sample_negatives", "save_topk", "split_popularity", "top_k"]
 
 #: users ranked together by default: bounds the (batch, items) masks and sort indices held at once
 BATCH_USERS = 256
@@ -380,6 +383,17 @@ def popularity_metrics(train: UserItems, seen: UserItems, heldout: UserItems, nu
     counts = torch.from_numpy(np.bincount(train.items, minlength=check_int("num_items", num_items)).astype(np.float64))
     return ranking_metrics(counts[None].expand(len(users), -1), users, seen, heldout, ks, negatives=negatives,
                            key=key)
+
+
+def split_popularity(data: ImplicitData, ks: Iterable[int] | int, *, negatives: int | None = None,
+                     key: int | None = None) -> dict[str, float]:
+    """:func:`popularity_metrics` on an implicit dataset's test split: popularity counted on its training items,
+    training and validation items excluded from the candidates, as the runs rank the test split."""
+    (u, i), (vu, vi) = data.train.pairs(), data.val.pairs()
+    return popularity_metrics(UserItems.from_pairs(u, i, data.num_users),
+                              UserItems.from_pairs(np.r_[u, vu], np.r_[i, vi], data.num_users),
+                              UserItems.from_pairs(*data.test.pairs(), data.num_users), data.num_items, ks,
+                              negatives=negatives, key=key)
 
 
 @torch.no_grad()
