@@ -2,9 +2,9 @@
 # Set up (first time) and run the test suite (long reproductions marked `slow` are excluded; run them
 # with `.venv/bin/python -m pytest -m slow`). Two pytest-xdist workers: the suite is mostly single-threaded
 # compiles and small runs, so two workers share two cores (about 14 minutes here on 2026-11-27; pass -n 0 for one
-# process).
+# process; the 25 slowest tests are listed at the end, to keep an eye on the suite's time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export FEDREC_DATA_DIR="${FEDREC_DATA_DIR:-$PWD/data}"
-.venv/bin/python -m pytest -m "not slow" -q -n 2 "$@"
+.venv/bin/python -m pytest -m "not slow" -q -n 2 --durations=25 "$@"
