@@ -7,7 +7,7 @@
 #   SEEDS: Hydra list of seeds (default 0,1,2); RANKING: full (every item not trained on, default) or sampled (the
 #   held-out item against 99 sampled negatives); JOBS: sweeps run side by side (2); OVERRIDES: Hydra overrides for
 #   every run (e.g. task.rounds=50). DATASET=ml1m runs ML-1M (its ratings file must be in the data directory).
-# Time on this 2-core machine, ML-100K, 100 rounds, 3 seeds: about 25 minutes per ranking.
+# Time on this 2-core machine, ML-100K, 100 rounds, 3 seeds: about 35 minutes per ranking (58 with other jobs running).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-reproductions/recsys_kit}
