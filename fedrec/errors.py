@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["ConfigError", "DatasetNotFoundError", "check_file", "check_float", "check_int", "run_script"]
+__all__ = [
+    "ConfigError", "DatasetNotFoundError", "check_choice", "check_file", "check_float", "check_int", "run_script",
+]
 
 
 class ConfigError(ValueError):
@@ -15,6 +17,18 @@ class ConfigError(ValueError):
 
 class DatasetNotFoundError(FileNotFoundError):
     """A dataset file is missing; the message names the expected path and how to obtain it."""
+
+
+def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise ConfigError naming ``name``, the choices, a near one."""
+    options = list(choices)
+    if value in options:
+        return value  # type: ignore[return-value]
+    import difflib  # only on the error path: keeps fedrec.errors cheap to import
+
+    match = difflib.get_close_matches(str(value), [c for c in options if isinstance(c, str)], n=1, cutoff=0.6)
+    hint = f" (did you mean {match[0]!r}?)" if match else ""
+    raise ConfigError(f"{name} must be one of {options}, got {value!r}{hint}")
 
 
 def check_int(name: str, value: object, minimum: int = 1) -> int:

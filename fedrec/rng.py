@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedrec.errors import check_choice
 from fedrec.jit import jit
 from fedrec.seeding import numpy_generator
 
@@ -219,8 +220,7 @@ class KeyedRows:
     def draw(self, distribution: str, width: int) -> np.ndarray:
         """``(rows, width)`` float64 draws of ``distribution`` (``"uniform"`` in (0, 1), ``"normal"`` standard,
         ``"laplace"`` with scale 1)."""
-        if distribution not in DISTRIBUTIONS:
-            raise ValueError(f"distribution must be one of {list(DISTRIBUTIONS)}, got {distribution!r}")
+        check_choice("distribution", distribution, DISTRIBUTIONS)
         out = np.empty((self.owner.shape[0], int(width)))
         _keyed_fill(self.key, self.owner, self.start, DISTRIBUTIONS[distribution], out)
         return out

@@ -319,8 +319,8 @@ def test_negatives_on_a_nearly_full_row(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"name": "ml-10m"}, r"name must be one of ml-100k, filmtrust, ml-1m; got 'ml-10m'"),
-        ({"split": "temporal"}, r"split must be one of leave_one_out, random; got 'temporal'"),
+        ({"name": "ml-10m"}, r"name must be one of \['ml-100k', 'filmtrust', 'ml-1m'\], got 'ml-10m'"),
+        ({"split": "temporal"}, r"split must be one of \['leave_one_out', 'random'\], got 'temporal'"),
         ({"seed": -1}, r"seed must be an integer >= 0"),
         ({"test_fraction": 1.0}, r"test_fraction must lie in \(0.0, 1.0\)"),
         ({"val_fraction": 0}, r"val_fraction must lie in \(0.0, 1.0\)"),

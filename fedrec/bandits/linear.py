@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 
 __all__ = ["LinTS", "LinUCB", "LinearBandit", "RowState", "confidence_radius"]
 
@@ -316,9 +316,7 @@ class LinUCB(LinearBandit):
         self.alpha = None if alpha is None else check_float("alpha", alpha, low=0.0)
         self.sigma = check_float("sigma", sigma, low=0.0)
         self.delta = check_float("delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
-        if radius_bound not in ("determinant", "count"):
-            raise ConfigError(f"radius_bound must be 'determinant' or 'count', got {radius_bound!r}")
-        self.radius_bound = radius_bound
+        self.radius_bound = check_choice("radius_bound", radius_bound, ("determinant", "count"))
 
     def radius(self, state: RowState) -> Tensor | float:
         """Exploration weight α of the rows in ``state``."""
@@ -373,9 +371,7 @@ class LinTS(LinearBandit):
         super().__init__(dim, lam, batch_shape, refactor_every, device)
         self.v = check_float("v", v, low=0.0)
         self.seed = check_int("seed", seed, minimum=0)
-        if sampler not in self.SAMPLERS:
-            raise ConfigError(f"sampler must be one of {list(self.SAMPLERS)}, got {sampler!r}")
-        self.sampler = sampler
+        self.sampler = check_choice("sampler", sampler, self.SAMPLERS)
         self.compiled = sampler == "cholesky"
         self.register_buffer("draws", torch.zeros(self.num_rows, dtype=torch.long, device=device))
         # the stream each row draws from (its row by default; a protocol whose rows move, e.g. allocated on arrival,

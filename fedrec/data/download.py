@@ -32,7 +32,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from fedrec.data.integrity import checked_file, write_sums
-from fedrec.errors import ConfigError, DatasetNotFoundError
+from fedrec.errors import DatasetNotFoundError, check_choice
 
 
 @dataclass(frozen=True)
@@ -132,9 +132,7 @@ def default_data_dir() -> Path:
 
 def source(name: str) -> Source:
     """The registry entry of dataset ``name``, or a ConfigError listing the known names."""
-    if name not in REGISTRY:
-        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(REGISTRY)}")
-    return REGISTRY[name]
+    return REGISTRY[check_choice("dataset", name, REGISTRY)]
 
 
 def missing_files(name: str, data_dir: str | Path) -> list[Path]:

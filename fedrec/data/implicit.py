@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from fedrec.data.ratings import TEXT_DATASETS, group_users, read_ratings
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.rng import KeyedRows, keyed_group_shuffle, stream_key
 
 #: Split rules accepted by :func:`load_implicit`.
@@ -185,10 +185,8 @@ def load_implicit(
         val: hold out validation items (else only test items).
         num_clients: clients; None = one per user.
     """
-    if name not in TEXT_DATASETS:
-        raise ConfigError(f"name must be one of {', '.join(TEXT_DATASETS)}; got {name!r}")
-    if split not in SPLITS:
-        raise ConfigError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+    check_choice("name", name, TEXT_DATASETS)
+    check_choice("split", split, SPLITS)
     if not isinstance(val, bool):
         raise ConfigError(f"val must be true or false, got {val!r}")
     seed = check_int("seed", seed, minimum=0)

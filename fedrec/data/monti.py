@@ -35,7 +35,7 @@ import scipy.sparse as sp
 
 from fedrec.data.download import dataset_file
 from fedrec.data.scales import RatingScale
-from fedrec.errors import ConfigError
+from fedrec.errors import ConfigError, check_choice
 
 #: The Monti et al. datasets :func:`fedrec.data.load_ratings` reads with their fixed test split.
 MONTI_DATASETS = ("douban", "flixster", "yahoo_music")
@@ -87,9 +87,7 @@ class MontiMatrix:
 def read_monti(name: str, data_dir: str | Path) -> MontiMatrix:
     """Dataset ``name`` (one of :data:`MONTI_DATASETS`) read from ``<data_dir>/<name>/training_test_dataset.mat``
     and validated (module docstring)."""
-    if name not in _LAYOUTS:
-        raise ConfigError(f"name must be one of {', '.join(MONTI_DATASETS)}; got {name!r}")
-    layout = _LAYOUTS[name]
+    layout = _LAYOUTS[check_choice("name", name, MONTI_DATASETS)]
     path = dataset_file(name, data_dir, MONTI_FILE)
     variables = ["M", "Otraining", "Otest", *(g for g in (layout.user_graph, layout.item_graph) if g)]
     arrays = _read_variables(path, variables)

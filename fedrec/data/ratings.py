@@ -71,7 +71,7 @@ import scipy.sparse as sp
 from fedrec.data.download import dataset_file
 from fedrec.data.monti import MONTI_DATASETS, read_monti
 from fedrec.data.scales import RatingScale
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.seeding import numpy_generator
 from fedrec.tables import read_table
 
@@ -572,12 +572,8 @@ def _round(x: float) -> int:
 
 
 def _check_name(name: object, names: tuple[str, ...] = TEXT_DATASETS) -> str:
-    if name not in names:
-        raise ConfigError(f"name must be one of {', '.join(names)}; got {name!r}")
-    return str(name)
+    return check_choice("name", name, names)
 
 
 def _check_normalize(normalize: object) -> str:
-    if normalize not in NORMALIZATIONS:
-        raise ConfigError(f"normalize must be one of {', '.join(NORMALIZATIONS)}; got {normalize!r}")
-    return str(normalize)
+    return check_choice("normalize", normalize, NORMALIZATIONS)

@@ -39,7 +39,7 @@ from threadpoolctl import threadpool_limits
 from fedrec.data.integrity import checked_file
 from fedrec.data.ratings import read_raw_ratings
 from fedrec.envs.base import BanditEnv, Chunk
-from fedrec.errors import ConfigError, check_int
+from fedrec.errors import ConfigError, check_choice, check_int
 from fedrec.seeding import numpy_generator
 
 THETA_SOURCES = ("authors", "ortho_cap", "file", "ml100k")
@@ -92,8 +92,7 @@ class ClusteredLinearEnv(BanditEnv):
                 raise ConfigError(f"{field} ({value}) must be <= num_clients ({n})")
             if n % value:
                 raise ConfigError(f"{field} ({value}) must divide num_clients ({n}): users form blocks of equal size")
-        if theta not in THETA_SOURCES:
-            raise ConfigError(f"theta must be one of {list(THETA_SOURCES)}, got {theta!r}")
+        check_choice("theta", theta, THETA_SOURCES)
         if theta_file is not None and theta not in ("authors", "file"):
             raise ConfigError(f"theta_file is read by theta=authors or theta=file only, got theta={theta!r}")
         self.ml100k_users = check_int("ml100k_users", ml100k_users)

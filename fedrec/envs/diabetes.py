@@ -30,7 +30,7 @@ import pandas as pd
 from fedrec.data.integrity import checked_file
 from fedrec.envs.mab import MultiAgentMAB
 from fedrec.envs.rewards import RECORDS
-from fedrec.errors import ConfigError, check_int
+from fedrec.errors import ConfigError, check_choice, check_int
 from fedrec.seeding import numpy_generator
 from fedrec.tables import read_table
 
@@ -84,8 +84,7 @@ def diabetes_arms(frame: pd.DataFrame, source: Path | str = "diabetes") -> Diabe
         bad = ~frame[column].isin(allowed).to_numpy()
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            raise ConfigError(f"{source}, line {row + 2}: column {column!r} must be one of {list(allowed)}, got "
-                              f"{frame[column].iloc[row]!r}")
+            check_choice(f"{source}, line {row + 2}: column {column!r}", frame[column].iloc[row], allowed)
     up_down = np.zeros(len(frame), dtype=bool)
     steady = np.zeros((len(frame), len(ARM_GROUPS)), dtype=bool)
     for g, group in enumerate(ARM_GROUPS):
@@ -122,9 +121,7 @@ class DiabetesMAB(MultiAgentMAB):
     def __init__(self, data_dir: str | Path, replicates: int = 1, seed: int = 0, num_agents: int = 3,
                  split: str = "contiguous", split_seed: int = 0) -> None:
         num_agents = check_int("env.num_agents", num_agents, minimum=1)
-        if split not in SPLITS:
-            raise ConfigError(f"env.split must be one of {list(SPLITS)}, got {split!r}")
-        self.split = split
+        self.split = check_choice("env.split", split, SPLITS)
         self.split_seed = check_int("env.split_seed", split_seed, minimum=0)
         self.path = Path(data_dir) / FOLDER / FILE
         self.records = diabetes_arms(read_diabetes(self.path), self.path)

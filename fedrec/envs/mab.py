@@ -18,7 +18,7 @@ import numpy as np
 import math
 
 from fedrec.envs.rewards import BERNOULLI, CLIPPED, GAUSSIAN, RewardSource, draw_reward, rewards_many
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.jit import build
 from fedrec.rng import stream_key
 from fedrec.seeding import numpy_generator
@@ -60,9 +60,7 @@ class MultiAgentMAB:
         self.num_arms = check_int("env.num_arms", num_arms, minimum=1)
         self.replicates = check_int("env.replicates", replicates, minimum=1)
         self.seed = check_int("env.seed", seed, minimum=0)
-        if noise not in NOISES:
-            raise ConfigError(f"env.noise must be one of {list(NOISES)}, got {noise!r}")
-        self.noise = noise
+        self.noise = check_choice("env.noise", noise, NOISES)
         self.noise_std = check_float("env.noise_std", noise_std, low=0.0)
         R, N, M = self.replicates, self.num_agents, self.num_arms
         if means is None:

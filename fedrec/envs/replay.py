@@ -24,7 +24,7 @@ import numpy as np
 from fedrec.data.movielens import ML_GENRES, read_ml100k_movies, read_ml100k_users
 from fedrec.data.ratings import read_raw_ratings
 from fedrec.envs.base import BanditEnv, Chunk
-from fedrec.errors import ConfigError, check_int
+from fedrec.errors import ConfigError, check_choice, check_int
 from fedrec.seeding import numpy_generator
 
 COMBINE = ("outer_sum", "outer_product")
@@ -69,8 +69,7 @@ class ReplayEnv(BanditEnv):
         self, data_dir: str | Path, replicates: int = 1, seed: int = 0, num_arms: int = 10,
         combine: str = "outer_sum", chunk_size: int = 1000, max_events: int | None = None,
     ) -> None:
-        if combine not in COMBINE:
-            raise ConfigError(f"combine must be one of {list(COMBINE)}, got {combine!r}")
+        check_choice("combine", combine, COMBINE)
         log = self._load(Path(data_dir))
         num_arms = check_int("num_arms", num_arms, minimum=2)
         if num_arms > len(log.item_features):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedrec.envs.base import BanditEnv, Chunk
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.seeding import numpy_generator
 
 
@@ -52,10 +52,8 @@ class LinearEnv(BanditEnv):
         noise: str = "std",
     ) -> None:
         super().__init__(num_clients, dim, num_arms, replicates, seed, chunk_size)
-        if contexts not in ("pool", "ball", "sphere"):
-            raise ConfigError(f"contexts must be 'pool', 'ball' or 'sphere', got {contexts!r}")
-        if arrival not in ("uniform", "zipf"):
-            raise ConfigError(f"arrival must be 'uniform' or 'zipf', got {arrival!r}")
+        check_choice("contexts", contexts, ("pool", "ball", "sphere"))
+        check_choice("arrival", arrival, ("uniform", "zipf"))
         self.global_dim = None if global_dim is None else check_int("global_dim", global_dim)
         if self.global_dim is not None and self.global_dim >= self.dim:
             raise ConfigError(f"global_dim must be < dim ({self.dim}) for heterogeneous clients, got {global_dim}")
@@ -63,8 +61,7 @@ class LinearEnv(BanditEnv):
         self.pool_size = check_int("pool_size", pool_size)
         if contexts == "pool" and self.pool_size < self.num_arms:
             raise ConfigError(f"pool_size ({pool_size}) must be >= num_arms ({num_arms})")
-        if noise not in ("std", "variance"):
-            raise ConfigError(f"noise must be 'std' or 'variance' (how noise_std is read), got {noise!r}")
+        check_choice("noise (how noise_std is read)", noise, ("std", "variance"))
         level = check_float("noise_std", noise_std, low=0.0)
         self.noise_std = level if noise == "std" else float(np.sqrt(level))
         self.arrival = arrival

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedrec.errors import check_choice
 from fedrec.federation.ledger import KINDS, CommLedger
 
 Endpoints = tuple[str, "Tensor | int"]
@@ -48,8 +49,7 @@ class Channel(nn.Module):
         ``replicates`` names each message's replicate run; ``scalars`` is each message's size. The number of
         messages is the longest of the id and replicate tensors.
         """
-        if kind not in KINDS:
-            raise ValueError(f"message kind must be one of {KINDS}, got {kind!r}")
+        check_choice("message kind", kind, KINDS)
         parts = [torch.as_tensor(v, dtype=torch.long).reshape(-1)
                  for v in (sender[1], receiver[1], replicates, scalars)]
         m = max(p.numel() for p in parts)

@@ -16,7 +16,7 @@ from functools import cached_property
 import networkx as nx
 import numpy as np
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.seeding import numpy_generator
 
 
@@ -216,9 +216,7 @@ def make_topology(kind: str, num_agents: int, **params: object) -> Topology:
         **params: the family's own parameters (``rows`` of a grid, ``p`` and ``seed`` of Erdős–Rényi, ``edges`` of
             an edge list).
     """
-    if kind not in KINDS:
-        raise ConfigError(f"topology.kind must be one of {list(KINDS)}, got {kind!r}")
-    factory = KINDS[kind]
+    factory = KINDS[check_choice("topology.kind", kind, KINDS)]
     try:
         inspect.signature(factory).bind(num_agents, **params)
     except TypeError:

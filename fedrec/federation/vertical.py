@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from fedrec.blocks import near_equal_sizes
-from fedrec.errors import ConfigError
+from fedrec.errors import ConfigError, check_choice
 from fedrec.seeding import numpy_generator
 
 #: the mask kinds: O3M's orthogonal Q, or a non-orthogonal negative control that breaks lossless recovery (spec §6
@@ -59,12 +59,11 @@ def orthogonal_mask(dim: int, rng: np.random.Generator) -> np.ndarray:
 def draw_mask(dim: int, seed: int, replicate: int, kind: str = "o3m", draw: int = 0) -> np.ndarray:
     """The mask of one replicate run (``draw`` > 0: a later fresh mask, for the negative control). ``gaussian`` is
     the unnormalised N(0, 1/d) matrix, not orthogonal (a negative control)."""
+    check_choice("mask", kind, MASKS)
     rng = numpy_generator(seed, "vfl.mask", replicate, draw)
     if kind == "o3m":
         return orthogonal_mask(dim, rng)
-    if kind == "gaussian":
-        return rng.standard_normal((dim, dim)) / np.sqrt(dim)
-    raise ConfigError(f"mask must be one of {list(MASKS)}, got {kind!r}")
+    return rng.standard_normal((dim, dim)) / np.sqrt(dim)  # gaussian
 
 
 class Parties(nn.Module):

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import Tensor
 
-from fedrec.errors import ConfigError
+from fedrec.errors import ConfigError, check_choice
 from fedrec.privacy.client_dp import BUDGET_MARGIN
 from fedrec.trainer.callbacks import Callback
 
@@ -34,9 +34,7 @@ class BudgetPlanner(Callback, ABC):
     uses_reward = True
 
     def __init__(self, reward_split: str = "val") -> None:
-        if reward_split not in REWARD_SPLITS:
-            raise ConfigError(f"planner.reward_split must be one of {list(REWARD_SPLITS)}, got {reward_split!r}")
-        self.reward_split = reward_split
+        self.reward_split = check_choice("planner.reward_split", reward_split, REWARD_SPLITS)
         self.prev_rmse: float | None = None
         self._measured = True  # whether rewards are measured (see uses_reward); set at fit start
         self.budgets: list[float] = []

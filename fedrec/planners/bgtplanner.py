@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.privacy.client_dp import BUDGET_MARGIN
 from fedrec.planners.base import BudgetPlanner
 from fedrec.planners.gram import gram_operator, load_kernels
@@ -350,10 +350,8 @@ class BGTPlanner(BudgetPlanner):
         self.context_dim = check_int("planner.context_dim", context_dim)
         self.scale_features = bool(scale_features)
         self.sign = -1.0 if paper_sign else 1.0
-        if rho not in RHO_RULES:
-            raise ConfigError(f"planner.rho must be one of {list(RHO_RULES)}, got {rho!r}")
-        if action_grid not in ACTION_GRIDS:
-            raise ConfigError(f"planner.action_grid must be one of {list(ACTION_GRIDS)}, got {action_grid!r}")
+        check_choice("planner.rho", rho, RHO_RULES)
+        check_choice("planner.action_grid", action_grid, ACTION_GRIDS)
         self.rho_rule, self.action_grid = rho, action_grid
         self.eta_arg = None if eta is None else check_float("planner.eta", eta, low=0.0, low_open=True)
         self.gamma_arg = None if gamma is None else check_float("planner.gamma", gamma, low=0.0)

@@ -47,7 +47,7 @@ import torch
 from scipy.optimize import brentq
 from torch import Tensor
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 
 __all__ = [
     "Accountant",
@@ -72,12 +72,6 @@ _Key = tuple[tuple[float, int], ...]  # canonical history: ((level, count), ...)
 
 class PrivacyBudgetExceeded(ValueError):
     """A round was recorded for a client whose total budget it would exceed."""
-
-
-def _check_choice(name: str, value: str, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}")
-    return value
 
 
 def _check_delta(delta: float, name: str = "delta") -> float:
@@ -131,10 +125,7 @@ def register_accountant(name: str) -> Callable[[_A], _A]:
 
 def make_accountant(name: str, **kwargs: Any) -> Accountant:
     """A new accountant of the registered kind ``name``, built with ``kwargs``."""
-    cls = _REGISTRY.get(name)
-    if cls is None:
-        raise ConfigError(f"accountant must be one of {sorted(_REGISTRY)}, got {name!r}")
-    return cls(**kwargs)
+    return _REGISTRY[check_choice("accountant", name, sorted(_REGISTRY))](**kwargs)
 
 
 def opacus_accountant(name: str, history: Sequence[tuple[float, float, int]] = ()) -> Any:
@@ -142,7 +133,7 @@ def opacus_accountant(name: str, history: Sequence[tuple[float, float, int]] = (
     to import and only needed once something is accounted)."""
     from opacus.accountants import PRVAccountant, RDPAccountant
 
-    acc = {"rdp": RDPAccountant, "prv": PRVAccountant}[_check_choice("accountant", name, ACCOUNTANTS)]()
+    acc = {"rdp": RDPAccountant, "prv": PRVAccountant}[check_choice("accountant", name, ACCOUNTANTS)]()
     acc.history = [(float(z), float(q), int(n)) for z, q, n in history]
     return acc
 
@@ -182,7 +173,7 @@ def uniform_noise_multiplier(
     with np.errstate(divide="ignore", invalid="ignore"):
         return float(get_noise_multiplier(
             target_epsilon=eps, target_delta=delta, sample_rate=1.0, steps=steps,
-            accountant=_check_choice("accountant", accountant, ACCOUNTANTS), epsilon_tolerance=tol, **kwargs,
+            accountant=check_choice("accountant", accountant, ACCOUNTANTS), epsilon_tolerance=tol, **kwargs,
         ))
 
 
@@ -341,8 +332,8 @@ class ClientAccountant(Accountant):
         alphas: Sequence[float] | None = None,
     ) -> None:
         self.num_clients = check_int("num_clients", num_clients, minimum=1)
-        self.mechanism = _check_choice("mechanism", mechanism, MECHANISMS)
-        self.accountant = _check_choice("accountant", accountant, ACCOUNTANTS)
+        self.mechanism = check_choice("mechanism", mechanism, MECHANISMS)
+        self.accountant = check_choice("accountant", accountant, ACCOUNTANTS)
         self.level_name = "noise_multiplier" if self.mechanism == "gaussian" else "epsilon"
         tot = torch.as_tensor(epsilon_total, dtype=torch.float64).detach().cpu()
         if tot.dim() == 0:

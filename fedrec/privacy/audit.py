@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.jit import jit
 from fedrec.privacy.client_dp import ClientDP
 from fedrec.privacy.tree import TreeAggregator, fclub_epsilon, laplace_node_scale
@@ -355,12 +355,11 @@ def audit_textbook(mechanism: str, epsilon: float, delta: float = 1e-5, *, trial
     from fedrec.privacy.mechanisms import analytic_gaussian_noise_multiplier
 
     eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
+    check_choice("mechanism", mechanism, ("gaussian", "laplace"))
     if mechanism == "gaussian":
         scale, distribution, d = analytic_gaussian_noise_multiplier(eps, delta), "normal", float(delta)
-    elif mechanism == "laplace":
-        scale, distribution, d = 1.0 / eps, "laplace", 0.0
     else:
-        raise ConfigError(f"mechanism must be one of ['gaussian', 'laplace'], got {mechanism!r}")
+        scale, distribution, d = 1.0 / eps, "laplace", 0.0
     key = stream_key(check_int("seed", seed, minimum=0), "audit.textbook", ["gaussian", "laplace"].index(mechanism))
 
     def release(world: Tensor) -> Tensor:
@@ -452,8 +451,7 @@ def audit_client_dp(privacy: ClientDP, privatise: Privatiser, *, tensor_sizes: S
     if dim == 0:
         raise ConfigError("the canary's upload is empty: give tensor_sizes or rows")
     adjacency = privacy.mechanism.adjacency if adjacency is None else adjacency
-    if adjacency not in ("replace_one", "add_remove"):
-        raise ConfigError(f"adjacency must be one of ['replace_one', 'add_remove'], got {adjacency!r}")
+    check_choice("adjacency", adjacency, ("replace_one", "add_remove"))
     units = _units(privacy, sizes, rows, width)
     u1 = _worst_case_canary(privacy, units, dim) if canary is None else torch.as_tensor(canary, dtype=torch.float64)
     if tuple(u1.shape) != (dim,) or not bool(torch.isfinite(u1).all()):
@@ -670,8 +668,7 @@ def audit_fclub(sigma: float, delta: float, uploads: int, *, phases: int = 1, di
     n_phases = check_int("phases", phases, minimum=1)
     d = check_int("dim", dim, minimum=1)
     H = check_int("uploads", uploads, minimum=0) + 1
-    if adjacency not in ("replace_one", "add_remove"):
-        raise ConfigError(f"adjacency must be one of ['replace_one', 'add_remove'], got {adjacency!r}")
+    check_choice("adjacency", adjacency, ("replace_one", "add_remove"))
     W = (d + 1) ** 2
     m_in = _observation(d, 1.0).flatten()
     m_out = _observation(d, -1.0).flatten() if adjacency == "replace_one" else torch.zeros(W, dtype=torch.float64)

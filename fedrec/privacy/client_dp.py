@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedrec.errors import ConfigError, check_float
+from fedrec.errors import ConfigError, check_choice, check_float
 from fedrec.privacy.accountant import ClientAccountant, uniform_epsilon_per_round
 from fedrec.privacy.mechanisms import (
     GaussianMechanism,
@@ -143,12 +143,11 @@ class ClientDP:
         conventions: str = "paper",
     ) -> None:
         mechs: dict[str, type[NoiseMechanism]] = {"gaussian": GaussianMechanism, "laplace": LaplaceMechanism}
-        if mechanism not in mechs:
-            raise ConfigError(f"privacy.mechanism must be one of ['none', 'gaussian', 'laplace'], got {mechanism!r}")
-        if rng not in RNGS:
-            raise ConfigError(f"privacy.rng must be one of {list(RNGS)}, got {rng!r}")
-        if conventions not in CONVENTIONS:
-            raise ConfigError(f"privacy.conventions must be one of {list(CONVENTIONS)}, got {conventions!r}")
+        if mechanism not in mechs:  # "none" (no client-level DP) is read by fedrec.build, which makes no ClientDP
+            check_choice("privacy.mechanism", mechanism, ("none", *mechs))
+            raise ConfigError("privacy.mechanism=none builds no ClientDP: the run trains without client-level DP")
+        check_choice("privacy.rng", rng, RNGS)
+        check_choice("privacy.conventions", conventions, CONVENTIONS)
         self.rng, self.conventions = rng, conventions
         authors = conventions == "authors"
         self.epsilon_total = check_float("privacy.epsilon", epsilon, low=0.0, low_open=True)

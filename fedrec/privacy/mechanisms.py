@@ -58,7 +58,7 @@ from scipy.optimize import brentq
 from scipy.special import log_ndtr
 from torch import Tensor
 
-from fedrec.errors import ConfigError, check_float
+from fedrec.errors import ConfigError, check_choice, check_float
 from fedrec.rng import KeyedRows
 
 __all__ = [
@@ -177,8 +177,7 @@ def check_sensitivity(sensitivity_factor: float, adjacency: str, prefix: str = "
     Under replace-one adjacency a client's clipped upload may move anywhere in the clip ball, so Δ is its diameter
     (factor ≥ 2); under add/remove an absent client counts as a zero upload, so Δ is its radius (factor ≥ 1).
     """
-    if adjacency not in ADJACENCIES:
-        raise ConfigError(f"{prefix}adjacency must be one of {list(ADJACENCIES)}, got {adjacency!r}")
+    check_choice(f"{prefix}adjacency", adjacency, ADJACENCIES)
     factor = check_float(f"{prefix}sensitivity_factor", sensitivity_factor, low=0.0, low_open=True)
     if factor >= MIN_SENSITIVITY_FACTOR[adjacency]:
         return factor

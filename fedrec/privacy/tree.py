@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.privacy.accountant import (
     Accountant,
     GaussianRDPAccountant,
@@ -160,8 +160,7 @@ def laplace_node_scale(epsilon: float, horizon: int, sensitivity: float, split: 
     """
     eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
     delta_l1 = check_float("sensitivity", sensitivity, low=0.0, low_open=True)
-    if split not in LAPLACE_SPLITS:
-        raise ConfigError(f"laplace_split must be one of {list(LAPLACE_SPLITS)}, got {split!r}")
+    check_choice("laplace_split", split, LAPLACE_SPLITS)
     T = check_int("horizon", horizon, minimum=1)
     count = max(1, (T - 1).bit_length()) if split == "paper" else _levels(T)  # (T − 1).bit_length() = ⌈log₂ T⌉
     scale = delta_l1 / uniform_epsilon_per_round(eps, count)
@@ -190,9 +189,7 @@ class TreeLaplace:
     def __post_init__(self) -> None:
         eps = check_float("privacy.epsilon", self.epsilon, low=0.0, low_open=True, allow_inf=True)
         object.__setattr__(self, "epsilon", eps)
-        if self.laplace_split not in LAPLACE_SPLITS:
-            raise ConfigError(f"privacy.laplace_split must be one of {list(LAPLACE_SPLITS)}, "
-                              f"got {self.laplace_split!r}")
+        check_choice("privacy.laplace_split", self.laplace_split, LAPLACE_SPLITS)
         if not isinstance(self.noise_empty_intervals, bool):
             raise ConfigError(f"privacy.noise_empty_intervals must be true or false, got "
                               f"{self.noise_empty_intervals!r}")
@@ -281,8 +278,7 @@ CALIBRATIONS = ("paper", "accountant")
 
 def _check_calibration(calibration: str) -> None:
     """Refuse a calibration other than :data:`CALIBRATIONS`, naming ``privacy.calibration``."""
-    if calibration not in CALIBRATIONS:
-        raise ConfigError(f"privacy.calibration must be one of {list(CALIBRATIONS)}, got {calibration!r}")
+    check_choice("privacy.calibration", calibration, CALIBRATIONS)
 
 
 @dataclass(frozen=True)
@@ -451,9 +447,7 @@ class TreeAggregator(nn.Module):
             check_int("shape", s, minimum=1) for s in shape)
         self.horizon = check_int("horizon", horizon, minimum=1)
         self.sensitivity = check_float("sensitivity", sensitivity, low=0.0, low_open=True)
-        if mechanism not in MECHANISMS:
-            raise ConfigError(f"mechanism must be one of {list(MECHANISMS)}, got {mechanism!r}")
-        self.mechanism = mechanism
+        self.mechanism = check_choice("mechanism", mechanism, MECHANISMS)
         self.num_rows = check_int("num_rows", num_rows, minimum=1)
         self.symmetric = bool(symmetric)
         if self.symmetric and (mechanism != "gaussian" or len(self.shape) != 2 or self.shape[0] != self.shape[1]):

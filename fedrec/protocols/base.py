@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from fedrec.bandits.linear import LinearBandit, LinTS, LinUCB
 from fedrec.envs.mab import MultiAgentMAB
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
 from fedrec.federation.topology import Topology
@@ -73,8 +73,7 @@ def build_policy(policy: PolicyFactory | None, dim: int, batch_shape: tuple[int,
 def resolve_backend(backend: str, offered: tuple[str, ...], name: str) -> str:
     """``compiled`` or ``torch`` for a requested backend among those protocol ``name`` ``offered``; ``auto`` is
     compiled when offered and numba imports, else torch. A backend the protocol lacks is refused, never replaced."""
-    if backend not in BACKENDS:
-        raise ConfigError(f"protocol.backend must be one of {list(BACKENDS)}, got {backend!r}")
+    check_choice("protocol.backend", backend, BACKENDS)
     compiled = "compiled" in offered and HAVE_NUMBA
     if backend == "auto":
         if compiled or "torch" in offered:

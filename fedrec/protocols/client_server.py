@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from fedrec.bandits.linear import LinearBandit, LinTS, RowState, outer
-from fedrec.errors import ConfigError
+from fedrec.errors import ConfigError, check_choice
 from fedrec.jit import build
 from fedrec.protocols.base import PolicyFactory, StepProtocol, build_policy, kernel_call, policy_views
 from fedrec.protocols.kernels.client_server import Steps, Traffic
@@ -46,8 +46,7 @@ class ClientServerLinUCB(StepProtocol):
         preregister: bool, layout: str = "dense",
     ) -> None:
         super().__init__(num_clients, dim, replicates, seed, backend)
-        if layout not in self.LAYOUTS:
-            raise ConfigError(f"protocol.layout must be one of {list(self.LAYOUTS)}, got {layout!r}")
+        check_choice("protocol.layout", layout, self.LAYOUTS)
         if layout == "sparse" and preregister:
             raise ConfigError("protocol.layout=sparse: preregistered clients all hold state from the start; "
                               "use layout=dense with preregister=true")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.jit import build
 from fedrec.protocols.base import StepProtocol, kernel_call
 from fedrec.protocols.clustering import Radius
@@ -60,8 +60,7 @@ class LocalClustering(StepProtocol):
         beta_scale: float | None = None, sigma0: float | None = None, failure: float = 0.1,
         clusters_bound: int = 4, backend: str = "auto",
     ) -> None:
-        if method not in METHODS:
-            raise ConfigError(f"method must be one of {list(METHODS)}, got {method!r}")
+        check_choice("method", method, METHODS)
         L = check_int("num_servers", num_servers)
         n = check_int("num_clients", num_clients)
         if L > n or n % L:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import check_choice, check_float, check_int
 from fedrec.privacy.tree import TreeGaussian
 from fedrec.protocols.kernels.clustering import BETA_AUTHORS, BETA_AUTHORS_CDP, BETA_LEMMA1, ClusterParams
 
@@ -50,15 +50,12 @@ class Radius:
     def resolve(cls, conventions: str, private: bool, bonus: str | None = None, lam: float | None = None,
                 sigma0: float | None = None, beta_scale: float | None = None, beta: float | None = None) -> Radius:
         """The convention's values, each overridden by the one given (None: the convention's)."""
-        if conventions not in CONVENTIONS:
-            raise ConfigError(f"conventions must be one of {list(CONVENTIONS)}, got {conventions!r}")
+        check_choice("conventions", conventions, CONVENTIONS)
         if conventions == "paper":
             default = ("sqrt", 1.0, 0.5, 1.0)
         else:
             default = ("squared", 1.0, 1.0, AUTHORS_CDP_SCALE) if private else ("squared", 2.0, 0.5, 1.0)
-        bonus = default[0] if bonus is None else bonus
-        if bonus not in BONUS:
-            raise ConfigError(f"bonus must be one of {list(BONUS)}, got {bonus!r}")
+        bonus = check_choice("bonus", default[0] if bonus is None else bonus, BONUS)
         return cls(
             conventions, bonus,
             check_float("lam", default[1] if lam is None else lam, low=0.0, low_open=True),

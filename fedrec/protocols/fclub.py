@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.jit import build, field_types
 from fedrec.privacy.tree import TreeGaussian
 from fedrec.protocols.base import StepProtocol, kernel_call
@@ -326,9 +326,7 @@ def _noise_placement(value: str | None, conventions: str) -> str:
     """The noise placement given, or the conventions' (:data:`CONVENTION_PLACEMENT`)."""
     if value is None:
         return CONVENTION_PLACEMENT[conventions]
-    if value not in NOISE_PLACEMENTS:
-        raise ConfigError(f"protocol.noise_placement must be one of {list(NOISE_PLACEMENTS)}, got {value!r}")
-    return value
+    return check_choice("protocol.noise_placement", value, NOISE_PLACEMENTS)
 
 
 __all__ = ["FederatedClustering", "confidence_shape"]

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from fedrec.envs.mab import MultiAgentMAB
-from fedrec.errors import ConfigError
+from fedrec.errors import ConfigError, check_choice
 from fedrec.federation.topology import Topology
 from fedrec.jit import build
 from fedrec.privacy.accountant import LaplaceBasicAccountant
@@ -83,8 +83,7 @@ class GossipBandit(MultiAgentProtocol):
         super().__init__(topology, num_arms, horizon, replicates, seed, backend)
         if privacy is not None and not isinstance(privacy, TreeLaplace):
             raise ConfigError(f"privacy must be a fedrec.privacy.TreeLaplace or None, got {type(privacy).__name__}")
-        if mode not in MODES:
-            raise ConfigError(f"mode must be one of {list(MODES)}, got {mode!r}")
+        check_choice("mode", mode, MODES)
         if mode != "gossip" and privacy is not None and privacy.adds_noise:
             raise ConfigError(f"privacy.epsilon must be inf for the {mode} baseline (it adds no noise), got "
                               f"{privacy.epsilon!r}")

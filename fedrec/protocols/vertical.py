@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from fedrec.bandits.linear import LinTS
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.federation.vertical import MASKS, Parties, check_partition, draw_mask, equal_partition
 from fedrec.protocols.base import PolicyFactory
 from fedrec.protocols.centralized import CentralizedLinUCB
@@ -61,16 +61,13 @@ class VerticalLinearBandit(CentralizedLinUCB):
         partial_ratio: float = 0.2, partial_columns: str = "random", mask: str = "o3m", refresh_mask: bool = False,
         track_central: bool = True, backend: str = "auto",
     ) -> None:
-        if mode not in MODES:
-            raise ConfigError(f"mode must be one of {list(MODES)}, got {mode!r}")
+        check_choice("mode", mode, MODES)
         d = check_int("dim", dim)
         self.partition = check_partition(partition, d) if partition is not None else \
             equal_partition(d, check_int("parties", parties))
         self.partial_ratio = check_float("partial_ratio", partial_ratio, low=0.0, high=1.0, low_open=True)
-        if partial_columns not in PARTIAL_COLUMNS:
-            raise ConfigError(f"partial_columns must be one of {list(PARTIAL_COLUMNS)}, got {partial_columns!r}")
-        if mask not in MASKS:
-            raise ConfigError(f"mask must be one of {list(MASKS)}, got {mask!r}")
+        check_choice("partial_columns", partial_columns, PARTIAL_COLUMNS)
+        check_choice("mask", mask, MASKS)
         kept = max(1, math.floor(self.partial_ratio * d + 0.5)) if mode == "partial" else d  # halves round up
         M = len(self.partition)
         super().__init__(num_clients, kept, replicates, policy, seed, backend,

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from fedrec.aggregation import bound_norms, check_beta, check_bound, coordinate_median, krum, trimmed_mean
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 
 WEIGHTINGS = ("uploaded_items", "ratings", "uniform")
 
@@ -81,9 +81,7 @@ class Aggregator:
     """
 
     def __init__(self, weighting: str = "uploaded_items", local_steps: int = 1, local_lr: float = 0.05) -> None:
-        if weighting not in WEIGHTINGS:
-            raise ConfigError(f"aggregator.weighting must be one of {list(WEIGHTINGS)}, got {weighting!r}")
-        self.weighting = weighting
+        self.weighting = check_choice("aggregator.weighting", weighting, WEIGHTINGS)
         self.local_steps = check_int("aggregator.local_steps", local_steps)
         self.local_lr = check_float("aggregator.local_lr", local_lr, low=0.0, low_open=True)
 

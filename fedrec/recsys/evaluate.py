@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from fedrec.data.ratings import RatingData
-from fedrec.errors import ConfigError, check_int
+from fedrec.errors import ConfigError, check_choice, check_int
 from fedrec.federation.collective import Collective
 from fedrec.metrics import metrics_from_sums, rating_sums
 from fedrec.models.recommender import FederatedRecommender
@@ -107,9 +107,7 @@ class RankingEval:
         if unknown:
             raise ConfigError(f"task.eval.{unknown[0]}: not a field of task.eval "
                               f"({', '.join(cls.__dataclass_fields__)})")
-        ranking = node.get("ranking") or ("full" if implicit else "none")
-        if ranking not in RANKINGS:
-            raise ConfigError(f"task.eval.ranking must be one of {', '.join(RANKINGS)}, got {ranking!r}")
+        ranking = check_choice("task.eval.ranking", node.get("ranking") or ("full" if implicit else "none"), RANKINGS)
         save = node.get("save_topk", False)
         if not isinstance(save, bool):
             raise ConfigError(f"task.eval.save_topk must be true or false, got {save!r}")

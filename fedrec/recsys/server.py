@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from fedrec.aggregation import ServerOptimizer
-from fedrec.errors import ConfigError, check_float
+from fedrec.errors import ConfigError, check_choice, check_float
 from fedrec.models.recommender import FederatedRecommender
 
 OPTIMIZERS = ("adam", "sgd")
@@ -40,10 +40,8 @@ class OptimizerStep(metaclass=ABCMeta):
 
     def __init__(self, optimizer: str = "adam", lr: float = 0.05, weight_decay: float = 1e-4,
                  state: str = "persistent") -> None:
-        if optimizer not in OPTIMIZERS:
-            raise ConfigError(f"task.optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
-        if state not in OPTIMIZER_STATES:
-            raise ConfigError(f"task.optimizer_state must be one of {list(OPTIMIZER_STATES)}, got {state!r}")
+        check_choice("task.optimizer", optimizer, OPTIMIZERS)
+        check_choice("task.optimizer_state", state, OPTIMIZER_STATES)
         self.optimizer_name, self.state = optimizer, state
         self.lr = check_float("task.lr", lr, low=0.0, low_open=True)
         self.weight_decay = check_float("task.weight_decay", weight_decay, low=0.0)

@@ -64,7 +64,7 @@ from torch import Tensor
 from fedrec.aggregation import ServerOptimizer
 from fedrec.data.implicit import ImplicitData, sample_negatives
 from fedrec.data.ratings import RatingData, Ratings
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.collective import Collective
 from fedrec.models.recommender import FederatedRecommender
@@ -184,9 +184,8 @@ class FedRecTask(FederatedTask):
     ) -> None:
         self.num_rounds = check_int("task.rounds", rounds)
         self.implicit = isinstance(data, ImplicitData)
-        self.objective = objective or ("bpr" if self.implicit else "rmse")
-        if self.objective not in OBJECTIVES:
-            raise ConfigError(f"task.objective must be one of {', '.join(OBJECTIVES)} or null, got {objective!r}")
+        # null (or unset): the feedback's default objective
+        self.objective = check_choice("task.objective", objective or ("bpr" if self.implicit else "rmse"), OBJECTIVES)
         if (self.objective in WITH_NEGATIVES) != self.implicit:
             raise ConfigError(f"task.objective={self.objective} trains on " + (
                 "implicit feedback: use a data=*_implicit dataset" if not self.implicit else

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedrec.errors import ConfigError
+from fedrec.errors import ConfigError, check_choice
 from fedrec.federation.collective import Collective
 
 ACCELERATORS = ("cpu", "cuda", "auto")
@@ -67,12 +67,10 @@ class FabricCollective(Collective):
 def check_distribution(accelerator: object, devices: object, strategy: object) -> tuple[str, int, str]:
     """``(accelerator, devices, strategy)`` validated, with errors naming the ``trainer.*`` field: devices an
     integer >= 1, the accelerator present, ``ddp`` only with several devices (``auto`` with several means ddp)."""
-    if accelerator not in ACCELERATORS:
-        raise ConfigError(f"trainer.accelerator must be one of {list(ACCELERATORS)}, got {accelerator!r}")
+    check_choice("trainer.accelerator", accelerator, ACCELERATORS)
     if isinstance(devices, bool) or not isinstance(devices, numbers.Integral) or devices < 1:
         raise ConfigError(f"trainer.devices must be an integer >= 1 (processes of the run), got {devices!r}")
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"trainer.strategy must be one of {list(STRATEGIES)}, got {strategy!r}")
+    check_choice("trainer.strategy", strategy, STRATEGIES)
     if accelerator == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("trainer.accelerator=cuda: no CUDA device is present (torch.cuda.is_available() is "
