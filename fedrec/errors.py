@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 __all__ = [
-    "ConfigError", "DatasetNotFoundError", "check_choice", "check_file", "check_float", "check_int", "run_script",
+    "ConfigError", "DatasetNotFoundError", "check_choice", "check_file", "check_float", "check_int", "did_you_mean",
+    "run_script",
 ]
 
 
@@ -24,11 +25,16 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
     options = list(choices)
     if value in options:
         return value  # type: ignore[return-value]
+    raise ConfigError(f"{name} must be one of {options}, got {value!r}{did_you_mean(str(value), options)}")
+
+
+def did_you_mean(word: str, choices: Iterable[object]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` (or up to three that contain ``word``), or nothing."""
     import difflib  # only on the error path: keeps fedrec.errors cheap to import
 
-    match = difflib.get_close_matches(str(value), [c for c in options if isinstance(c, str)], n=1, cutoff=0.6)
-    hint = f" (did you mean {match[0]!r}?)" if match else ""
-    raise ConfigError(f"{name} must be one of {options}, got {value!r}{hint}")
+    names = sorted(c for c in choices if isinstance(c, str))
+    match = difflib.get_close_matches(word, names, n=1, cutoff=0.6) or [c for c in names if word and word in c][:3]
+    return f" (did you mean {' or '.join(repr(m) for m in match)}?)" if match else ""
 
 
 def check_int(name: str, value: object, minimum: int = 1) -> int:

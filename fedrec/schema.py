@@ -9,7 +9,6 @@ naming the field as typed, with the close matches.
 """
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from fedrec.errors import ConfigError
+from fedrec.errors import ConfigError, did_you_mean
 
 #: what a group's selection looks up: the options of a config group ([] if there is no such group)
 GroupOptions = Callable[[str], list[str]]
@@ -71,13 +70,6 @@ def elements(override: Any) -> list[Any]:
     return list(override.sweep_iterator()) if override.is_discrete_sweep() else []
 
 
-def close_matches(word: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``choices`` (or up to three that contain ``word``), or nothing."""
-    choices = sorted(choices)
-    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6) or [c for c in choices if word in c][:3]
-    return f" (did you mean {' or '.join(repr(m) for m in match)}?)" if match else ""
-
-
 def check_group_options(line: CommandLine, options: GroupOptions) -> None:
     """Every option a group override selects exists in its group (``protocol=asyn`` is refused with the options);
     ``GROUP=null``, which Hydra cannot compose, says how to remove a group instead."""
@@ -92,7 +84,7 @@ def check_group_options(line: CommandLine, options: GroupOptions) -> None:
                                   f"{', '.join(sorted(known))}); to run without the group, remove it with '~{group}'")
             if str(value) not in known:
                 raise ConfigError(f"{group}: no config '{value}' in the {group} group"
-                                  f"{close_matches(str(value), known)}; one of: {', '.join(sorted(known))}")
+                                  f"{did_you_mean(str(value), known)}; one of: {', '.join(sorted(known))}")
 
 
 def first_of(overrides: Iterable[Any]) -> list[str]:
@@ -131,7 +123,7 @@ def check_values(line: CommandLine, schema: DictConfig) -> None:
             choices = OmegaConf.select(schema, "hydra.runtime.choices", default=None) or {}
             top = {str(k) for k in schema if k != "hydra"} | {str(g).split("/")[0] for g in choices}
             if len(parts) > 1 and parts[0] not in top:  # a typo of a group or field name (protocl.gamma_u)
-                raise ConfigError(f"{key}: the run's config has no '{parts[0]}'{close_matches(parts[0], top)}; "
+                raise ConfigError(f"{key}: the run's config has no '{parts[0]}'{did_you_mean(parts[0], top)}; "
                                   "nothing would read it")
             parent, _, leaf = key.rpartition(".")
             node = OmegaConf.select(schema, parent, default=None) if parent else schema
@@ -140,7 +132,7 @@ def check_values(line: CommandLine, schema: DictConfig) -> None:
                        else f" ({parent} is not set; {parent.split('.')[0]}=NAME selects a config of its group)")
             consequence = "nothing to remove" if override.is_delete() else "nothing would read it"
             raise ConfigError(f"{key}: {_describe(key, schema)} has no field '{leaf}'{nothing}"
-                              f"{close_matches(leaf, fields)}; {consequence}")
+                              f"{did_you_mean(leaf, fields)}; {consequence}")
         if isinstance(declared, bool) and not override.is_delete():
             for value in elements(override):
                 if not isinstance(value, bool):

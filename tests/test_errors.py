@@ -9,7 +9,7 @@ import pytest
 from omegaconf import DictConfig
 
 from fedrec.cli import run
-from fedrec.errors import ConfigError, check_choice
+from fedrec.errors import ConfigError, check_choice, did_you_mean
 from fedrec.federation.topology import KINDS
 
 CHOICES = ("gaussian", "laplace")
@@ -59,3 +59,10 @@ def test_a_misspelt_config_choice_is_refused_with_the_near_one(compose_cfg: Call
                                                     "(did you mean 'ring'?)")):
         run(cfg, output_dir=tmp_path)
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_did_you_mean_falls_back_to_names_containing_the_word_but_not_for_an_empty_one() -> None:
+    names = ["async_linucb", "async_linucb_am", "sync_linucb", "fclub"]
+    assert did_you_mean("fclab", names) == " (did you mean 'fclub'?)"
+    assert did_you_mean("ucb", names) == " (did you mean 'async_linucb' or 'async_linucb_am' or 'sync_linucb'?)"
+    assert did_you_mean("", names) == "" and did_you_mean("zzz", names) == ""
