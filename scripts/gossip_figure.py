@@ -51,7 +51,7 @@ def main() -> None:
     save_figure(fig, args.out)
     at = {eps: regret_at(rows, AT) for eps, rows in runs if rows[-1]["steps"] >= AT}
     base = at.get(math.inf, 0.0)
-    print(f"| ε | R(6·10^5) | in excess of ε = ∞ | final R(T) (min–max over trials) |\n|---|---|---|---|")
+    print("| ε | R(6·10^5) | in excess of ε = ∞ | final R(T) (min–max over trials) |\n|---|---|---|---|")
     for eps, rows in runs:
         last = rows[-1]
         r = at.get(eps, math.nan)

@@ -58,8 +58,8 @@ def main() -> None:
     p.add_argument("--excess", action="store_true", help="also run ε = ∞ and give the ratios in excess of it")
     args = p.parse_args()
     epsilons = (1.0, 2.0, 5.0, math.inf) if args.excess else (1.0, 2.0, 5.0)
-    print(f"| figure | reading | R(1) at 6·10⁵ | ratio at 6·10⁵ | R(1) at 10⁶ | ratio at 10⁶ | trials |\n"
-          f"|---|---|---|---|---|---|---|", flush=True)
+    print("| figure | reading | R(1) at 6·10⁵ | ratio at 6·10⁵ | R(1) at 10⁶ | ratio at 10⁶ | trials |\n"
+          "|---|---|---|---|---|---|---|", flush=True)
     for figure in args.figures.split(","):
         for reading in args.readings.split(","):
             got = {eps: run(figure, reading, eps, args.trials, args.seed) for eps in epsilons}

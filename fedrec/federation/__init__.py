@@ -15,4 +15,5 @@ _LAZY, __getattr__ = lazy_exports(__name__, {
     "Topology": "topology",
     "make_topology": "topology",
 })
-__all__ = sorted(["Channel", "CommLedger", *_LAZY])
+__all__ = ["Channel", "CommLedger"]  # a literal list: linters then see the two eager names as exported
+__all__ += sorted(_LAZY)
