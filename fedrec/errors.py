@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 __all__ = [
@@ -20,11 +20,13 @@ class DatasetNotFoundError(FileNotFoundError):
     """A dataset file is missing; the message names the expected path and how to obtain it."""
 
 
-def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
-    """Return ``value`` if it is one of ``choices``, else raise ConfigError naming ``name``, the choices, a near one."""
+def check_choice(name: str, value: object, choices: Collection[str]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise ConfigError naming ``name``, the choices, a near one.
+    The accepted path is one membership test (``Channel.send`` checks every message); only a non-string can be
+    unhashable, and no non-string is a choice."""
+    if isinstance(value, str) and value in choices:
+        return value
     options = list(choices)
-    if value in options:
-        return value  # type: ignore[return-value]
     raise ConfigError(f"{name} must be one of {options}, got {value!r}{did_you_mean(str(value), options)}")
 
 
