@@ -406,36 +406,7 @@ def test_more_ranks_than_clients_leave_some_ranks_idle(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ devices
-NO_CUDA = "needs a CUDA device: torch.cuda.is_available() is False on this machine"
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
-@pytest.mark.parametrize("privacy", [None, "gaussian"])
-def test_a_recommendation_run_on_cuda_equals_the_cpu_run(grouped: RatingData, privacy: str | None) -> None:
-    cpu, gpu = _task(grouped, privacy), _task(grouped, privacy)
-    cpu.setup(_Trainer(Collective("cpu")))
-    gpu.setup(_Trainer(Collective("cuda:0")))
-    assert gpu.model.user_emb.device.type == "cuda"
-    for r in range(grouped.rounds):
-        assert gpu.run_round(r) == pytest.approx(cpu.run_round(r), rel=1e-4, abs=1e-5)
-    if privacy is not None:
-        assert torch.equal(gpu.privacy.spent(), cpu.privacy.spent())
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
-def test_a_bandit_protocol_on_cuda_plays_the_cpu_runs_arms() -> None:
-    from fedrec.envs.synthetic import LinearEnv
-    from fedrec.protocols import AsyncLinUCB, paper_linucb
-    from fedrec.tasks import BanditTask
-
-    def run(device: str) -> list[dict[str, float]]:
-        env = LinearEnv(num_clients=4, dim=3, num_arms=5, seed=0)
-        protocol = AsyncLinUCB(num_clients=4, dim=3, policy=paper_linucb(), backend="torch")
-        task = BanditTask(env, protocol, steps=200, steps_per_round=50)
-        task.setup(_Trainer(Collective(device)))
-        return [task.run_round(r) for r in range(task.num_rounds)]
-
-    assert run("cuda:0") == pytest.approx(run("cpu"), rel=1e-9)
+# (runs on a CUDA device against the CPU runs: tests/test_cuda.py)
 
 
 # ------------------------------------------------------------------------------------------------ settings

@@ -33,6 +33,11 @@ class CommLedger(nn.Module):
             shape = (self.replicates, int(n), len(KINDS), len(SIDES), len(UNITS))
             self.register_buffer(f"traffic_{role}", torch.zeros(shape, dtype=torch.long))
 
+    @property
+    def device(self) -> torch.device:
+        """Where the counts live (they move with the module, e.g. a protocol put on the trainer's GPU)."""
+        return self.traffic(next(iter(self.roles))).device
+
     def traffic(self, role: str) -> Tensor:
         """The ``(replicates, endpoints, kinds, sides, units)`` counts of ``role`` (a view, updated in place)."""
         if role not in self.roles:
@@ -46,12 +51,12 @@ class CommLedger(nn.Module):
         """Count one message per entry of ``replicates``; ``sender``/``receiver`` are (role, ids) and ``scalars``
         the size of each message (all broadcast to the number of messages)."""
         k = KINDS.index(kind)
-        s = scalars.to(torch.long)
+        replicates, s = replicates.to(self.device), scalars.to(self.device, torch.long)  # ids from any device
         units = torch.stack([torch.ones_like(s), s, s * bytes_per_scalar], -1)
         for side, (role, ids) in enumerate((sender, receiver)):
             t = self.traffic(role)
             n = t.shape[1]
-            flat = (replicates * n + ids) * (len(KINDS) * len(SIDES)) + k * len(SIDES) + side
+            flat = (replicates * n + ids.to(self.device)) * (len(KINDS) * len(SIDES)) + k * len(SIDES) + side
             t.view(-1, len(UNITS)).index_add_(0, flat, units)
 
     def totals(self) -> dict[str, Tensor]:
