@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedrec.errors import check_choice
-from fedrec.jit import jit
+from fedrec.jit import jit, parallel_variant, prange
 from fedrec.seeding import numpy_generator
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -131,11 +131,16 @@ def normals(seed: int, rows: np.ndarray, draws: np.ndarray, dim: int) -> np.ndar
 # ---- blocks of rows keyed by (key, owner, counter): the same numbers whichever process or batch computes an owner's
 
 
-@jit
-def _keyed_fill(key: np.uint64, owner: np.ndarray, start: np.ndarray, kind: int, out: np.ndarray) -> None:
+def _keyed_fill_rows(key: np.uint64, owner: np.ndarray, start: np.ndarray, kind: int, out: np.ndarray) -> None:
     """Row ``i`` of ``out`` gets draws ``start[i]``, ``start[i] + 1``, ... of owner ``owner[i]``'s stream."""
-    for i in range(out.shape[0]):
+    for i in prange(out.shape[0]):
         fill(substream(key, owner[i]), start[i], kind, out[i])
+
+
+#: serial, and over all cores for blocks of at least :data:`PARALLEL_DRAWS` numbers (each row is its own stream, so
+#: both write the same numbers; the parallel one is compiled only when a block that large is drawn)
+_keyed_fill, _keyed_fill_parallel = jit(_keyed_fill_rows), jit(parallel_variant(_keyed_fill_rows), parallel=True)
+PARALLEL_DRAWS = 1 << 20
 
 
 @jit
@@ -222,5 +227,6 @@ class KeyedRows:
         ``"laplace"`` with scale 1)."""
         check_choice("distribution", distribution, DISTRIBUTIONS)
         out = np.empty((self.owner.shape[0], int(width)))
-        _keyed_fill(self.key, self.owner, self.start, DISTRIBUTIONS[distribution], out)
+        fill_rows = _keyed_fill_parallel if out.size >= PARALLEL_DRAWS and out.shape[0] > 1 else _keyed_fill
+        fill_rows(self.key, self.owner, self.start, DISTRIBUTIONS[distribution], out)
         return out
