@@ -13,30 +13,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from test_fedrec import write_ml1m
 
 from fedrec.aggregation import FedAdam, FedAvgM, FedYogi
 from fedrec.data.implicit import load_implicit
-from fedrec.data.integrity import write_sums
 from fedrec.data.synthetic import synthetic_ratings
-from fedrec.federation.collective import Collective
 from fedrec.federation.ledger import CommLedger
 from fedrec.models import FedGNN, LightGCN, MatrixFactorization, NeuMF
 from fedrec.privacy import ClientDP
 from fedrec.recsys import FedAvg, FedSGD
 from fedrec.recsys.aggregate import CoordinateMedian, Krum, TrimmedMean
 from fedrec.tasks import FedRecTask
+from fedrec.trainer import FederatedTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
                                                    reason="needs a CUDA device (scripts/test_cuda.sh on a GPU machine)")]
-
-
-class _Trainer:
-    def __init__(self, device: str) -> None:
-        self.collective, self.should_stop, self.root = Collective(device), False, None
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +55,14 @@ def _run(data: Any, device: str, case: tuple, rounds: int) -> tuple[list[dict[st
     dp = None if privacy is None else ClientDP(data.num_clients, privacy, epsilon=5.0, clip=0.5)
     task = FedRecTask(data, MODELS[model](data.num_users, data.num_items, 4), aggregator(), dp, rounds=data.rounds,
                       pseudo_items=5, seed=11, server=None if server is None else server())
-    task.setup(_Trainer(device))
+    task.setup(FederatedTrainer(accelerator=device))
     return [task.run_round(r) for r in range(rounds)], task
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_recommendation_run_on_cuda_equals_the_cpu_run(ratings: Any, name: str) -> None:
     cpu, cpu_task = _run(ratings, "cpu", CASES[name], ratings.rounds)
-    gpu, gpu_task = _run(ratings, "cuda:0", CASES[name], ratings.rounds)
+    gpu, gpu_task = _run(ratings, "cuda", CASES[name], ratings.rounds)
     assert gpu_task.model.item_emb.device.type == "cuda"
     for got, want in zip(gpu, cpu):
         assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
@@ -80,28 +74,18 @@ def test_a_recommendation_run_on_cuda_equals_the_cpu_run(ratings: Any, name: str
         assert torch.equal(gpu_task.privacy.spent().cpu(), cpu_task.privacy.spent())
 
 
-def _implicit(folder: Path) -> Any:
-    rng = np.random.default_rng(5)
-    lines = [f"{u}::{i + 1}::{int(rng.integers(1, 6))}::{978300760 + j}"
-             for u in range(1, 61) for j, i in enumerate(rng.choice(40, size=int(rng.integers(5, 14)), replace=False))]
-    (folder / "ml-1m").mkdir(parents=True)
-    (folder / "ml-1m" / "ratings.dat").write_text("\n".join(lines) + "\n")
-    write_sums(folder / "ml-1m")
-    return load_implicit("ml-1m", folder, seed=0, num_clients=15)
-
-
 @pytest.mark.parametrize("ranking", ["full", "sampled"])
 def test_an_implicit_ranking_run_on_cuda_equals_the_cpu_run(tmp_path: Path, ranking: str) -> None:
-    data = _implicit(tmp_path)
+    data = load_implicit("ml-1m", write_ml1m(tmp_path, users=60, items=40, seed=5), seed=0, num_clients=15)
 
     def run(device: str) -> list[dict[str, float]]:
         torch.manual_seed(0)
         task = FedRecTask(data, LightGCN(data.num_users, data.num_items, 4), FedSGD(), rounds=3, pseudo_items=0,
                           seed=2, eval={"ranking": ranking, "ks": [5, 10], "negatives": 20})
-        task.setup(_Trainer(device))
+        task.setup(FederatedTrainer(accelerator=device))
         return [task.run_round(r) for r in range(3)]
 
-    cpu, gpu = run("cpu"), run("cuda:0")
+    cpu, gpu = run("cpu"), run("cuda")
     assert "test_hr@10" in cpu[-1]
     for got, want in zip(gpu, cpu):
         assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
@@ -121,20 +105,20 @@ def test_a_bandit_protocol_on_cuda_plays_the_cpu_runs_arms(protocol: str) -> Non
     def run(device: str) -> tuple[list[dict[str, float]], dict[str, Any]]:
         env = LinearEnv(num_clients=4, dim=3, num_arms=5, replicates=2, seed=0)
         task = BanditTask(env, build(), steps=200, steps_per_round=50)
-        task.setup(_Trainer(device))
+        task.setup(FederatedTrainer(accelerator=device))
         history = [task.run_round(r) for r in range(task.num_rounds)]
         return history, {k: v.cpu() for k, v in task.protocol.ledger.totals().items()}
 
-    (cpu, cpu_ledger), (gpu, gpu_ledger) = run("cpu"), run("cuda:0")
+    (cpu, cpu_ledger), (gpu, gpu_ledger) = run("cpu"), run("cuda")
     for got, want in zip(gpu, cpu):  # the same arms give the same regret and reward
         assert got == pytest.approx(want, rel=1e-9)
     assert all(torch.equal(gpu_ledger[k], cpu_ledger[k]) for k in cpu_ledger)
 
 
 def test_the_ledger_counts_ids_sent_from_another_device() -> None:
-    ledger = CommLedger(2, {"client": 3, "server": 1}).to("cuda:0")
-    ledger.record("upload", ("client", torch.tensor([0, 2])), ("server", torch.tensor([0, 0], device="cuda:0")),
-                  torch.tensor([1, 0]), torch.tensor([5, 7], device="cuda:0"), 4)
+    ledger = CommLedger(2, {"client": 3, "server": 1}).to("cuda")
+    ledger.record("upload", ("client", torch.tensor([0, 2])), ("server", torch.tensor([0, 0], device="cuda")),
+                  torch.tensor([1, 0]), torch.tensor([5, 7], device="cuda"), 4)
     assert ledger.per_endpoint("client", "upload", "scalars").cpu().tolist() == [[0, 0, 7], [5, 0, 0]]
 
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from fedrec.data.synthetic import synthetic_ratings
-from fedrec.federation.collective import Collective
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP
 from fedrec.recsys import FedAvg, FedSGD
 from fedrec.tasks import FedRecTask
+from fedrec.trainer import FederatedTrainer
 from fedrec.trainer.host_sync import HostSyncCounter
 
-DEVICES = ["cpu", pytest.param("cuda:0", marks=[pytest.mark.cuda, pytest.mark.skipif(
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device")])]
 
 
@@ -44,11 +44,7 @@ def _round_syncs(users: int, items: int, clients: int, device: str, **kw: Any) -
     dp = None if privacy is None else ClientDP(data.num_clients, privacy, epsilon=10.0, clip=0.5)
     model = kw.pop("model", FedGNN)(data.num_users, data.num_items, 4)
     task = FedRecTask(data, model, kw.pop("aggregator", FedSGD)(), dp, rounds=4, pseudo_items=10, seed=0, **kw)
-
-    class Trainer:
-        collective, should_stop, root = Collective(device), False, None
-
-    task.setup(Trainer())
+    task.setup(FederatedTrainer(accelerator=device))
     task.run_round(0)
     with HostSyncCounter(device) as counter:
         task.run_round(1)

@@ -50,13 +50,13 @@ class CommLedger(nn.Module):
     ) -> None:
         """Count one message per entry of ``replicates``; ``sender``/``receiver`` are (role, ids) and ``scalars``
         the size of each message (all broadcast to the number of messages)."""
-        k = KINDS.index(kind)
-        replicates, s = replicates.to(self.device), scalars.to(self.device, torch.long)  # ids from any device
+        k, device = KINDS.index(kind), self.device  # ids and sizes may come from another device
+        replicates, s = replicates.to(device), scalars.to(device, torch.long)
         units = torch.stack([torch.ones_like(s), s, s * bytes_per_scalar], -1)
         for side, (role, ids) in enumerate((sender, receiver)):
             t = self.traffic(role)
             n = t.shape[1]
-            flat = (replicates * n + ids.to(self.device)) * (len(KINDS) * len(SIDES)) + k * len(SIDES) + side
+            flat = (replicates * n + ids.to(device)) * (len(KINDS) * len(SIDES)) + k * len(SIDES) + side
             t.view(-1, len(UNITS)).index_add_(0, flat, units)
 
     def totals(self) -> dict[str, Tensor]:

@@ -70,7 +70,7 @@ class HostSyncCounter(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        first = next(iter(_tensors(args[:1]) or _tensors(list(args))), None)
-        if first is not None and first.device.type == self.device.type and _is_sync(func, args, kwargs):
+        tensors = _tensors(args) if _is_sync(func, args, kwargs) else []
+        if tensors and tensors[0].device.type == self.device.type:
             self.by_op[getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))] += 1
         return func(*args, **kwargs)
