@@ -19,8 +19,11 @@ Interface and registry
     Every ledger implements :class:`Accountant` (``step`` / ``epsilon(delta)`` / ``state_dict`` /
     ``load_state_dict``) and is registered by name: ``make_accountant("client", num_clients=...)`` builds a
     :class:`ClientAccountant`, ``"gaussian_rdp"`` a :class:`GaussianRDPAccountant` (Gaussian mechanisms without
-    subsampling, composed in RDP; what the tree aggregation of :mod:`fedrec.privacy.tree` reports) and
-    ``"laplace_basic"`` a :class:`LaplaceBasicAccountant` (basic composition of pure-ε mechanisms).
+    subsampling, composed in RDP; what the tree aggregation of :mod:`fedrec.privacy.tree` reports),
+    ``"laplace_basic"`` a :class:`LaplaceBasicAccountant` (basic composition of pure-ε mechanisms) and
+    ``"sampled_gaussian"`` a :class:`SampledGaussianAccountant` (DP-FedAvg's central DP: every round is a
+    Poisson-subsampled Gaussian at client sampling rate q, so all clients share one history
+    ``[(z, q, count), ...]`` and q < 1 gains amplification by sampling).
 
 Uniform split (the default schedule)
     Gaussian: :func:`uniform_noise_multiplier` is the constant noise multiplier z for which the accountant's ε
@@ -37,7 +40,9 @@ Uniform split (the default schedule)
 from __future__ import annotations
 
 import abc
+import functools
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, TypeVar
@@ -55,11 +60,13 @@ __all__ = [
     "GaussianRDPAccountant",
     "LaplaceBasicAccountant",
     "PrivacyBudgetExceeded",
+    "SampledGaussianAccountant",
     "gaussian_rdp_epsilon",
     "gaussian_rdp_rho",
     "make_accountant",
     "opacus_accountant",
     "register_accountant",
+    "sampled_noise_multiplier",
     "uniform_epsilon_per_round",
     "uniform_noise_multiplier",
 ]
@@ -174,6 +181,36 @@ def uniform_noise_multiplier(
         return float(get_noise_multiplier(
             target_epsilon=eps, target_delta=delta, sample_rate=1.0, steps=steps,
             accountant=check_choice("accountant", accountant, ACCOUNTANTS), epsilon_tolerance=tol, **kwargs,
+        ))
+
+
+def sampled_noise_multiplier(
+    epsilon: float,
+    delta: float,
+    sample_rate: float,
+    rounds: int,
+    accountant: str = "rdp",
+    epsilon_tolerance: float = 0.01,
+) -> float:
+    """The smallest noise multiplier z (to the tolerance) whose ``rounds`` Poisson-subsampled Gaussian rounds at
+    ``sample_rate`` spend at most ``epsilon`` at ``delta`` under ``accountant`` (``"rdp"`` | ``"prv"``).
+
+    Opacus's ``get_noise_multiplier`` (bisection: z spends between ``epsilon - epsilon_tolerance`` and
+    ``epsilon``), i.e. the calibration that :class:`SampledGaussianAccountant` admits for ``rounds`` rounds.
+    """
+    from opacus.accountants.utils import get_noise_multiplier
+
+    eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
+    d = _check_delta(delta)
+    q = check_float("sample_rate", sample_rate, low=0.0, high=1.0, low_open=True)
+    steps = check_int("rounds", rounds, minimum=1)
+    tol = check_float("epsilon_tolerance", epsilon_tolerance, low=0.0, low_open=True)
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        # PRV with sample_rate = 1 takes log(1 - q) = -inf; the bisection's far-off trial z may sit at the grid's edge
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        return float(get_noise_multiplier(
+            target_epsilon=eps, target_delta=d, sample_rate=q, steps=steps,
+            accountant=check_choice("accountant", accountant, ACCOUNTANTS), epsilon_tolerance=tol,
         ))
 
 
@@ -294,6 +331,93 @@ class LaplaceBasicAccountant(Accountant):
         self._history = {}
         for e, n in state["history"]:
             self.step(e, n)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Poisson-subsampled Gaussian: central DP with amplification by sampling
+# --------------------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def _sampled_epsilon(name: str, history: tuple[tuple[float, float, int], ...], delta: float,
+                     alphas: tuple[float, ...] | None) -> float:
+    """:func:`_opacus_epsilon` memoised on hashable arguments (the PRV accountant takes tens of milliseconds)."""
+    return _opacus_epsilon(name, history, delta, alphas)
+
+
+@register_accountant("sampled_gaussian")
+class SampledGaussianAccountant(Accountant):
+    """One ledger for a mechanism whose every round is a Poisson-subsampled Gaussian (DP-FedAvg's central DP).
+
+    Each client takes part in a round independently with the same probability q, so every client has the same
+    privacy history: one ledger serves them all, and q < 1 buys amplification by sampling. The history is kept
+    merged by (noise multiplier, sample rate), since composition is order free.
+
+    Args:
+        delta: the default δ of :meth:`epsilon`, in (0, 1).
+        accountant: ``"rdp"`` (default) or ``"prv"``, Opacus's accountants.
+        alphas: RDP orders (each > 1) for the RDP accountant; ``None`` keeps Opacus's defaults.
+    """
+
+    def __init__(self, delta: float, accountant: str = "rdp", alphas: Sequence[float] | None = None) -> None:
+        self.delta = _check_delta(delta)
+        self.accountant = check_choice("accountant", accountant, ACCOUNTANTS)
+        self.alphas = None if alphas is None else tuple(
+            check_float("alphas", a, low=1.0, low_open=True) for a in alphas)
+        self._history: dict[tuple[float, float], int] = {}
+
+    @staticmethod
+    def _entry(level: float, count: int, sample_rate: float) -> tuple[tuple[float, float], int]:
+        z = check_float("noise_multiplier", level, low=0.0, low_open=True)
+        q = check_float("sample_rate", sample_rate, low=0.0, high=1.0, low_open=True)
+        return (z, q), check_int("count", count, minimum=1)
+
+    def _epsilon(self, history: dict[tuple[float, float], int], delta: float) -> float:
+        key = tuple((z, q, n) for (z, q), n in sorted(history.items()))
+        return _sampled_epsilon(self.accountant, key, delta, self.alphas)
+
+    def step(self, level: float, count: int = 1, sample_rate: float = 1.0) -> None:
+        """Record ``count`` rounds at noise multiplier ``level`` (σ = level · sensitivity), each client taking part
+        with probability ``sample_rate`` in (0, 1]."""
+        zq, n = self._entry(level, count, sample_rate)
+        self._history[zq] = self._history.get(zq, 0) + n
+
+    @property
+    def rounds(self) -> int:
+        """Number of rounds recorded."""
+        return sum(self._history.values())
+
+    def epsilon(self, delta: float | None = None) -> float:
+        """The ε spent so far at ``delta`` (``None``: the ledger's δ); 0 before any round."""
+        return self._epsilon(self._history, self.delta if delta is None else _check_delta(delta))
+
+    def epsilon_after(self, level: float, count: int = 1, sample_rate: float = 1.0) -> float:
+        """The ε at the ledger's δ if ``step(level, count, sample_rate)`` were recorded (nothing is recorded)."""
+        zq, n = self._entry(level, count, sample_rate)
+        history = dict(self._history)
+        history[zq] = history.get(zq, 0) + n
+        return self._epsilon(history, self.delta)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "sampled_gaussian",
+            "accountant": self.accountant,
+            "delta": self.delta,
+            "history": [(z, q, n) for (z, q), n in sorted(self._history.items())],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a saved history; its kind, accountant and δ must be this ledger's (nothing changes if not)."""
+        mine = {"kind": "sampled_gaussian", "accountant": self.accountant, "delta": self.delta}
+        for field, value in mine.items():
+            if state.get(field) != value:
+                raise ConfigError(f"cannot load sampled-Gaussian accountant state: {field} is {state.get(field)!r} "
+                                  f"in the checkpoint but {value!r} here")
+        history: dict[tuple[float, float], int] = {}
+        for z, q, n in state["history"]:
+            zq, count = self._entry(z, n, q)
+            history[zq] = history.get(zq, 0) + count
+        self._history = history
 
 
 # --------------------------------------------------------------------------------------------------------------
