@@ -345,8 +345,8 @@ def build_multi_agent(cfg: DictConfig) -> Any:
 # ------------------------------------------------------------------------------------------- recommendation
 def build_recommendation(cfg: DictConfig) -> Any:
     """Round-based federated recommendation: the split ratings, the model sized for them (seeded first; a model too
-    large for the machine's memory is refused before allocating), client DP for the data's clients, the aggregator, the server optimiser and the attack when their groups are set
-    (``attack=none`` is no attack), then the task."""
+    large for the machine's memory is refused before allocating), client DP for the data's clients, the aggregator, the server optimiser, the attack and the round strategy
+    when their groups are set (``attack=none`` is no attack), then the task."""
     if cfg.replicates != 1:
         raise ConfigError(f"replicates: federated recommendation runs one replicate (got {cfg.replicates}); "
                           "sweep seeds with -m seed=0,1,2 instead")
@@ -373,8 +373,9 @@ def build_recommendation(cfg: DictConfig) -> Any:
     attack = None
     if cfg.get("attack") is not None and cfg.attack.get("_target_") is not None:
         attack = instantiate_group(cfg.attack, "attack")
+    strategy = instantiate_group(cfg.strategy, "strategy") if cfg.get("strategy") is not None else None
     return instantiate_group(cfg.task, "task", data=data, model=model, aggregator=aggregator, privacy=privacy,
-                             seed=cfg.seed, server=server, attack=attack)
+                             seed=cfg.seed, server=server, attack=attack, strategy=strategy)
 
 
 #: the builder of each task kind (:attr:`fedrec.tasks.FederatedTask.kind`)

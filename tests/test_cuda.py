@@ -42,7 +42,7 @@ MODELS = {"fedgnn": FedGNN, "mf": MatrixFactorization, "neumf": NeuMF, "lightgcn
 CASES = {  # model, privacy, aggregator, server optimiser
     "fedgnn-plain": ("fedgnn", None, FedSGD, None),
     "fedgnn-gaussian": ("fedgnn", "gaussian", FedSGD, None),
-    "mf-laplace-fedavg": ("mf", "laplace", lambda: FedAvg(local_steps=3), None),
+    "mf-laplace-fedavg": ("mf", "laplace", FedAvg, None),
     "fedgnn-gaussian-median-fedadam": ("fedgnn", "gaussian", CoordinateMedian, lambda: FedAdam(lr=0.05)),
     "neumf-krum-fedavgm": ("neumf", None, lambda: Krum(f=2), lambda: FedAvgM(lr=0.5)),
     "lightgcn-trimmed-fedyogi": ("lightgcn", None, lambda: TrimmedMean(beta=0.2), lambda: FedYogi(lr=0.05)),

@@ -16,7 +16,7 @@ from fedrec.errors import ConfigError
 from fedrec.metrics import rating_metrics
 from fedrec.models import FedGNN, MatrixFactorization, StarGAT
 from fedrec.privacy import ClientDP, GaussianMechanism, LaplaceMechanism
-from fedrec.recsys import Aggregator, FedAvg, FedSGD, Uploads
+from fedrec.recsys import Aggregator, FedAvg, FedSGD, Strategy, Uploads
 from fedrec.recsys.data import round_data
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.upload import pseudo_item_rows, sample_pseudo_items
@@ -201,10 +201,10 @@ def test_itemwise_aggregation_matches_a_hand_computed_case() -> None:
 def test_aggregator_rejects_bad_settings() -> None:
     with pytest.raises(ConfigError, match="aggregator.weighting"):
         Aggregator(weighting="size")
-    with pytest.raises(ConfigError, match="aggregator.local_steps"):
-        FedAvg(local_steps=0)
-    with pytest.raises(ConfigError, match="aggregator.local_lr"):
-        FedAvg(local_lr=0.0)
+    with pytest.raises(ConfigError, match="strategy.local_steps"):
+        Strategy(local_steps=0)
+    with pytest.raises(ConfigError, match="strategy.local_lr"):
+        Strategy(local_lr=0.0)
 
 
 # ------------------------------------------------------------------------------------------------ DP uploads

@@ -17,7 +17,7 @@ from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP, opacus_accountant
-from fedrec.recsys import FedAvg, FedSGD
+from fedrec.recsys import FedAvg, FedSGD, Strategy
 from fedrec.recsys.data import round_data
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.upload import sample_pseudo_items, upload_item_ids
@@ -123,7 +123,7 @@ def test_the_server_receives_noise_at_the_calibrated_scale(data_dir: Path, mecha
     at = order[torch.searchsorted(key[order], wanted)]
     assert torch.equal(key[at], wanted)
     real = up.rows[at]
-    clipped = dp.mechanism._clip_parts([clean.rows], [d.row_client], d.num_clients)[0]
+    clipped = dp.mechanism.clip_parts([clean.rows], [d.row_client], d.num_clients)[0]
     noise = (real - clipped).double()
     expected = float(dp.mechanism.noise_std(dp.levels(torch.tensor(dp.uniform_budget(10)))))
     assert abs(float(noise.std()) / expected - 1) < 0.05
@@ -218,7 +218,7 @@ def test_private_uploads_carry_no_rating_counts(tiny: RatingData) -> None:
     dp = ClientDP(tiny.num_clients, "gaussian", epsilon=4.0)
     with pytest.raises(ConfigError, match="aggregator.weighting=ratings"):
         make_task(tiny, dp, aggregator=FedAvg(weighting="ratings"))
-    task = make_task(tiny, dp, aggregator=FedAvg(local_steps=2))
+    task = make_task(tiny, dp, aggregator=FedAvg(), strategy=Strategy(local_steps=2))
     task.run_round(0)
     assert task.last_uploads.num_ratings is None
     plain = make_task(tiny, aggregator=FedAvg(weighting="ratings"))
@@ -230,7 +230,7 @@ def test_private_uploads_carry_no_rating_counts(tiny: RatingData) -> None:
 def test_dp_run_resumes_exactly(tiny: RatingData, tmp_path: Path, optimizer_state: str) -> None:
     def fresh():
         dp = ClientDP(tiny.num_clients, "gaussian", epsilon=4.0, delta=1e-5)
-        return make_task(tiny, dp, aggregator=FedAvg(local_steps=2), optimizer_state=optimizer_state)
+        return make_task(tiny, dp, aggregator=FedAvg(), strategy=Strategy(local_steps=2), optimizer_state=optimizer_state)
 
     full_task = fresh()
     full = FederatedTrainer(default_root_dir=tmp_path / "full", enable_progress_bar=False).fit(full_task)

@@ -230,7 +230,7 @@ def test_clipping_bound_holds_exactly_on_adversarial_uploads(case, laplace: bool
     pivot_norm = float(mech_cls(clip=1.0).client_norms(parts, given_owners, num_clients)[pivot])
     mech = mech_cls(clip=clip_for(kind, pivot_norm, log_clip))
     clip = mech.clip
-    out = mech._clip_parts(parts, given_owners, num_clients)
+    out = mech.clip_parts(parts, given_owners, num_clients)
     bound = Fraction(clip) ** p
     eps, sub = torch.finfo(dtype).eps, torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
     for c in range(num_clients):

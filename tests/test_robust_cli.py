@@ -19,7 +19,7 @@ RUNS = [
     ("aggregator=trimmed_mean", "server=fedavgm", "attack=scale"),
     ("aggregator=krum", "aggregator.f=47", "server=fedadagrad", "attack=noise"),
     ("aggregator=multi_krum", "aggregator.f=47", "server=fedadam", "attack=item_promotion", "privacy=gaussian"),
-    ("aggregator=norm_bound", "server=fedyogi", "attack=none", "aggregator.local_steps=2", "task.prox_mu=0.1"),
+    ("aggregator=norm_bound", "server=fedyogi", "attack=none", "strategy.local_steps=2", "task.prox_mu=0.1"),
 ]
 
 

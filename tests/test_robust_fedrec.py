@@ -21,7 +21,7 @@ from fedrec.federation.collective import Collective
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP
 from fedrec.recsys import (AggregateSums, CoordinateMedian, FedAvg, FedSGD, ItemPromotion, Krum, MultiKrum, NormBound,
-                           TrimmedMean, Uploads)
+                           Strategy, TrimmedMean, Uploads)
 from fedrec.recsys.data import round_data
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.server import AdaptiveServerStep
@@ -220,7 +220,7 @@ def _task(data: RatingData, aggregator=None, privacy: ClientDP | None = None, mo
 def test_fedprox_with_mu_zero_is_fedavg(tiny: RatingData) -> None:
     runs = {}
     for name, kw in (("fedavg", {}), ("mu0", {"prox_mu": 0.0}), ("mu", {"prox_mu": 0.5})):
-        task = _task(tiny, FedAvg(local_steps=3, local_lr=0.2), **kw)
+        task = _task(tiny, FedAvg(), strategy=Strategy(local_steps=3, local_lr=0.2), **kw)
         runs[name] = (FederatedTrainer(enable_progress_bar=False).fit(task), task.state_dict()["model"])
     assert runs["mu0"][0] == runs["fedavg"][0]
     assert all(torch.equal(v, runs["fedavg"][1][k]) for k, v in runs["mu0"][1].items())

@@ -314,29 +314,35 @@ def _task(data: RatingData, privacy: str | None, conventions: str = "paper", mod
                       pseudo_items=5, seed=11)
 
 
-def _sharded(data: RatingData, world: int, **kw: Any) -> tuple[list[FedRecTask], list[list[dict[str, float]]]]:
-    hub = _Hub(world)
-    tasks = [_task(data, **kw) for _ in range(world)]
-    histories: list[list[dict[str, float]]] = [[] for _ in range(world)]
+def play_sharded(tasks: list[FedRecTask], rounds: range) -> list[list[dict[str, float]]]:
+    """Run ``tasks`` as the ranks of one sharded run (a thread each; one task: a one-process run) for ``rounds``;
+    each rank's metrics."""
+    hub = _Hub(len(tasks))
+    histories: list[list[dict[str, float]]] = [[] for _ in tasks]
     errors: list[BaseException] = []
 
     def work(rank: int) -> None:
         try:
-            tasks[rank].setup(_Trainer(ThreadCollective(rank, hub)))
-            for r in range(data.rounds):
+            tasks[rank].setup(_Trainer(ThreadCollective(rank, hub) if len(tasks) > 1 else Collective()))
+            for r in rounds:
                 histories[rank].append(tasks[rank].run_round(r))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
             hub.barrier.abort()
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(tasks))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
-    return tasks, histories
+    return histories
+
+
+def _sharded(data: RatingData, world: int, **kw: Any) -> tuple[list[FedRecTask], list[list[dict[str, float]]]]:
+    tasks = [_task(data, **kw) for _ in range(world)]
+    return tasks, play_sharded(tasks, range(data.rounds))
 
 
 @pytest.mark.parametrize("privacy, conventions", [(None, "paper"), ("gaussian", "paper"), ("laplace", "paper"),

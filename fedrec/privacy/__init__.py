@@ -1,4 +1,5 @@
-"""Differential privacy: noise mechanisms, accountants behind a registry, client-level DP, and tree aggregation
+"""Differential privacy: noise mechanisms, accountants behind a registry, client-level DP placed on the client or on
+the server (:mod:`fedrec.privacy.central`, DP-FedAvg's noised sum), and tree aggregation
 (the binary mechanism: :mod:`fedrec.privacy.tree_noise` compiled, :mod:`fedrec.privacy.tree` its torch form).
 
 ``import fedrec.privacy`` does not import Opacus (it is loaded on the first accounting call) or Lightning.
@@ -9,14 +10,17 @@ from fedrec.privacy.accountant import (
     GaussianRDPAccountant,
     LaplaceBasicAccountant,
     PrivacyBudgetExceeded,
+    SampledGaussianAccountant,
     gaussian_rdp_epsilon,
     gaussian_rdp_rho,
     make_accountant,
     opacus_accountant,
     register_accountant,
+    sampled_noise_multiplier,
     uniform_epsilon_per_round,
     uniform_noise_multiplier,
 )
+from fedrec.privacy.central import ClippedSums, ServerNoise, clipped_sums
 from fedrec.privacy.client_dp import ClientDP, best_rdp_order, rdp_conversion_cost
 from fedrec.privacy.mechanisms import (
     GaussianMechanism,
@@ -31,8 +35,8 @@ from fedrec.privacy.mechanisms import (
 from fedrec.privacy.tree import (
     Node,
     TreeAggregator,
-    TreeLaplace,
     TreeGaussian,
+    TreeLaplace,
     augmented_gram,
     cached_noise,
     dyadic_cover,
@@ -48,6 +52,7 @@ __all__ = [
     "Accountant",
     "ClientAccountant",
     "ClientDP",
+    "ClippedSums",
     "GaussianMechanism",
     "GaussianRDPAccountant",
     "LaplaceBasicAccountant",
@@ -56,6 +61,8 @@ __all__ = [
     "Node",
     "NoiseMechanism",
     "PrivacyBudgetExceeded",
+    "SampledGaussianAccountant",
+    "ServerNoise",
     "TreeAggregator",
     "TreeLaplace",
     "TreeGaussian",
@@ -65,6 +72,7 @@ __all__ = [
     "best_rdp_order",
     "cached_noise",
     "classical_gaussian_noise_multiplier",
+    "clipped_sums",
     "dyadic_cover",
     "fclub_node_sigma",
     "gaussian_node_sigma",
@@ -78,6 +86,7 @@ __all__ = [
     "rdp_conversion_cost",
     "rdp_noise_multiplier",
     "register_accountant",
+    "sampled_noise_multiplier",
     "split_augmented",
     "uniform_epsilon_per_round",
     "uniform_noise_multiplier",

@@ -27,6 +27,14 @@ Whatever the per-round budgets are, the reported ε comes from the accountant (O
 PRV), which is never larger than the fixed-order bound, and a round that would take a client past ε_total does
 not run for that client.
 
+Placement (``placement``): ``"client"`` (the above: each client noises its own upload, local DP of the upload) or
+``"server"``: each client clips its upload and the server adds one Gaussian draw to the sum of the round's clipped
+uploads (DP-FedAvg; a trusted aggregator or secure aggregation assumed, :mod:`fedrec.privacy.central`). Every client
+then has the same history, a Poisson-subsampled Gaussian round at the strategy's sampling rate q per round, and one
+noise multiplier calibrated for the whole run (``noise_multiplier`` fixes it instead); per-round budgets (a planner)
+do not apply. Server placement needs Gaussian noise, the paper conventions and add/remove adjacency (the sampled
+analysis's).
+
 Randomness (``rng``): every draw that protects clients (the DP noise, and the pseudo items, pseudo rows and upload
 order of federated recommendation) comes from counter-based streams keyed by (key, client, counter)
 (:class:`fedrec.rng.KeyedRows`), so a client draws the same numbers in whichever process computes it. The key of
@@ -48,7 +56,13 @@ import torch
 from torch import Tensor
 
 from fedrec.errors import ConfigError, check_choice, check_float
-from fedrec.privacy.accountant import ClientAccountant, uniform_epsilon_per_round
+from fedrec.privacy.accountant import (
+    ClientAccountant,
+    SampledGaussianAccountant,
+    sampled_noise_multiplier,
+    uniform_epsilon_per_round,
+)
+from fedrec.privacy.central import ServerNoise
 from fedrec.privacy.mechanisms import (
     GaussianMechanism,
     LaplaceMechanism,
@@ -65,6 +79,11 @@ RNGS = ("reproducible", "secure")
 CONVENTIONS = ("paper", "authors")
 #: the authors' RDP order (spec §1.4: their code's α)
 AUTHORS_RDP_ALPHA = 2.0
+
+#: where the noise is added (see the module docstring)
+PLACEMENTS = ("client", "server")
+#: δ when none is set: 1e-5, or 1/(10·N) for runs of more than 10,000 clients, so that δ stays well below 1/N
+DEFAULT_DELTA = 1e-5
 
 #: relative margin kept below a client's total by the uniform split and by every planner's schedule or levels, so
 #: float rounding never makes their last round unaffordable
@@ -116,7 +135,8 @@ class ClientDP:
         num_clients: clients of the run.
         mechanism: ``"gaussian"`` or ``"laplace"``.
         epsilon: each client's total ε; > 0.
-        delta: δ at which the Gaussian ε is reported, in (0, 1) (ignored for Laplace).
+        delta: δ at which the Gaussian ε is reported, in (0, 1) (ignored for Laplace); None:
+            ``min(1e-5, 1/(10·num_clients))``.
         clip: norm bound of a client's whole upload (L2 Gaussian, L1 Laplace); > 0.
         sensitivity_factor: Δ = factor · clip (2: the clip ball's diameter, see mechanisms).
         adjacency: ``"replace_one"`` (needs sensitivity_factor ≥ 2) or ``"add_remove"`` (≥ 1; only valid if the
@@ -126,6 +146,10 @@ class ClientDP:
             split needs least noise at; authors: 2).
         rng: ``"reproducible"`` or ``"secure"`` (see the module docstring).
         conventions: ``"paper"`` or ``"authors"`` (see the module docstring).
+        placement: ``"client"`` or ``"server"`` (see the module docstring).
+        noise_multiplier: server placement: the rounds' z; None calibrates it to spend ``epsilon`` over the run.
+        adaptive_clip, target_quantile, clip_lr, count_stddev: server placement's adaptive clipping
+            (:class:`~fedrec.privacy.central.ServerNoise`).
     """
 
     def __init__(
@@ -133,7 +157,7 @@ class ClientDP:
         num_clients: int,
         mechanism: str = "gaussian",
         epsilon: float = 10.0,
-        delta: float = 1e-5,
+        delta: float | None = None,
         clip: float = 0.1,
         sensitivity_factor: float = 2.0,
         adjacency: str = "replace_one",
@@ -141,6 +165,12 @@ class ClientDP:
         rdp_alpha: float | str = "auto",
         rng: str = "reproducible",
         conventions: str = "paper",
+        placement: str = "client",
+        noise_multiplier: float | None = None,
+        adaptive_clip: bool = False,
+        target_quantile: float = 0.5,
+        clip_lr: float = 0.2,
+        count_stddev: float | None = None,
     ) -> None:
         mechs: dict[str, type[NoiseMechanism]] = {"gaussian": GaussianMechanism, "laplace": LaplaceMechanism}
         if mechanism not in mechs:  # "none" (no client-level DP) is read by fedrec.build, which makes no ClientDP
@@ -148,10 +178,13 @@ class ClientDP:
             raise ConfigError("privacy.mechanism=none builds no ClientDP: the run trains without client-level DP")
         check_choice("privacy.rng", rng, RNGS)
         check_choice("privacy.conventions", conventions, CONVENTIONS)
+        self.placement = check_choice("privacy.placement", placement, PLACEMENTS)
         self.rng, self.conventions = rng, conventions
         authors = conventions == "authors"
         self.epsilon_total = check_float("privacy.epsilon", epsilon, low=0.0, low_open=True)
         if mechanism == "gaussian":
+            if delta is None:
+                delta = min(DEFAULT_DELTA, 0.1 / num_clients)
             self.delta = check_float("privacy.delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
         else:
             self.delta = 0.0
@@ -180,6 +213,42 @@ class ClientDP:
                                            self.delta if mechanism == "gaussian" else None,
                                            alphas=_orders_with(self.rdp_alpha))
         self.nominal = torch.zeros(num_clients, dtype=torch.float64) if authors else None  # Σ_t ε_t per client
+        self.num_clients = num_clients
+        self.server: ServerNoise | None = None  # server placement: set by setup_server once the rounds are known
+        self.sample_rate = 1.0
+        self._server_settings = {"noise_multiplier": noise_multiplier, "adaptive": adaptive_clip,
+                                 "target_quantile": target_quantile, "clip_lr": clip_lr, "count_stddev": count_stddev}
+        if self.placement == "server":
+            if mechanism != "gaussian" or authors or adjacency != "add_remove":
+                raise ConfigError("privacy.placement=server adds one Gaussian draw to the clipped sum and accounts "
+                                  "Poisson-subsampled rounds under add/remove adjacency: it needs "
+                                  "privacy.mechanism=gaussian, privacy.conventions=paper and "
+                                  f"privacy.adjacency=add_remove (got {mechanism}, {conventions}, {adjacency})")
+            self.server_accountant = SampledGaussianAccountant(self.delta, accountant)
+        elif noise_multiplier is not None or adaptive_clip:
+            raise ConfigError("privacy.noise_multiplier and privacy.adaptive_clip set the server's noise: they need "
+                              "privacy.placement=server")
+
+    def setup_server(self, rounds: int, sample_rate: float, expected_clients: float) -> None:
+        """Server placement: the rounds' noise multiplier (``noise_multiplier``, or the smallest whose ``rounds``
+        rounds at ``sample_rate`` spend ``epsilon`` at δ) and the server's noise, for rounds of
+        ``expected_clients`` clients on average."""
+        settings = dict(self._server_settings)
+        z = settings.pop("noise_multiplier")
+        if z is None:
+            z = sampled_noise_multiplier(self.epsilon_total * (1.0 - BUDGET_MARGIN), self.delta, sample_rate, rounds,
+                                         self.accountant.accountant)
+        self.sample_rate = float(sample_rate)
+        self.server = ServerNoise(self.mechanism, z, expected_clients=expected_clients, **settings)
+
+    def record_server_round(self) -> None:
+        """Account one server-placed round for every client (each was in it with probability q)."""
+        self.server_accountant.step(self.server.noise_multiplier, 1, self.sample_rate)
+
+    def server_round_affordable(self) -> bool:
+        """Whether one more server-placed round keeps every client within ε_total."""
+        eps = self.server_accountant.epsilon_after(self.server.noise_multiplier, 1, self.sample_rate)
+        return eps <= self.epsilon_total
 
     @property
     def name(self) -> str:
@@ -235,7 +304,9 @@ class ClientDP:
         self.accountant.step(levels / k.sqrt() if self.rdp_alpha is not None else levels * k, run)
 
     def spent(self) -> Tensor:
-        """Each client's ε spent so far (the accountant's, whatever the conventions)."""
+        """Each client's ε spent so far (the accountant's, whatever the conventions or placement)."""
+        if self.placement == "server":
+            return torch.full((self.num_clients,), self.server_accountant.epsilon(), dtype=torch.float64)
         return self.accountant.spent()
 
     def round_metrics(self) -> dict[str, float]:
@@ -243,16 +314,28 @@ class ClientDP:
         instead (every client's true ε is a distinct history then, ~2 s to evaluate: the summary reports it)."""
         if self.nominal is not None:
             return {"epsilon_nominal": float(self.nominal.max())}
+        if self.server is not None and self.server.adaptive:
+            return {"epsilon_spent": float(self.spent().max()), "clip": self.mechanism.clip}
         return {"epsilon_spent": float(self.spent().max())}
 
     def state_dict(self) -> dict[str, Any]:
         """The accountant's state, plus the authors' nominal ledger under their conventions."""
+        if self.placement == "server":
+            return {"placement": "server", "accountant": self.server_accountant.state_dict(),
+                    "server": self.server.state_dict()}
         out = self.accountant.state_dict()
         if self.nominal is not None:
             out["nominal_spent"] = self.nominal.clone()
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("placement", "client") != self.placement:
+            raise ConfigError(f"cannot resume: the checkpoint's privacy.placement is {state.get('placement', 'client')}"
+                              f", this run's {self.placement}")
+        if self.placement == "server":
+            self.server_accountant.load_state_dict(state["accountant"])
+            self.server.load_state_dict(state["server"])
+            return
         if ("nominal_spent" in state) != (self.nominal is not None):
             raise ConfigError("cannot resume: the checkpoint's privacy.conventions differ from this run's")
         self.accountant.load_state_dict(state)
@@ -261,6 +344,13 @@ class ClientDP:
 
     def summary(self) -> dict[str, Any]:
         spent = self.spent()
+        if self.placement == "server":
+            return {"privacy": self.name, "placement": "server", "epsilon_total": self.epsilon_total,
+                    "delta": self.delta, "epsilon_spent": float(spent.max()), "epsilon_spent_mean": float(spent.mean()),
+                    "accountant": self.server_accountant.accountant, "clip": self.mechanism.clip,
+                    "sensitivity": self.mechanism.sensitivity, "adjacency": self.mechanism.adjacency,
+                    "noise_multiplier": self.server.noise_multiplier, "sample_rate": self.sample_rate,
+                    "adaptive_clip": self.server.adaptive, "privacy_rng": self.rng}
         hist = self.accountant.state_dict()["history"]
         out: dict[str, Any] = {
             "privacy": self.name,
@@ -284,4 +374,5 @@ class ClientDP:
                                                                                                     self.delta)
         if hist.numel():
             out[f"mean_{self.mechanism.level_name}"] = float(torch.nanmean(hist))
+        out["placement"] = "client"
         return out

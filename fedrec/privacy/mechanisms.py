@@ -356,7 +356,7 @@ class NoiseMechanism(Mechanism):
     def clip_rows(self, updates: Tensor) -> Tensor:
         """``row · min(1, clip / ‖row‖)`` for every row, with the exact bound of the module docstring (rows
         within the bound are returned bit for bit)."""
-        return self._clip_parts([updates], [None], updates.shape[0])[0]
+        return self.clip_parts([updates], [None], updates.shape[0])[0]
 
     def client_norms(self, parts: Sequence[Tensor], owners: Sequence[Tensor | None], num_clients: int) -> Tensor:
         """The norm of each client's whole upload, made of the rows of ``parts`` (row ``j`` of part ``p`` belongs
@@ -413,7 +413,7 @@ class NoiseMechanism(Mechanism):
             outside[c] = not self._exactly_inside(parts, owners, c)
         return outside
 
-    def _clip_parts(self, parts: Sequence[Tensor], owners: Sequence[Tensor | None], num_clients: int) -> list[Tensor]:
+    def clip_parts(self, parts: Sequence[Tensor], owners: Sequence[Tensor | None], num_clients: int) -> list[Tensor]:
         """Scale every client whose upload is outside the ball so that its norm is certified ≤ clip; the others'
         rows are returned bit for bit (see "Clipping arithmetic" in the module docstring).
 
@@ -481,7 +481,7 @@ class NoiseMechanism(Mechanism):
             if not bool(torch.isfinite(part).all()):
                 raise ValueError("updates contain non-finite values; clipping cannot bound them")
         scale = self.noise_scale(self.check_level(level, num_clients))
-        clipped = self._clip_parts(parts, owners, num_clients)
+        clipped = self.clip_parts(parts, owners, num_clients)
         sources = [generator] * len(parts) if isinstance(generator, torch.Generator) else list(generator)
         if len(sources) != len(parts):
             raise ValueError(f"one keyed noise source per part: got {len(sources)} for {len(parts)} parts")

@@ -5,6 +5,8 @@ Fig. 1, steps ①–⑤).
 * ``objectives.py``: the clients' losses: RMSE of ratings, BPR or pointwise BCE of implicit feedback;
 * ``local.py``: the clients' local updates, all clients in one backward pass;
 * ``upload.py``: upload assembly: pseudo items, the item ids X^t, synthesised pseudo rows, the upload order;
+* ``strategy.py``: the round's strategy: participation (all, fixed, Poisson), simulated dropouts and stragglers,
+  the bad-update policy, the clients' local work (``Strategy``);
 * ``privatize.py``: the round's budget and draw keys, clipping and noising of the uploads, the accounting;
 * ``attack.py``: malicious clients that poison their uploads (``ScaledUpdates``, ``GaussianNoise``,
   ``ItemPromotion``);
@@ -18,7 +20,7 @@ Fig. 1, steps ①–⑤).
   negatives, and the ``topk.npz`` lists (``UserItems``: each user's training or held-out items).
 
 The aggregators load on first use. The modules use :mod:`fedrec.models`, :mod:`fedrec.federation` (channel,
-collective), :mod:`fedrec.privacy` (``ClientDP``) and :mod:`fedrec.aggregation` (the rules and server optimisers
+collective), :mod:`fedrec.privacy` (``ClientDP``, and :mod:`fedrec.privacy.central` for server-placed noise) and :mod:`fedrec.aggregation` (the rules and server optimisers
 on plain tensors); :mod:`fedrec.tasks` sequences them.
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "NormBound": "aggregate",
     "RobustAggregator": "aggregate",
     "ScaledUpdates": "attack",
+    "Strategy": "strategy",
     "TrimmedMean": "aggregate",
     "UserItems": "ranking",
     "Uploads": "aggregate",

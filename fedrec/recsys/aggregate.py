@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from fedrec.aggregation import bound_norms, check_beta, check_bound, coordinate_median, krum, trimmed_mean
-from fedrec.errors import ConfigError, check_choice, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_int
 
 WEIGHTINGS = ("uploaded_items", "ratings", "uniform")
 
@@ -46,6 +46,19 @@ class Uploads:
     row_item: Tensor  # (R,) global item ids: X^t, real and pseudo items, in no meaningful order
     rows: Tensor  # (R, k) item-row updates
     num_ratings: Tensor | None  # (C,) ratings each client trained on; None under DP (it is private)
+
+    def keep(self, clients: Tensor) -> Uploads:
+        """The uploads of the clients where ``clients`` ``(C,)`` bool is True alone (rows renumbered)."""
+        if bool(clients.all()):
+            return self
+        new = torch.cumsum(clients.long(), 0) - 1
+        rows = clients.to(self.row_client.device)[self.row_client]
+
+        def on(t: Tensor, mask: Tensor) -> Tensor:
+            return t[mask.to(t.device)]
+        return Uploads(on(self.clients, clients), on(self.shared, clients),
+                       new.to(self.row_client.device)[self.row_client[rows]], on(self.row_item, rows),
+                       on(self.rows, rows), None if self.num_ratings is None else on(self.num_ratings, clients))
 
 
 @dataclass
@@ -73,17 +86,20 @@ class AggregateSums:
 class Aggregator:
     """Weighted mean of ω over clients and item-wise weighted mean of embedding rows over uploaders.
 
+    The clients' local work (``strategy.local_steps``, ``strategy.local_lr``) is the round strategy's
+    (:class:`fedrec.recsys.strategy.Strategy`); :attr:`default_local_steps` is what a rule runs when the strategy
+    leaves it unset.
+
     Args:
         weighting: client weights: ``"uploaded_items"`` (|real ∪ pseudo items|, the authors' n_u),
             ``"ratings"`` (local data size, McMahan et al.'s FedAvg) or ``"uniform"``.
-        local_steps: SGD steps each client takes before uploading (1: it uploads its gradient).
-        local_lr: the clients' SGD step size (used when ``local_steps > 1``).
     """
 
-    def __init__(self, weighting: str = "uploaded_items", local_steps: int = 1, local_lr: float = 0.05) -> None:
+    #: local SGD steps per client when ``strategy.local_steps`` is unset (1: clients upload their gradients)
+    default_local_steps = 1
+
+    def __init__(self, weighting: str = "uploaded_items") -> None:
         self.weighting = check_choice("aggregator.weighting", weighting, WEIGHTINGS)
-        self.local_steps = check_int("aggregator.local_steps", local_steps)
-        self.local_lr = check_float("aggregator.local_lr", local_lr, low=0.0, low_open=True)
 
     def validate(self, num_clients: int) -> None:
         """Check the rule's settings against the run's number of clients (nothing to check for a mean)."""
@@ -129,21 +145,18 @@ class Aggregator:
 
 class FedSGD(Aggregator):
     """FedSGD (McMahan et al. 2017) as the authors run it: one gradient per client, weighted by its uploaded
-    items."""
-
-    def __init__(self, weighting: str = "uploaded_items") -> None:
-        super().__init__(weighting=weighting, local_steps=1)
+    items (more local steps are FedAvg: the strategy refuses them with this rule)."""
 
 
 class FedAvg(Aggregator):
-    """FedAvg (McMahan et al. 2017): ``local_steps`` local SGD steps per client before uploading. Updates are
+    """FedAvg (McMahan et al. 2017): ``strategy.local_steps`` local SGD steps per client before uploading (5 unless
+    set). Updates are
     weighted by uploaded items by default, which DP allows; ``weighting="ratings"`` (local data size, McMahan's
     rule) reveals private counts and is refused with privacy on. The server applies its optimiser to the mean
-    update (with ``task.optimizer=sgd``, ``task.lr = local_lr`` and no weight decay this is McMahan's averaging
-    of local models; with Adam it is FedAdam-like)."""
+    update (with ``task.optimizer=sgd``, ``task.lr = strategy.local_lr`` and no weight decay this is McMahan's
+    averaging of local models; with Adam it is FedAdam-like)."""
 
-    def __init__(self, local_steps: int = 5, local_lr: float = 0.05, weighting: str = "uploaded_items") -> None:
-        super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)
+    default_local_steps = 5
 
 
 class NormBound(Aggregator):
@@ -152,12 +165,11 @@ class NormBound(Aggregator):
 
     Args:
         bound: the largest L2 norm of an ω update or an item row.
-        weighting, local_steps, local_lr: as :class:`Aggregator`'s (one local step by default, as FedSGD).
+        weighting: as :class:`Aggregator`'s.
     """
 
-    def __init__(self, bound: float = 0.1, weighting: str = "uploaded_items", local_steps: int = 1,
-                 local_lr: float = 0.05) -> None:
-        super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)
+    def __init__(self, bound: float = 0.1, weighting: str = "uploaded_items") -> None:
+        super().__init__(weighting=weighting)
         self.bound = check_bound(bound)
 
     def partial(self, up: Uploads, num_items: int) -> AggregateSums:
@@ -185,9 +197,6 @@ def itemwise(rule: Callable[[Tensor, Tensor], Tensor], rows: Tensor, row_item: T
 class RobustAggregator(Aggregator, metaclass=ABCMeta):
     """A rule that needs every upload at once: :meth:`rule` applied to ω over the round's clients and to each
     item's rows over its uploaders (see the module docstring); one process only."""
-
-    def __init__(self, weighting: str = "uploaded_items", local_steps: int = 1, local_lr: float = 0.05) -> None:
-        super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)
 
     @abstractmethod
     def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
@@ -218,9 +227,8 @@ class TrimmedMean(RobustAggregator):
         beta: the fraction cut per side, in [0, 1/2).
     """
 
-    def __init__(self, beta: float = 0.1, weighting: str = "uploaded_items", local_steps: int = 1,
-                 local_lr: float = 0.05) -> None:
-        super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)
+    def __init__(self, beta: float = 0.1, weighting: str = "uploaded_items") -> None:
+        super().__init__(weighting=weighting)
         self.beta = check_beta(beta)
 
     def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
@@ -236,9 +244,8 @@ class Krum(RobustAggregator):
         f: the Byzantine clients assumed among the round's C; the run needs ``C ≥ 2f + 3``.
     """
 
-    def __init__(self, f: int = 1, weighting: str = "uploaded_items", local_steps: int = 1,
-                 local_lr: float = 0.05) -> None:
-        super().__init__(weighting=weighting, local_steps=local_steps, local_lr=local_lr)
+    def __init__(self, f: int = 1, weighting: str = "uploaded_items") -> None:
+        super().__init__(weighting=weighting)
         self.f = check_int("aggregator.f", f, minimum=0)
 
     def validate(self, num_clients: int) -> None:
@@ -270,9 +277,8 @@ class MultiKrum(Krum):
         m: the updates kept among the round's C, scaled to each group; None keeps ``n − f_n`` of a group of n.
     """
 
-    def __init__(self, f: int = 1, m: int | None = None, weighting: str = "uploaded_items", local_steps: int = 1,
-                 local_lr: float = 0.05) -> None:
-        super().__init__(f=f, weighting=weighting, local_steps=local_steps, local_lr=local_lr)
+    def __init__(self, f: int = 1, m: int | None = None, weighting: str = "uploaded_items") -> None:
+        super().__init__(f=f, weighting=weighting)
         self.m = None if m is None else check_int("aggregator.m", m)
 
     def validate(self, num_clients: int) -> None:

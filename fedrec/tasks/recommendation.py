@@ -68,6 +68,7 @@ from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.collective import Collective
 from fedrec.models.recommender import FederatedRecommender
+from fedrec.privacy.central import ClippedSums, clipped_sums
 from fedrec.privacy.client_dp import ClientDP
 from fedrec.recsys.aggregate import AggregateSums, Aggregator, Uploads
 from fedrec.recsys.attack import Attack
@@ -91,6 +92,7 @@ from fedrec.recsys.privatize import (
 )
 from fedrec.recsys.ranking import UserItems, negatives_key, save_topk
 from fedrec.recsys.server import AdaptiveServerStep, ServerStep, UserStep
+from fedrec.recsys.strategy import RoundPlan, Strategy
 from fedrec.recsys.upload import (
     assemble_uploads,
     sample_pseudo_items,
@@ -152,6 +154,9 @@ class FedRecTask(FederatedTask):
         eval: the ranking evaluation (:class:`~fedrec.recsys.evaluate.RankingEval` fields: ``ranking``, ``ks``,
             ``negatives``, ``save_topk``).
         federated: False trains the central baseline (module docstring).
+        strategy: the round's participation, failures, bad-update policy and local work
+            (:class:`~fedrec.recsys.strategy.Strategy`); None: every client, every round, one local step (FedSGD)
+            or the aggregator's default.
     """
 
     kind = "recommendation"
@@ -181,6 +186,7 @@ class FedRecTask(FederatedTask):
         train_negatives: int = 1,
         eval: Mapping[str, Any] | None = None,
         federated: bool = True,
+        strategy: Strategy | None = None,
     ) -> None:
         self.num_rounds = check_int("task.rounds", rounds)
         self.implicit = isinstance(data, ImplicitData)
@@ -210,8 +216,10 @@ class FedRecTask(FederatedTask):
             raise ConfigError(f"model is sized for {model.num_users} users and {model.num_items} items, the data "
                               f"has {data.num_users} and {data.num_items}")
         aggregator.validate(data.num_clients)
+        self.strategy = strategy or Strategy()
+        self.strategy.setup(aggregator, data.num_clients)
         self.server_step = ServerStep(optimizer, lr, weight_decay, optimizer_state) if server is None else \
-            AdaptiveServerStep(server, aggregator.local_lr)
+            AdaptiveServerStep(server, self.strategy.local_lr)
         self.user_step = UserStep(optimizer, lr, weight_decay, optimizer_state)
         if privacy is not None:
             if privacy.accountant.num_clients != data.num_clients:
@@ -220,6 +228,17 @@ class FedRecTask(FederatedTask):
             if aggregator.weighting == "ratings":  # the server sees only each client's set of uploaded item ids
                 raise ConfigError("aggregator.weighting=ratings weights by the clients' private rating counts, "
                                   "which DP does not cover: use uploaded_items or uniform with privacy on")
+            if privacy.placement == "server":
+                plain = type(aggregator).partial is Aggregator.partial and \
+                    type(aggregator).__call__ is Aggregator.__call__
+                if not plain or aggregator.weighting != "uniform":
+                    raise ConfigError(f"privacy.placement=server noises the plain sum of clipped uploads: it needs a "
+                                      f"mean aggregator with uniform weights (aggregator=fedsgd|fedavg, "
+                                      f"aggregator.weighting=uniform), got {type(aggregator).__name__} with "
+                                      f"weighting={aggregator.weighting}")
+                N = data.num_clients
+                privacy.setup_server(self.num_rounds, self.strategy.sampling_rate(N),
+                                     self.strategy.expected_clients(N))
         self.data, self.model, self.aggregator, self.privacy = data, model, aggregator, privacy
         self.pseudo_items = check_int("task.pseudo_items", pseudo_items, minimum=0)
         self.prox_mu = check_float("task.prox_mu", prox_mu, low=0.0)
@@ -239,6 +258,13 @@ class FedRecTask(FederatedTask):
             self.implicit else {"test": data.test.pairs(), "val": data.val.pairs()}
         self._heldout = {name: UserItems.from_pairs(*pairs, data.num_users) for name, pairs in heldout.items()
                          if len(pairs[0])}
+        #: uploads the server used (scalars, messages) and clients per round, summed over the rounds run
+        self.used = {"scalars": 0, "messages": 0, "clients": 0, "rounds": 0}
+
+    @property
+    def server_placed(self) -> bool:
+        """Whether the run's DP noise is added by the server to the clipped sum (``privacy.placement=server``)."""
+        return self.privacy is not None and self.privacy.placement == "server"
 
     # ------------------------------------------------------------------------------------------------ hooks
     def setup(self, trainer: Any) -> None:
@@ -258,6 +284,9 @@ class FedRecTask(FederatedTask):
         budget for Gaussian): a number or a ``(num_clients,)`` tensor. Call it from ``on_round_start``."""
         if self.privacy is None:
             raise ConfigError("set_round_budget needs privacy=gaussian or privacy=laplace (privacy is none)")
+        if self.server_placed:
+            raise ConfigError("set_round_budget sets per-client budgets of client-placed noise; privacy.placement="
+                              "server calibrates one noise multiplier for the run (no planner)")
         b = torch.as_tensor(budget, dtype=torch.float64)
         self._budget = b.expand(self.data.num_clients).clone() if b.dim() == 0 else b
         self.privacy.levels(self._budget)  # validate now, so the caller gets the error
@@ -290,14 +319,22 @@ class FedRecTask(FederatedTask):
     # ------------------------------------------------------------------------------------------------ round
     def run_round(self, round_idx: int) -> dict[str, float]:
         prep = self._prepare(round_idx)  # ① the round's data, pseudo items and X^t
-        d, pseudo, valid, budget = self._admit(round_idx, prep)  # ② the budget, and who can afford it
-        metrics: dict[str, float] = {"clients": float(d.num_clients)}
-        if d.num_clients == 0:  # every client's budget is spent: nothing more can run
-            if self.trainer is not None:
+        plan = self._plan(round_idx, prep)  # who the strategy selects, and who fails
+        d, pseudo, valid, budget = self._admit(round_idx, prep, plan)  # ② the budget, and who can afford it
+        metrics: dict[str, float] = {}
+        if d.num_clients == 0:
+            if bool(plan.training.any()) and self.trainer is not None:  # the privacy budget left no one
                 self.trainer.should_stop = True
-            metrics["train_loss"] = math.nan
+            metrics.update(clients=0.0, train_loss=math.nan)
+            if self.server_placed and self.privacy.server_round_affordable():  # a round no one was sampled in
+                self.privacy.record_server_round()
         else:
-            metrics["train_loss"] = self._train(round_idx, d, pseudo, valid, budget)  # ③ and ④
+            metrics.update(self._train(round_idx, d, pseudo, valid, budget, plan.late))  # ③ and ④
+        if not self.strategy.is_default:
+            metrics.update(clients_selected=float(plan.selected.sum()), clients_dropped=float(plan.dropped.sum()),
+                           clients_late=float(plan.late.sum()))
+        self.used["rounds"] += 1
+        self.used["clients"] += int(metrics["clients"])
         metrics.update(self.evaluate(prep))  # ⑤
         for name, value in metrics.items():
             self.latest[name] = value
@@ -337,14 +374,27 @@ class FedRecTask(FederatedTask):
         clients = np.unique(self.data.client_of_user[user])
         return tr, sample_negatives(self.data, clients, round_idx, self.seed, self.train_negatives)
 
-    def _admit(self, round_idx: int, prep: _Prepared) -> tuple[RoundData, Tensor, Tensor, Tensor | None]:
-        """Step ②: the round's budget; the data, pseudo items and per-client budgets of the clients it admits."""
-        d = prep.data
-        if self.privacy is None:
-            return d, prep.pseudo, prep.pseudo_valid, None
-        budget = round_budget(self.privacy, self._budget, self.data.num_clients, self.num_rounds)
-        self._budget = None
-        run = self.privacy.admissible(budget, self.clients_holding_data(round_idx))
+    def _plan(self, round_idx: int, prep: _Prepared) -> RoundPlan:
+        """The strategy's selection and failures among the clients holding ratings (the same in every process)."""
+        holding = torch.zeros(self.data.num_clients, dtype=torch.bool)
+        holding[prep.data.clients] = True
+        work = torch.zeros(self.data.num_clients, dtype=torch.long)
+        work[prep.data.clients] = prep.data.ratings_per_client()
+        key = 0 if self.strategy.is_default else self._key("participation", round_idx)
+        return self.strategy.plan(holding, work, key)
+
+    def _admit(self, round_idx: int, prep: _Prepared, plan: RoundPlan
+               ) -> tuple[RoundData, Tensor, Tensor, Tensor | None]:
+        """Step ②: the round's budget; the data, pseudo items and per-client budgets of the clients that train (the
+        strategy's, which the privacy budget admits)."""
+        d, run, budget = prep.data, plan.training, None
+        if self.server_placed:
+            if not self.privacy.server_round_affordable():
+                run = torch.zeros_like(run)
+        elif self.privacy is not None:
+            budget = round_budget(self.privacy, self._budget, self.data.num_clients, self.num_rounds)
+            self._budget = None
+            run = self.privacy.admissible(budget, run)
         if not bool(run[d.clients].all()):
             keep = run[d.clients]
             tr = prep.training
@@ -353,26 +403,32 @@ class FedRecTask(FederatedTask):
             return d, prep.pseudo[keep], prep.pseudo_valid[keep], budget
         return d, prep.pseudo, prep.pseudo_valid, budget
 
-    def _train(self, round_idx: int, full: RoundData, pseudo: Tensor, valid: Tensor, budget: Tensor | None) -> float:
+    def _train(self, round_idx: int, full: RoundData, pseudo: Tensor, valid: Tensor, budget: Tensor | None,
+               late: Tensor) -> dict[str, float]:
         """Steps ③ and ④: this process computes, privatises and assembles its shard's uploads (every client, in a
-        one-process run), the sums are added up over processes, and every process takes the same server and user
-        steps, so all hold the same model."""
+        one-process run); the server drops late and bad uploads (the strategy's), the sums are added up over
+        processes, and every process takes the same server and user steps, so all hold the same model."""
         model, k, I = self.model, self.model.embed_dim, self.data.num_items
         sizes = [p.numel() for p in model.shared_parameters().values()]
+        client_noise = self.privacy is not None and not self.server_placed
         privacy_key = self._key("privacy", round_idx) if self.privacy is not None else 0
         rows_key, order_key = self._key("pseudo_rows", round_idx), self._key("upload_order", round_idx)
         d, lo, hi = shard(full, self._bounds(full), self.collective.global_rank)
         device = model.user_emb.device
         user_grad = torch.zeros_like(model.user_emb.detach())
-        loss_sum, finite = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+        loss_sum = torch.zeros(1, dtype=torch.float64)
+        bad = torch.zeros(self.data.num_clients, dtype=torch.float64)  # clients whose upload is bad, all processes
         single = self.collective.world_size == 1
         if d.num_clients:
             # ③ local training, privatisation of ω and the real item rows, upload assembly
-            upd = local_updates(model, d.to(device), self.aggregator.local_steps, self.aggregator.local_lr,
+            upd = local_updates(model, d.to(device), self.strategy.local_steps, self.strategy.local_lr,
                                 self.prox_mu, OBJECTIVES[self.objective])
             shared, rows = upd.flat_shared(), upd.rows
-            finite[0] = float(bool(torch.isfinite(shared).all()) and bool(torch.isfinite(rows).all()))
-            if finite[0] and self.privacy is not None:
+            broken = self.strategy.nonfinite(shared, rows, d.row_client)
+            if bool(broken.any()):  # the noise cannot hide a non-finite value: the upload is dropped (or aborts)
+                shared, rows = shared.masked_fill(broken.unsqueeze(1), 0.0), rows.masked_fill(
+                    broken.to(device)[d.row_client.to(device)].unsqueeze(1), 0.0)
+            if client_noise:
                 shared, rows = privatize_uploads(self.privacy, shared, sizes, rows, d.row_client.to(device),
                                                  budget[d.clients], d.clients, privacy_key)
             uploads = assemble_uploads(d, shared, rows, pseudo[lo:hi], valid[lo:hi], rows_key, order_key,
@@ -383,31 +439,73 @@ class FedRecTask(FederatedTask):
                 extra_rows = torch.bincount(uploads.row_client, minlength=d.num_clients) - torch.bincount(
                     honest_rows, minlength=d.num_clients)
             self.last_uploads = uploads
+            if self.attack is not None or self.strategy.max_update_norm is not None:  # what the server receives
+                broken = broken | self.strategy.bad_uploads(uploads)
+            bad[d.clients] = broken.cpu().double()
             user_grad.index_put_((d.users,), upd.users)
             loss_sum[0] = upd.loss.double().sum()
         else:  # more processes than clients this round: this one contributes nothing
             uploads = None
-        # ④ the channel counts every client's upload (its size is known to all processes), the aggregator combines
+        # ④ the channel counts every client's upload (its size is known to all processes), the server uses those on
+        # time and not bad, and the aggregator (or the server's noise) combines them
         scalars = upload_scalars(full, valid, sum(sizes), k)
         if self.attack is not None and uploads is not None:
             scalars = scalars + extra_rows * (k + 1)
         uploads = self.channel.send("upload", ("client", full.clients), ("server", 0), uploads, scalars)
-        if not single:  # one process adds up the others' sums (any aggregator's own __call__ runs in one process)
-            sums = self.aggregator.partial(uploads, I) if uploads is not None else AggregateSums.zeros(
-                sum(sizes), I, k, device)
-            self.collective.all_reduce([*sums.tensors(), user_grad, loss_sum, finite])
-        if int(finite[0]) != self.collective.world_size:
+        if not single:
+            self.collective.all_reduce([bad])
+        unused = late | (bad > 0)
+        if self.strategy.on_bad_update == "abort" and bool((bad > 0).any()):
             raise FloatingPointError(f"round {round_idx}: a client's update is not finite (training diverged; "
-                                     f"try a smaller task.lr)")
-        g_shared, items, g_items = self.aggregator(uploads) if single else self.aggregator.finish(
-            sums, model.item_emb.dtype)
-        if self.privacy is not None:
+                                     f"try a smaller task.lr)" if self.strategy.max_update_norm is None else
+                                     f"round {round_idx}: a client's update is not finite or exceeds "
+                                     f"strategy.max_update_norm={self.strategy.max_update_norm:g}")
+        used = ~unused[full.clients]
+        if uploads is not None and bool(unused[d.clients].any()):
+            uploads = uploads.keep(~unused[d.clients])
+            loss_sum[0] = upd.loss.double()[~unused[d.clients].to(upd.loss.device)].sum()
+        if bool(used.any()):
+            g_shared, items, g_items = self._aggregate(round_idx, uploads, sum(sizes), I, k, user_grad, loss_sum,
+                                                       single)
+            self.server_step(model, g_shared, items, g_items)
+            users = full.users if bool(used.all()) else full.users[used[full.user_client]]
+            self.user_step(model, users, user_grad[users])
+        if client_noise:
             record_round(self.privacy, budget, full, self.data.num_clients, len(sizes))
-        self.server_step(model, g_shared, items, g_items)
-        self.user_step(model, full.users, user_grad[full.users])
+        elif self.server_placed:
+            self.privacy.record_server_round()
         broadcast = sum(sizes) + I * k
         self.channel.send("download", ("server", 0), ("client", full.clients), None, broadcast)
-        return float(loss_sum[0]) / full.num_clients
+        self.used["scalars"] += int(scalars[used].sum())
+        self.used["messages"] += int(used.sum())
+        n = int(used.sum())
+        out = {"clients": float(n), "train_loss": float(loss_sum[0]) / n if n else math.nan}
+        if self.strategy.on_bad_update == "drop":
+            out["clients_bad"] = float((bad > 0).sum())
+        return out
+
+    def _aggregate(self, round_idx: int, uploads: Uploads | None, num_shared: int, I: int, k: int, user_grad: Tensor,
+                   loss_sum: Tensor, single: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """The server's update ``(ω, item ids, item rows)`` from the used uploads: the aggregator's, or under
+        server-placed DP the noised sum of clipped uploads over the expected clients (every item's row); the
+        clients' user gradients and losses are added up over processes alongside."""
+        device, dtype = self.model.user_emb.device, self.model.item_emb.dtype
+        if self.server_placed:
+            dp = self.privacy
+            sums = clipped_sums(dp.mechanism, uploads.shared, uploads.rows, uploads.row_client, uploads.row_item, I) \
+                if uploads is not None and uploads.clients.numel() else ClippedSums.zeros(num_shared, I, k, device)
+            if not single:
+                self.collective.all_reduce([*sums.tensors(), user_grad, loss_sum])
+            holding = int(self._prepare(round_idx).data.num_clients)
+            g_shared, g_rows = dp.server.noised(sums, self.strategy.expected_clients(holding),
+                                                self._key("server_noise", round_idx))
+            return g_shared.to(dtype), torch.arange(I, device=g_rows.device), g_rows.to(dtype)
+        if single:
+            return self.aggregator(uploads)
+        sums = self.aggregator.partial(uploads, I) if uploads is not None else AggregateSums.zeros(
+            num_shared, I, k, device)
+        self.collective.all_reduce([*sums.tensors(), user_grad, loss_sum])
+        return self.aggregator.finish(sums, dtype)
 
     # ------------------------------------------------------------------------------------------------ metrics
     def evaluate(self, prep: _Prepared) -> dict[str, float]:
@@ -470,6 +568,7 @@ class FedRecTask(FederatedTask):
             "ledger": {k: v.clone() for k, v in self.channel.ledger.state_dict().items()},
             "best": dict(self.best),
             "latest": dict(self.latest),
+            "used": dict(self.used),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -483,6 +582,7 @@ class FedRecTask(FederatedTask):
         self.channel.ledger.load_state_dict(state["ledger"])
         self.best = dict(state["best"])
         self.latest = dict(state["latest"])
+        self.used = dict(state["used"])
 
     def summary(self) -> dict[str, Any]:
         """The run's final results; with ``task.eval.save_topk`` it also writes :data:`TOPK_FILE` into the run
@@ -510,9 +610,17 @@ class FedRecTask(FederatedTask):
         for name, (v, r) in sorted(self.best.items()):
             out[f"best_{name}"] = v
             out[f"best_{name}_round"] = r
+        s = self.strategy
+        out.update({"participation": s.participation, "local_steps": s.local_steps,
+                    "sample_rate": s.sampling_rate(self.data.num_clients),
+                    "clients_per_round_mean": self.used["clients"] / max(self.used["rounds"], 1)})
         if self.privacy is None:
-            out.update({"privacy": "none", "epsilon_spent": None, "delta": None})
+            out.update({"privacy": "none", "epsilon_spent": None, "delta": None, "noise_multiplier": None})
         else:
-            out.update(self.privacy.summary())
+            privacy = self.privacy.summary()
+            out.update(privacy)
+            out.setdefault("noise_multiplier", privacy.get("mean_noise_multiplier"))
         out.update({k: int(v.sum()) for k, v in self.channel.ledger.totals().items()})
+        out.update({"comm_upload_scalars_used": self.used["scalars"],
+                    "comm_upload_messages_used": self.used["messages"]})
         return out
