@@ -293,3 +293,16 @@ def test_load_refuses_another_ledger() -> None:
     with pytest.raises(ConfigError, match="^sample_rate must"):
         target.load_state_dict(state | {"history": [(1.1, 0.05, 50), (1.1, 2.0, 1)]})
     assert target.state_dict() == kept
+
+
+@pytest.mark.parametrize("history", [[(1.1, 0.01, 1000)], [(0.9, 0.3, 7)], [(1.1, 0.01, 1000), (2.0, 0.1, 100)]])
+def test_rdp_epsilon_is_opacus_rdp_accountants_float_for_float(history: list[tuple[float, float, int]]) -> None:
+    """The ledger's cached one-round curves times the counts equal Opacus's RDPAccountant exactly."""
+    from opacus.accountants import RDPAccountant
+
+    reference = RDPAccountant()
+    reference.history = list(history)
+    ledger = SampledGaussianAccountant(1e-5)
+    for z, q, n in history:
+        ledger.step(z, n, q)
+    assert ledger.epsilon() == reference.get_epsilon(delta=1e-5)
