@@ -1,7 +1,9 @@
 """``python -m fedrec.audit +experiment=NAME [overrides]``: audit the client-level DP of a run's configuration.
 
 The config is composed as ``train.py`` composes it (``conf/audit.yaml`` adds the ``audit`` settings to
-``conf/config.yaml``) and its task is built as for a run; the task's own privatiser (its
+``conf/config.yaml``) and its task is built as for a run. Under ``privacy.placement=server`` the server's clipped sum
+and noise are audited with a canary client sampled at the strategy's rate
+(:func:`fedrec.privacy.audit.audit_server_dp`); otherwise the task's own privatiser (its
 :class:`~fedrec.privacy.ClientDP`, the round's :func:`~fedrec.recsys.privatize.privatize_uploads`, the model's ω
 tensors and item-row width, the run's rounds) is then audited with a white-box canary client
 (:func:`fedrec.privacy.audit.audit_client_dp`). One headline line gives the empirical ε lower bound beside the ε
@@ -62,16 +64,37 @@ def audit_config(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[
     with torch_threads(cfg.get("num_threads")):  # as a run: batched small tensors run best on one thread
         task = build_task_fetching_data(cfg)
         model = task.model
-        result = audit_client_dp(
-            task.privacy, privatize_uploads, tensor_sizes=[p.numel() for p in model.shared_parameters().values()],
-            rows=settings["rows"], width=model.embed_dim, rounds=settings["rounds"] or task.num_rounds,
-            trials=settings["trials"], seed=cfg.seed, confidence=settings["confidence"],
-            dtype=model.item_emb.dtype)
+        if task.server_placed:
+            result = _audit_server(task, settings, cfg.seed)
+        else:
+            result = audit_client_dp(
+                task.privacy, privatize_uploads,
+                tensor_sizes=[p.numel() for p in model.shared_parameters().values()],
+                rows=settings["rows"], width=model.embed_dim, rounds=settings["rounds"] or task.num_rounds,
+                trials=settings["trials"], seed=cfg.seed, confidence=settings["confidence"],
+                dtype=model.item_emb.dtype)
     record = {**result.to_dict(), "experiment": cfg.name, "exceeds": result.exceeds,
               "threat_model": f"{result.mechanism}, {result.threat_model}"}
     out = Path(HydraConfig.get().runtime.output_dir if output_dir is None else output_dir)
     atomic_write_json(out / "audit.json", record)
     return record
+
+
+def _audit_server(task: Any, settings: dict[str, Any], seed: int) -> Any:
+    """Server-placed DP (``privacy.placement=server``): the task's clipped sum and noise with a canary client
+    sampled at the strategy's rate in each of the rounds (:func:`fedrec.privacy.audit.audit_server_dp`), against
+    what the run's accountant reports for those rounds. The canary's upload spans the model's ω tensors and
+    ``audit.rows`` item rows; the item table's other rows carry only noise, which no test reads."""
+    from fedrec.privacy.accountant import SampledGaussianAccountant
+    from fedrec.privacy.audit import audit_server_dp
+
+    dp, rounds, rows = task.privacy, settings["rounds"] or task.num_rounds, max(settings["rows"], 1)
+    ledger = SampledGaussianAccountant(dp.delta, dp.server_accountant.accountant)
+    ledger.step(dp.server.noise_multiplier, rounds, dp.sample_rate)
+    return audit_server_dp(dp.server, sample_rate=dp.sample_rate, rounds=rounds, epsilon_reported=ledger.epsilon(),
+                           delta=dp.delta, tensor_sizes=[p.numel() for p in task.model.shared_parameters().values()],
+                           rows=rows, width=task.model.embed_dim, num_items=rows, trials=settings["trials"],
+                           seed=seed, confidence=settings["confidence"])
 
 
 def headline(record: dict[str, Any]) -> str:

@@ -72,6 +72,18 @@ def test_the_audit_takes_the_runs_rounds_and_the_authors_nominal_epsilon(audit_c
     assert "nominal ε = 2 (accountant: " in capsys.readouterr().out
 
 
+def test_a_server_placed_run_is_audited_with_a_sampled_canary(audit_cli, tmp_path: Path) -> None:
+    """privacy.placement=server: the server's clipped sum and one noise draw, the canary sampled at the strategy's
+    rate, against the subsampled accountant's ε for the audited rounds (below the run's total)."""
+    out = tmp_path / "server"
+    audit_cli(*SMALL, "privacy.placement=server", "strategy.participation=poisson", "strategy.sample_rate=0.5",
+              "audit.rounds=2", f"hydra.run.dir={out}")
+    record = json.loads((out / "audit.json").read_text())
+    assert "server-placed" in record["threat_model"] and "q=0.5" in record["threat_model"]
+    assert "2 rounds" in record["threat_model"]
+    assert 0.0 < record["epsilon_reported"] < 2.0 and not record["exceeds"]
+
+
 @pytest.mark.parametrize("override,message", [
     ("audit.confidence=1.5", "audit.confidence"),
     ("audit.confidence=0", "audit.confidence"),

@@ -65,6 +65,10 @@ class BudgetPlanner(Callback, ABC):
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         if getattr(task, "privacy", None) is None:
             raise ConfigError("planner: a budget planner needs privacy=gaussian or privacy=laplace")
+        if task.privacy.placement == "server":
+            raise ConfigError("planner: a budget planner sets each client's per-round budget of client-placed noise; "
+                              "privacy.placement=server calibrates one noise multiplier for the run (use "
+                              "privacy.placement=client, or no planner)")
         self._measured = self.reward_split != "val" or len(task.data.val) > 0
         if not self._measured and self.uses_reward:
             raise ConfigError("planner.reward_split=val needs a validation split: set data.val_fraction > 0 "
