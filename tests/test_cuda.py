@@ -23,7 +23,7 @@ from fedrec.data.synthetic import synthetic_ratings
 from fedrec.federation.ledger import CommLedger
 from fedrec.models import FedGNN, LightGCN, MatrixFactorization, NeuMF
 from fedrec.privacy import ClientDP
-from fedrec.recsys import FedAvg, FedSGD
+from fedrec.recsys import FedAvg, FedSGD, Strategy
 from fedrec.recsys.aggregate import CoordinateMedian, Krum, TrimmedMean
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
@@ -72,6 +72,29 @@ def test_a_recommendation_run_on_cuda_equals_the_cpu_run(ratings: Any, name: str
         {k: int(v.sum()) for k, v in cpu_task.channel.ledger.totals().items()}
     if cpu_task.privacy is not None:
         assert torch.equal(gpu_task.privacy.spent().cpu(), cpu_task.privacy.spent())
+
+
+def test_a_sampled_server_placed_run_on_cuda_equals_the_cpu_run(ratings: Any) -> None:
+    """Poisson sampling, dropouts, stragglers, the drop policy and server-placed DP with adaptive clipping: the
+    sample, the clipped sums and the one noise draw are the same on the device."""
+    def run(device: str) -> tuple[list[dict[str, float]], FedRecTask]:
+        torch.manual_seed(0)
+        dp = ClientDP(ratings.num_clients, "gaussian", epsilon=5.0, clip=0.5, placement="server",
+                      adjacency="add_remove", sensitivity_factor=1.0, adaptive_clip=True)
+        strategy = Strategy("poisson", sample_rate=0.5, dropout=0.1, deadline=2.0, on_bad_update="drop")
+        task = FedRecTask(ratings, FedGNN(ratings.num_users, ratings.num_items, 4), FedSGD("uniform"), dp,
+                          rounds=ratings.rounds, pseudo_items=5, seed=11, strategy=strategy)
+        task.setup(FederatedTrainer(accelerator=device))
+        return [task.run_round(r) for r in range(ratings.rounds)], task
+
+    cpu, cpu_task = run("cpu")
+    gpu, gpu_task = run("cuda")
+    assert any(m["clients"] < ratings.num_clients for m in cpu)
+    for got, want in zip(gpu, cpu):
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
+    for (n, a), (_, b) in zip(gpu_task.model.state_dict().items(), cpu_task.model.state_dict().items()):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5, msg=n)
+    assert gpu_task.summary()["epsilon_spent"] == cpu_task.summary()["epsilon_spent"]
 
 
 @pytest.mark.parametrize("ranking", ["full", "sampled"])

@@ -6,16 +6,19 @@
 1. the clients that hold training ratings (initial half plus the stream so far) group them
    (:mod:`~fedrec.recsys.data`), sample pseudo items and announce their item ids X^t
    (:mod:`~fedrec.recsys.upload`, :meth:`FedRecTask.upload_items`);
-2. each client gets the round's budget, set by a callback through :meth:`FedRecTask.set_round_budget` (the
-   planner hook) or else the uniform split; clients it would take past their total sit the round out
-   (:mod:`~fedrec.recsys.privatize`);
+2. the round's strategy (:mod:`~fedrec.recsys.strategy`) selects the clients that take part (all by default, or a
+   fixed number or a Poisson sample) and simulates dropouts and stragglers; each client gets the round's budget,
+   set by a callback through :meth:`FedRecTask.set_round_budget` (the planner hook) or else the uniform split;
+   clients it would take past their total sit the round out (:mod:`~fedrec.recsys.privatize`);
 3. all clients compute their updates together (:mod:`~fedrec.recsys.local`), clip and noise ω and their real
    item rows (:mod:`~fedrec.recsys.privatize`), append FedGNN's synthesised pseudo rows and shuffle their rows
    (:mod:`~fedrec.recsys.upload`), so that neither position nor order tells real items from pseudo ones; user rows
    stay on the client;
    Under an attack, the malicious clients transform their uploads (:mod:`~fedrec.recsys.attack`);
-4. the channel counts the uploads, the aggregator combines them (:mod:`~fedrec.recsys.aggregate`), the server
-   optimiser steps and broadcasts, and the clients update their own user rows (:mod:`~fedrec.recsys.server`);
+4. the channel counts the uploads, the server sets aside stragglers' and bad ones (the strategy's policy), the
+   aggregator combines the rest (:mod:`~fedrec.recsys.aggregate`) or, under ``privacy.placement=server``, the server
+   adds one noise draw to their clipped sum (:mod:`fedrec.privacy.central`), the server optimiser steps and
+   broadcasts, and the clients whose uploads were used update their own user rows (:mod:`~fedrec.recsys.server`);
 5. the model is evaluated on the test (and validation) ratings (:mod:`~fedrec.recsys.evaluate`): RMSE, MAE and F1
    on explicit ratings, top-K ranking (``task.eval``) on either kind of data; under an attack also on the benign
    users alone, with the target item's exposure.
