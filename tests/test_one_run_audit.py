@@ -48,8 +48,8 @@ def test_delta_zero_is_the_closed_form_of_before() -> None:
     """δ = 0 (and the default) gives exactly the pure-DP bound as it was computed before δ: the ε whose success
     probability is the Clopper–Pearson lower bound; a δ of 1e-300 takes the bisection and lands on it too."""
     for seed, m, r in ((0, 1000, 200), (1, 1000, 1000), (2, 200, 50)):
-        scores, included = _scores(seed, m, lambda ids: KeyedRows(stream_key(seed, "noise"), ids).draw("normal", 1)[
-            :, 0])
+        key = stream_key(seed, "noise")
+        scores, included = _scores(seed, m, lambda ids, key=key: KeyedRows(key, ids).draw("normal", 1)[:, 0])
         order = torch.argsort(scores, stable=True)
         correct = int(included[order[m - r // 2:]].sum()) + int((~included[order[:r // 2]]).sum())
         p = float(clopper_pearson(correct, r, 0.95)[0])
@@ -135,9 +135,9 @@ def test_the_delta_bound_holds_on_mechanisms_of_known_epsilon(mechanism: str, ep
     for seed in range(seeds):
         key = stream_key(seed, "one_run.noise")
         if mechanism == "laplace":
-            scores, included = _scores(seed, m, lambda ids: KeyedRows(key, ids).draw("laplace", 1)[:, 0] / epsilon)
+            scores, included = _scores(seed, m, lambda ids, key=key: KeyedRows(key, ids).draw("laplace", 1)[:, 0] / epsilon)
         else:
-            scores, included = _scores(seed, m, lambda ids: sigma * KeyedRows(key, ids).draw("normal", 1)[:, 0])
+            scores, included = _scores(seed, m, lambda ids, key=key: sigma * KeyedRows(key, ids).draw("normal", 1)[:, 0])
         bounds.append(one_run_epsilon_lower_bound(scores, included, guesses, delta=delta))
         pure.append(one_run_epsilon_lower_bound(scores, included, guesses))
     bounds = np.array(bounds)
