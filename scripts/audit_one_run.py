@@ -1,6 +1,6 @@
 """A private federated-recommendation run audited in one run (Steinke, Nasr & Jagielski, NeurIPS 2023): canary
 clients inside one DP-FedAvg run (server-placed noise, Poisson sampling), the ε lower bound printed beside the
-accountant's ε (:func:`fedrec.privacy.audit.audit_one_run`).
+accountant's ε (:func:`fedrec.recsys.canaries.audit_one_run`).
 
     .venv/bin/python scripts/audit_one_run.py [--data synthetic|ml-100k] [--model fedgnn|mf] [--bug 10]
 
@@ -20,9 +20,9 @@ from fedrec.data import load_ratings, synthetic_ratings
 from fedrec.data.ratings import RatingData
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP
-from fedrec.privacy.audit import audit_one_run
 from fedrec.recsys import FedSGD, Strategy
 from fedrec.recsys.attack import Attack
+from fedrec.recsys.canaries import audit_one_run
 from fedrec.tasks import FedRecTask
 
 

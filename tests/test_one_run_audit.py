@@ -17,17 +17,12 @@ from fedrec.data.ratings import RatingData
 from fedrec.errors import ConfigError
 from fedrec.models import FedGNN
 from fedrec.privacy import ClientDP
-from fedrec.privacy.audit import (
-    CanaryClients,
-    audit_one_run,
-    clopper_pearson,
-    one_run_epsilon_lower_bound,
-    one_run_p_value,
-)
+from fedrec.privacy.audit import clopper_pearson, one_run_epsilon_lower_bound, one_run_p_value
 from fedrec.privacy.mechanisms import analytic_gaussian_noise_multiplier
 from fedrec.recsys import FedSGD, Strategy
 from fedrec.recsys.aggregate import Uploads
 from fedrec.recsys.attack import Attack
+from fedrec.recsys.canaries import CanaryClients, audit_one_run
 from fedrec.rng import KeyedRows, stream_key
 from fedrec.tasks import FedRecTask
 from tests.test_audit import exceedances_allowed

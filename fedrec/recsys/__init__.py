@@ -16,6 +16,8 @@ Fig. 1, steps ①–⑤).
   :mod:`fedrec.aggregation`), and the clients' step on their user rows;
 * ``evaluate.py``: test and validation metrics of the current model: rating metrics, ranking metrics
   (``RankingEval``), under an attack the benign users' and the target item's exposure;
+* ``canaries.py``: canary clients inside one private run and its one-run audit (``CanaryClients``,
+  ``audit_one_run``);
 * ``ranking.py``: top-K ranking metrics (HR@K, NDCG@K, Recall@K, MRR) of a score matrix, full or against sampled
   negatives, and the ``topk.npz`` lists (``UserItems``: each user's training or held-out items).
 
