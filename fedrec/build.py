@@ -37,8 +37,18 @@ def one_line(e: BaseException) -> str:
     return re.sub(r"\s+", " ", str(e)).strip()
 
 
+#: the start of a message that already names a dotted field (``task.pseudo_items must ...``)
+_NAMES_FIELD = re.compile(r"[A-Za-z_]\w*\.[A-Za-z_]\w*")
+
+
+def _in_group(key: str, message: str) -> str:
+    """``message`` of an error raised while building config group ``key``, prefixed ``key: `` unless it already
+    names a dotted field: the task's check of ``attack.fraction`` names that field, not the task."""
+    return message if _NAMES_FIELD.match(message) else f"{key}: {message}"
+
+
 def instantiate_group(node: DictConfig, key: str, **kwargs: Any) -> Any:
-    """Instantiate config ``node`` with ``kwargs``; errors name the config group ``key``."""
+    """Instantiate config ``node`` with ``kwargs``; errors name the config group ``key`` (:func:`_in_group`)."""
     try:  # partial first: Hydra would turn dataclass arguments (e.g. RatingData) into configs
         factory = instantiate(node, _partial_=True, _recursive_=False)
     except InstantiationException as e:
@@ -46,7 +56,7 @@ def instantiate_group(node: DictConfig, key: str, **kwargs: Any) -> Any:
     try:
         return factory(**kwargs)
     except (ConfigError, DatasetNotFoundError) as e:
-        raise type(e)(f"{key}: {e}") from e
+        raise type(e)(_in_group(key, str(e))) from e
     except TypeError as e:
         if "argument" not in str(e):  # not a bad or missing config key: a genuine error
             raise
@@ -139,8 +149,10 @@ def check_used(cfg: DictConfig, touched: Mapping[str, str]) -> None:
 
 
 def build_task(cfg: DictConfig) -> Any:
-    """The task a config describes, built by its kind's builder."""
+    """The task a config describes, built by its kind's builder (``replicates`` checked first: every builder sizes
+    its state with it)."""
     check_groups(cfg)
+    check_int("replicates", cfg.get("replicates"))
     return BUILDERS[task_kind(cfg)](cfg)
 
 
@@ -280,8 +292,9 @@ def recommendation_memory_estimate(cfg: DictConfig, num_users: int, num_items: i
     """An estimate of the bytes a recommendation run needs once its data is loaded, before its model is allocated:
     four float32 copies of the embedding tables (the parameters, their gradients and Adam's two moments) and of a
     round's uploaded rows (each training rating's item row and ``task.pseudo_items`` pseudo rows per client: the
-    rows, their gradients, their noise and the shuffled upload), ``model.embed_dim`` floats each."""
-    k, pseudo = _as_whole(cfg.model.get("embed_dim"), 1), _as_whole(cfg.task.get("pseudo_items"), 0)
+    rows, their gradients, their noise and the shuffled upload), ``model.embed_dim`` floats each. A client draws at
+    most ``num_items`` pseudo items (:func:`~fedrec.recsys.upload.sample_pseudo_items`), whatever the config asks."""
+    k, pseudo = _as_whole(cfg.model.get("embed_dim"), 1), min(_as_whole(cfg.task.get("pseudo_items"), 0), num_items)
     return 4 * 4 * k * (num_users + num_items + num_training + num_clients * pseudo)
 
 
@@ -356,7 +369,8 @@ def build_recommendation(cfg: DictConfig) -> Any:
 
     # a loader that streams ratings over the rounds takes their number (implicit feedback has no stream)
     streams = "rounds" in inspect.signature(group_target(cfg.data, "data")).parameters
-    data = instantiate_group(cfg.data, "data", seed=cfg.seed, **({"rounds": cfg.task.rounds} if streams else {}))
+    rounds = {"rounds": check_int("task.rounds", cfg.task.get("rounds"))} if streams else {}
+    data = instantiate_group(cfg.data, "data", seed=cfg.seed, **rounds)
     training = len(data.train) if isinstance(data, ImplicitData) else len(data.training)
     check_fits(cfg, recommendation_memory_estimate(cfg, data.num_users, data.num_items, training, data.num_clients),
                "model.embed_dim", f"model.embed_dim={cfg.model.get('embed_dim')}, {data.num_users} users, "

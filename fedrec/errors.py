@@ -7,13 +7,20 @@ from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 __all__ = [
-    "ConfigError", "DatasetNotFoundError", "check_choice", "check_file", "check_float", "check_int", "did_you_mean",
+    "ConfigError", "DatasetNotFoundError", "TrainingDiverged", "check_choice", "check_file", "check_float", "check_int",
+    "did_you_mean",
     "run_script",
 ]
 
 
 class ConfigError(ValueError):
     """A configuration value or input file is invalid; the message names the field and what was expected."""
+
+
+class TrainingDiverged(ConfigError, FloatingPointError):
+    """A round's updates are not finite or too large under the run's settings (e.g. its learning rate); the message
+    names the settings to change. A :class:`ConfigError`, so that ``train.py`` reports it as one ``error:`` line,
+    and a FloatingPointError, as numerical failures are."""
 
 
 class DatasetNotFoundError(FileNotFoundError):

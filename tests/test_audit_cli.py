@@ -19,9 +19,10 @@ from hydra.core.hydra_config import HydraConfig
 import fedrec.audit
 
 ROOT = Path(__file__).resolve().parents[1]
-#: a small synthetic FedGNN run with client DP (the experiment's default data is ML-1M's size)
+#: a small synthetic FedGNN run with client DP (the experiment's default data is ML-1M's size, its 400 pseudo items
+#: more than these 100 items)
 BASE = ("+experiment=fedgnn_synthetic", "data.users=300", "data.items=100", "data.ratings=5000", "data.num_clients=30",
-        "task.rounds=4", "audit.trials=4000")
+        "task.pseudo_items=50", "task.rounds=4", "audit.trials=4000")
 SMALL = (*BASE, "privacy=gaussian", "privacy.epsilon=2")
 KEYS = {"epsilon_lower", "epsilon_reported", "confidence", "trials", "threat_model"}
 

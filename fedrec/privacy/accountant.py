@@ -60,7 +60,9 @@ __all__ = [
     "GaussianRDPAccountant",
     "LaplaceBasicAccountant",
     "PrivacyBudgetExceeded",
+    "MAX_EPSILON",
     "SampledGaussianAccountant",
+    "check_epsilon_setting",
     "gaussian_rdp_epsilon",
     "gaussian_rdp_rho",
     "make_accountant",
@@ -73,6 +75,23 @@ __all__ = [
 
 MECHANISMS = ("gaussian", "laplace")
 ACCOUNTANTS = ("rdp", "prv")
+#: the largest finite ``privacy.epsilon`` a run accepts. ε bounds by e^ε how much more likely one person's data
+#: makes any output; at e^100 (about 10^43) that bound constrains no attacker, so a larger ε would be reported as a
+#: guarantee it is not. The papers reproduced here use ε ≤ 10 and their sweeps stay far below 100.
+MAX_EPSILON = 100.0
+
+
+def check_epsilon_setting(value: object, *, allow_inf: bool = False) -> float:
+    """``privacy.epsilon`` as a float in (0, :data:`MAX_EPSILON`] (or ∞ where ``allow_inf``: the mechanism's
+    noiseless setting), else a ConfigError naming the field, the bound and what runs without a guarantee."""
+    eps = check_float("privacy.epsilon", value, low=0.0, low_open=True, allow_inf=allow_inf)
+    if math.isfinite(eps) and eps > MAX_EPSILON:
+        instead = "privacy.epsilon=inf adds no noise" if allow_inf else "privacy=none trains without privacy"
+        raise ConfigError(f"privacy.epsilon must be at most {MAX_EPSILON:g}, got {value!r}: e^epsilon bounds how "
+                          f"much one person's data may change the odds of any output, and beyond e^{MAX_EPSILON:g} "
+                          f"that bound protects nothing; {instead}")
+    return eps
+
 
 _Key = tuple[tuple[float, int], ...]  # canonical history: ((level, count), ...) sorted by level
 

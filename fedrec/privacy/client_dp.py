@@ -59,6 +59,7 @@ from fedrec.errors import ConfigError, check_choice, check_float
 from fedrec.privacy.accountant import (
     ClientAccountant,
     SampledGaussianAccountant,
+    check_epsilon_setting,
     sampled_noise_multiplier,
     uniform_epsilon_per_round,
 )
@@ -181,7 +182,7 @@ class ClientDP:
         self.placement = check_choice("privacy.placement", placement, PLACEMENTS)
         self.rng, self.conventions = rng, conventions
         authors = conventions == "authors"
-        self.epsilon_total = check_float("privacy.epsilon", epsilon, low=0.0, low_open=True)
+        self.epsilon_total = check_epsilon_setting(epsilon)
         if mechanism == "gaussian":
             if delta is None:
                 delta = min(DEFAULT_DELTA, 0.1 / num_clients)

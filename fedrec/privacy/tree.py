@@ -45,6 +45,7 @@ from fedrec.privacy.accountant import (
     Accountant,
     GaussianRDPAccountant,
     LaplaceBasicAccountant,
+    check_epsilon_setting,
     gaussian_rdp_rho,
     uniform_epsilon_per_round,
 )
@@ -187,7 +188,7 @@ class TreeLaplace:
     noise_empty_intervals: bool = False
 
     def __post_init__(self) -> None:
-        eps = check_float("privacy.epsilon", self.epsilon, low=0.0, low_open=True, allow_inf=True)
+        eps = check_epsilon_setting(self.epsilon, allow_inf=True)
         object.__setattr__(self, "epsilon", eps)
         check_choice("privacy.laplace_split", self.laplace_split, LAPLACE_SPLITS)
         if not isinstance(self.noise_empty_intervals, bool):
@@ -303,7 +304,7 @@ class TreeGaussian:
     calibration: str = "paper"
 
     def __post_init__(self) -> None:
-        check = {"epsilon": check_float("privacy.epsilon", self.epsilon, low=0.0, low_open=True, allow_inf=True),
+        check = {"epsilon": check_epsilon_setting(self.epsilon, allow_inf=True),
                  "delta": check_float("privacy.delta", self.delta, low=0.0, high=1.0, low_open=True, high_open=True),
                  "horizon": check_int("privacy.horizon", self.horizon)}
         _check_calibration(self.calibration)

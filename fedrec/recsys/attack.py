@@ -24,6 +24,7 @@ them. An attack runs in one process (``trainer.devices=1``).
 """
 from __future__ import annotations
 
+import math
 from abc import ABCMeta, abstractmethod
 from dataclasses import replace
 from typing import Any
@@ -48,6 +49,14 @@ def unit_rows(draw: np.ndarray, norm: float) -> Tensor:
     return t * (norm / t.norm(dim=1, keepdim=True).clamp_min(1e-300))
 
 
+def _one_in(count: int) -> str:
+    """The smallest fraction, at three significant digits, that makes one of ``count`` clients (:func:`share_count`)."""
+    shown = float(f"{1 / count:.3g}")
+    while share_count(shown, count) == 0:  # rounding 1 / count to three digits went down
+        shown = float(f"{shown + 10 ** (math.floor(math.log10(shown)) - 2):.3g}")
+    return f"{shown:g}"
+
+
 class Attack(metaclass=ABCMeta):
     """A fixed fraction of malicious clients and what they send.
 
@@ -65,9 +74,13 @@ class Attack(metaclass=ABCMeta):
 
     def setup(self, data: RatingData, seed: int) -> None:
         """Draw the malicious clients of a run: the ``⌊fraction · clients⌋`` with the smallest uniform draws of the
-        stream ``attack.clients``."""
+        stream ``attack.clients``. A fraction above 0 that makes none is refused (0 runs the attack with none)."""
         self.seed = int(seed)
         n = data.num_clients
+        if self.fraction > 0 and share_count(self.fraction, n) == 0:
+            raise ConfigError(f"attack.fraction={self.fraction:g} makes no malicious client of the data's {n} clients "
+                              f"(⌊fraction · clients⌋ = 0); one takes attack.fraction >= {_one_in(n)}, and "
+                              "attack=none runs without malicious clients")
         draw = KeyedRows(stream_key(seed, "attack.clients"), np.arange(n)).draw("uniform", 1)[:, 0]
         self.malicious = torch.zeros(n, dtype=torch.bool)
         self.malicious[torch.from_numpy(np.argsort(draw, kind="stable")[:share_count(self.fraction, n)])] = True

@@ -99,9 +99,10 @@ class RankingEval:
     save_topk: bool = False
 
     @classmethod
-    def from_config(cls, node: Mapping[str, Any] | None, implicit: bool) -> RankingEval:
-        """``task.eval`` checked, errors naming its fields; ``ranking: null`` is ``full`` on implicit feedback and
-        ``none`` on ratings (whose headline is RMSE)."""
+    def from_config(cls, node: Mapping[str, Any] | None, implicit: bool, num_items: int) -> RankingEval:
+        """``task.eval`` checked against a catalogue of ``num_items``, errors naming its fields; ``ranking: null`` is
+        ``full`` on implicit feedback and ``none`` on ratings (whose headline is RMSE). A list longer than the
+        catalogue, or sampled negatives that leave no item out (which is full ranking), are refused."""
         node = dict(node or {})
         unknown = sorted(set(node) - set(cls.__dataclass_fields__))
         if unknown:
@@ -113,8 +114,17 @@ class RankingEval:
             raise ConfigError(f"task.eval.save_topk must be true or false, got {save!r}")
         if save and ranking == "none":
             raise ConfigError("task.eval.save_topk=true needs a ranking (task.eval.ranking=full or sampled)")
-        return cls(ranking, tuple(check_ks(node.get("ks", cls.ks), "task.eval.ks")),
-                   check_int("task.eval.negatives", node.get("negatives", NEGATIVES)), save)
+        ks = tuple(check_ks(node.get("ks", cls.ks), "task.eval.ks"))
+        negatives = check_int("task.eval.negatives", node.get("negatives", NEGATIVES))
+        if ranking != "none" and ks[-1] > num_items:
+            raise ConfigError(f"task.eval.ks must be at most the data's {num_items} items (a top-K list of that "
+                              f"catalogue), got {ks[-1]}")
+        # a user holds out at least one item, so at most num_items - 1 others can be drawn: as many is full ranking
+        if ranking == "sampled" and negatives >= num_items - 1:
+            raise ConfigError(f"task.eval.negatives must be below {num_items - 1} for sampled ranking on the data's "
+                              f"{num_items} items (as many ranks against every item: task.eval.ranking=full), "
+                              f"got {negatives}")
+        return cls(ranking, ks, negatives, save)
 
     @property
     def negatives_per_user(self) -> int | None:

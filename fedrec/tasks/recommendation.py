@@ -54,6 +54,7 @@ are flagged by :meth:`FedRecTask.is_private_metric`, so the CLI can keep them ou
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ from torch import Tensor
 from fedrec.aggregation import ServerOptimizer
 from fedrec.data.implicit import ImplicitData, sample_negatives
 from fedrec.data.ratings import RatingData, Ratings
-from fedrec.errors import ConfigError, check_choice, check_float, check_int
+from fedrec.errors import ConfigError, TrainingDiverged, check_choice, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.collective import Collective
 from fedrec.models.recommender import FederatedRecommender
@@ -103,6 +104,8 @@ from fedrec.recsys.upload import (
     upload_scalars,
 )
 from fedrec.tasks.base import FederatedTask
+
+log = logging.getLogger(__name__)
 
 #: prefixes of the per-round metrics computed from clients' raw ratings without noise
 PRIVATE_METRIC_PREFIXES = ("train_", "test_", "val_")
@@ -200,7 +203,7 @@ class FedRecTask(FederatedTask):
                 "implicit feedback: use a data=*_implicit dataset" if not self.implicit else
                 "explicit ratings, which implicit feedback has not: use bpr or bce"))
         self.train_negatives = check_int("task.train_negatives", train_negatives)
-        self.ranking = RankingEval.from_config(eval, self.implicit)
+        self.ranking = RankingEval.from_config(eval, self.implicit, data.num_items)
         if not isinstance(federated, bool):
             raise ConfigError(f"task.federated must be true or false, got {federated!r}")
         self.federated = federated
@@ -244,7 +247,15 @@ class FedRecTask(FederatedTask):
                                      self.strategy.expected_clients(N))
         self.data, self.model, self.aggregator, self.privacy = data, model, aggregator, privacy
         self.pseudo_items = check_int("task.pseudo_items", pseudo_items, minimum=0)
+        if self.pseudo_items > data.num_items:  # sample_pseudo_items draws all a client has not rated: say so
+            log.warning("task.pseudo_items=%d is more than the data's %d items: each client uploads every item it "
+                        "has not rated as a pseudo item, as with task.pseudo_items=%d", self.pseudo_items,
+                        data.num_items, data.num_items)
         self.prox_mu = check_float("task.prox_mu", prox_mu, low=0.0)
+        if self.prox_mu and self.strategy.local_steps == 1:  # its term is zero at the first step, the only one
+            raise ConfigError(f"task.prox_mu={prox_mu!r} acts only in local steps after the first, and the clients "
+                              "take one (strategy.local_steps=1); set strategy.local_steps > 1 (aggregator=fedavg "
+                              "takes 5) or task.prox_mu=0")
         self.seed = int(seed)
         self.server, self.attack = server, attack
         if attack is not None:
@@ -320,6 +331,20 @@ class FedRecTask(FederatedTask):
         return base.startswith(PRIVATE_METRIC_PREFIXES)
 
     # ------------------------------------------------------------------------------------------------ round
+    def _diverged(self, round_idx: int) -> str:
+        """Why round ``round_idx`` aborts on a bad update, naming first the setting to change."""
+        if self.strategy.max_update_norm is not None:
+            return (f"strategy.max_update_norm: round {round_idx}: a client's update is not finite or exceeds "
+                    f"strategy.max_update_norm={self.strategy.max_update_norm:g} (raise it, or set "
+                    "strategy.on_bad_update=drop to leave such updates out)")
+        local = self.strategy.local_steps > 1  # the local steps move by strategy.local_lr, FedProx's term with them
+        settings = [*([("task.prox_mu", self.prox_mu)] if self.prox_mu else []),
+                    *([("strategy.local_lr", self.strategy.local_lr)] if local else []),
+                    *([] if self.prox_mu else [("task.lr", self.user_step.lr)])]
+        lower = " or ".join(f"{name} ({value:g})" for name, value in settings)
+        return (f"{settings[0][0]}: round {round_idx}: a client's update is not finite (training diverged); "
+                f"lower {lower}")
+
     def run_round(self, round_idx: int) -> dict[str, float]:
         prep = self._prepare(round_idx)  # ① the round's data, pseudo items and X^t
         plan = self._plan(round_idx, prep)  # who the strategy selects, and who fails
@@ -459,10 +484,7 @@ class FedRecTask(FederatedTask):
             self.collective.all_reduce([bad])
         unused = late | (bad > 0)
         if self.strategy.on_bad_update == "abort" and bool((bad > 0).any()):
-            raise FloatingPointError(f"round {round_idx}: a client's update is not finite (training diverged; "
-                                     f"try a smaller task.lr)" if self.strategy.max_update_norm is None else
-                                     f"round {round_idx}: a client's update is not finite or exceeds "
-                                     f"strategy.max_update_norm={self.strategy.max_update_norm:g}")
+            raise TrainingDiverged(self._diverged(round_idx))
         used = ~unused[full.clients]
         if uploads is not None and bool(unused[d.clients].any()):
             uploads = uploads.keep(~unused[d.clients])
