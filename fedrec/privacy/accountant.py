@@ -40,10 +40,11 @@ Uniform split (the default schedule)
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from typing import Any, TypeVar
 
@@ -164,17 +165,38 @@ def opacus_accountant(name: str, history: Sequence[tuple[float, float, int]] = (
     return acc
 
 
+@contextlib.contextmanager
+def _quiet_opacus() -> Iterator[None]:
+    """Opacus's numerics as this module calls them, without their noise: PRV with sample_rate = 1 takes
+    log(1 - q) = -inf, and a tiny ε (or a bisection's far-off trial z) is best at the order grid's edge, a valid if
+    loose bound Opacus warns about."""
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        yield
+
+
 def _opacus_epsilon(name: str, history: Sequence[tuple[float, float, int]], delta: float,
                     alphas: Sequence[float] | None) -> float:
     if not history:
         return 0.0
     acc = opacus_accountant(name, history)
     kwargs = {"alphas": list(alphas)} if (alphas is not None and name == "rdp") else {}
-    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
-        # PRV with sample_rate = 1 takes log(1 - q) = -inf; an ε this small is best at the grid's largest order, a
-        # valid (if loose) bound that Opacus warns about
-        warnings.filterwarnings("ignore", message="Optimal order is the")
+    with _quiet_opacus():
         return float(acc.get_epsilon(delta=delta, **kwargs))
+
+
+def _noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str,
+                      tolerance: float, alphas: Sequence[float] | None) -> float:
+    """Opacus's ``get_noise_multiplier`` (bisection: the z returned spends between ``epsilon - tolerance`` and
+    ``epsilon``) on checked arguments; ``alphas`` are the RDP orders."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    kwargs = {"alphas": list(alphas)} if (alphas is not None and accountant == "rdp") else {}
+    with _quiet_opacus():
+        return float(get_noise_multiplier(
+            target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate, steps=steps,
+            accountant=check_choice("accountant", accountant, ACCOUNTANTS), epsilon_tolerance=tolerance, **kwargs,
+        ))
 
 
 def uniform_noise_multiplier(
@@ -192,18 +214,11 @@ def uniform_noise_multiplier(
     one :class:`ClientAccountant` uses, so all ``rounds`` rounds are admissible. See the module docstring for
     how this compares with calibrating every round at ``epsilon_total / rounds``.
     """
-    from opacus.accountants.utils import get_noise_multiplier
-
     eps = check_float("epsilon_total", epsilon_total, low=0.0, low_open=True)
     delta = check_float("delta_total", delta_total, low=0.0, high=1.0, low_open=True, high_open=True)
     steps = check_int("rounds", rounds, minimum=1)
     tol = check_float("epsilon_tolerance", epsilon_tolerance, low=0.0, low_open=True)
-    kwargs = {"alphas": list(alphas)} if (alphas is not None and accountant == "rdp") else {}
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return float(get_noise_multiplier(
-            target_epsilon=eps, target_delta=delta, sample_rate=1.0, steps=steps,
-            accountant=check_choice("accountant", accountant, ACCOUNTANTS), epsilon_tolerance=tol, **kwargs,
-        ))
+    return _noise_multiplier(eps, delta, 1.0, steps, accountant, tol, alphas)
 
 
 def sampled_noise_multiplier(
@@ -220,20 +235,12 @@ def sampled_noise_multiplier(
     Opacus's ``get_noise_multiplier`` (bisection: z spends between ``epsilon - epsilon_tolerance`` and
     ``epsilon``), i.e. the calibration that :class:`SampledGaussianAccountant` admits for ``rounds`` rounds.
     """
-    from opacus.accountants.utils import get_noise_multiplier
-
     eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
     d = _check_delta(delta)
     q = check_float("sample_rate", sample_rate, low=0.0, high=1.0, low_open=True)
     steps = check_int("rounds", rounds, minimum=1)
     tol = check_float("epsilon_tolerance", epsilon_tolerance, low=0.0, low_open=True)
-    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
-        # PRV with sample_rate = 1 takes log(1 - q) = -inf; the bisection's far-off trial z may sit at the grid's edge
-        warnings.filterwarnings("ignore", message="Optimal order is the")
-        return float(get_noise_multiplier(
-            target_epsilon=eps, target_delta=d, sample_rate=q, steps=steps,
-            accountant=check_choice("accountant", accountant, ACCOUNTANTS), epsilon_tolerance=tol,
-        ))
+    return _noise_multiplier(eps, d, q, steps, accountant, tol, None)
 
 
 def uniform_epsilon_per_round(epsilon_total: float, rounds: int) -> float:
@@ -374,8 +381,7 @@ def _sampled_epsilon(name: str, history: tuple[tuple[float, float, int], ...], d
 
     orders = tuple(RDPAccountant.DEFAULT_ALPHAS) if alphas is None else alphas
     rdp = sum([_sampled_rdp(q, z, orders) * n for z, q, n in history])
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Optimal order is the")
+    with _quiet_opacus():
         eps, _ = get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
     return float(eps)
 

@@ -134,9 +134,10 @@ class Strategy:
         """The expected number of selected clients of a round of ``holding`` clients holding ratings."""
         return max(self.sampling_rate(holding) * holding, 1e-12)
 
-    def plan(self, holding: Tensor, work: Tensor, key: int) -> RoundPlan:
+    def plan(self, holding: Tensor, work: Tensor | None, key: int) -> RoundPlan:
         """The round's :class:`RoundPlan` for the clients ``holding`` ratings, with ``work`` ``(num_clients,)`` their
-        training ratings (the straggler model's), drawn from each client's stream under ``key``."""
+        training ratings (the straggler model's; read only with a ``deadline``), drawn from each client's stream under
+        ``key``."""
         N = holding.numel()
         if self.is_default:
             none = torch.zeros(N, dtype=torch.bool)

@@ -313,7 +313,8 @@ class FedRecTask(FederatedTask):
         return upload_matrix(prep.data, prep.pseudo, prep.pseudo_valid, self.data.num_clients, self.data.num_items)
 
     def clients_holding_data(self, round_idx: int) -> Tensor:
-        """``(num_clients,)`` bool: the clients with training ratings in round ``round_idx`` (who take part)."""
+        """``(num_clients,)`` bool: the clients with training ratings in round ``round_idx`` (those the strategy may
+        select)."""
         holding = torch.zeros(self.data.num_clients, dtype=torch.bool)
         holding[self._prepare(round_idx).data.clients] = True
         return holding
@@ -337,10 +338,13 @@ class FedRecTask(FederatedTask):
             return (f"strategy.max_update_norm: round {round_idx}: a client's update is not finite or exceeds "
                     f"strategy.max_update_norm={self.strategy.max_update_norm:g} (raise it, or set "
                     "strategy.on_bad_update=drop to leave such updates out)")
-        local = self.strategy.local_steps > 1  # the local steps move by strategy.local_lr, FedProx's term with them
-        settings = [*([("task.prox_mu", self.prox_mu)] if self.prox_mu else []),
-                    *([("strategy.local_lr", self.strategy.local_lr)] if local else []),
-                    *([] if self.prox_mu else [("task.lr", self.user_step.lr)])]
+        settings = []  # FedProx's term first; the local steps move by strategy.local_lr; else the optimiser's rate
+        if self.prox_mu:
+            settings.append(("task.prox_mu", self.prox_mu))
+        if self.strategy.local_steps > 1:
+            settings.append(("strategy.local_lr", self.strategy.local_lr))
+        if not self.prox_mu:
+            settings.append(("task.lr", self.user_step.lr))
         lower = " or ".join(f"{name} ({value:g})" for name, value in settings)
         return (f"{settings[0][0]}: round {round_idx}: a client's update is not finite (training diverged); "
                 f"lower {lower}")
@@ -404,10 +408,10 @@ class FedRecTask(FederatedTask):
 
     def _plan(self, round_idx: int, prep: _Prepared) -> RoundPlan:
         """The strategy's selection and failures among the clients holding ratings (the same in every process)."""
-        holding = torch.zeros(self.data.num_clients, dtype=torch.bool)
-        holding[prep.data.clients] = True
-        work = torch.zeros(self.data.num_clients, dtype=torch.long)
-        work[prep.data.clients] = prep.data.ratings_per_client()
+        holding, work = self.clients_holding_data(round_idx), None
+        if self.strategy.deadline is not None:  # the straggler model's work: each client's training ratings
+            work = torch.zeros(self.data.num_clients, dtype=torch.long)
+            work[prep.data.clients] = prep.data.ratings_per_client()
         key = 0 if self.strategy.is_default else self._key("participation", round_idx)
         return self.strategy.plan(holding, work, key)
 
@@ -486,14 +490,15 @@ class FedRecTask(FederatedTask):
         if self.strategy.on_bad_update == "abort" and bool((bad > 0).any()):
             raise TrainingDiverged(self._diverged(round_idx))
         used = ~unused[full.clients]
+        n = int(used.sum())
         if uploads is not None and bool(unused[d.clients].any()):
             uploads = uploads.keep(~unused[d.clients])
             loss_sum[0] = upd.loss.double()[~unused[d.clients].to(upd.loss.device)].sum()
-        if bool(used.any()):
+        if n:
             g_shared, items, g_items = self._aggregate(round_idx, uploads, sum(sizes), I, k, user_grad, loss_sum,
                                                        single)
             self.server_step(model, g_shared, items, g_items)
-            users = full.users if bool(used.all()) else full.users[used[full.user_client]]
+            users = full.users if n == full.num_clients else full.users[used[full.user_client]]
             self.user_step(model, users, user_grad[users])
         if client_noise:
             record_round(self.privacy, budget, full, self.data.num_clients, len(sizes))
@@ -502,8 +507,7 @@ class FedRecTask(FederatedTask):
         broadcast = sum(sizes) + I * k
         self.channel.send("download", ("server", 0), ("client", full.clients), None, broadcast)
         self.used["scalars"] += int(scalars[used].sum())
-        self.used["messages"] += int(used.sum())
-        n = int(used.sum())
+        self.used["messages"] += n
         out = {"clients": float(n), "train_loss": float(loss_sum[0]) / n if n else math.nan}
         if self.strategy.on_bad_update == "drop":
             out["clients_bad"] = float((bad > 0).sum())
