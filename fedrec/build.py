@@ -358,13 +358,12 @@ def build_multi_agent(cfg: DictConfig) -> Any:
 # ------------------------------------------------------------------------------------------- recommendation
 def build_recommendation(cfg: DictConfig) -> Any:
     """Round-based federated recommendation: the split ratings, the model sized for them (seeded first; a model too
-    large for the machine's memory is refused before allocating), client DP for the data's clients, the aggregator, the server optimiser, the attack and the round strategy
-    when their groups are set (``attack=none`` is no attack), then the task."""
+    large for the machine's memory is refused before allocating; one the round cannot federate is refused), client DP
+    for the data's clients, the aggregator, the server optimiser, the attack and the round strategy when their groups
+    are set (``attack=none`` is no attack), then the task."""
     if cfg.replicates != 1:
         raise ConfigError(f"replicates: federated recommendation runs one replicate (got {cfg.replicates}); "
                           "sweep seeds with -m seed=0,1,2 instead")
-    import torch
-
     from fedrec.data.implicit import ImplicitData
 
     # a loader that streams ratings over the rounds takes their number (implicit feedback has no stream)
@@ -375,8 +374,7 @@ def build_recommendation(cfg: DictConfig) -> Any:
     check_fits(cfg, recommendation_memory_estimate(cfg, data.num_users, data.num_items, training, data.num_clients),
                "model.embed_dim", f"model.embed_dim={cfg.model.get('embed_dim')}, {data.num_users} users, "
                f"{data.num_items} items, {training} training ratings, task.pseudo_items={cfg.task.get('pseudo_items')}")
-    torch.manual_seed(cfg.seed)  # model initialisation
-    model = instantiate_group(cfg.model, "model", num_users=data.num_users, num_items=data.num_items)
+    model = _model(cfg, data.num_users, data.num_items)
     privacy = None
     mechanism = _privacy_mechanism(cfg)
     if mechanism is not None:
@@ -390,6 +388,27 @@ def build_recommendation(cfg: DictConfig) -> Any:
     strategy = instantiate_group(cfg.strategy, "strategy") if cfg.get("strategy") is not None else None
     return instantiate_group(cfg.task, "task", data=data, model=model, aggregator=aggregator, privacy=privacy,
                              seed=cfg.seed, server=server, attack=attack, strategy=strategy)
+
+
+def _model(cfg: DictConfig, num_users: int, num_items: int) -> Any:
+    """The run's model, seeded, sized for the data and checked to be one the round can federate (errors name
+    ``model``)."""
+    import torch
+
+    from fedrec.models.plain import check_federated
+
+    target = group_target(cfg.model, "model")
+    missing = sorted(getattr(target, "__abstractmethods__", ())) if inspect.isclass(target) else []
+    if missing:
+        raise ConfigError(f"model: {target.__qualname__} leaves {', '.join(missing)} undefined (an abstract class; a "
+                          "model written with ordinary layers defines forward(user_vecs, item_vecs) -> logits)")
+    torch.manual_seed(cfg.seed)  # model initialisation
+    model = instantiate_group(cfg.model, "model", num_users=num_users, num_items=num_items)
+    try:
+        check_federated(model)
+    except ConfigError as e:
+        raise ConfigError(f"model: {e}") from e
+    return model
 
 
 #: the builder of each task kind (:attr:`fedrec.tasks.FederatedTask.kind`)

@@ -31,7 +31,6 @@ def expand_quick(conf_dir: Path, argv: Sequence[str], config_name: str = "config
     """``argv`` with the composed experiment's ``quick_recipe`` appended when it sets ``quick=true`` (else ``argv``
     itself); a recipe entry whose key ``argv`` sets, or that the composed config does not have, is left out. A sweep over experiments is refused: each has its
     own recipe."""
-    from hydra import initialize_config_dir
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -40,8 +39,8 @@ def expand_quick(conf_dir: Path, argv: Sequence[str], config_name: str = "config
         return list(argv)
     from fedrec import schema
 
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        options, compose = schema.hydra_lookups(args.config_name or config_name)
+    with schema.hydra_of(conf_dir, args):
+        options, compose = schema.hydra_lookups(args.config_name or config_name, schema.searchpath(args.overrides))
         line = schema.check(args.overrides, options, compose)
         swept = [o for o in line.groups if _key(o).lstrip("+") == "experiment" and o.is_sweep_override()]
         if swept:

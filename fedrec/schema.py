@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,11 +114,39 @@ def _describe(key: str, schema: DictConfig) -> str:
     return "the run's config"
 
 
+def _constructor_takes(key: str, schema: DictConfig, line: CommandLine) -> bool:
+    """Whether the class that builds ``key``'s parent node (its ``_target_``, as the command line may set it) takes
+    ``key``'s last part as a keyword argument: a user's own model's argument is read although no option file
+    declares it."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(schema, parent, default=None) if parent else None
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        return False
+    target = node.get("_target_")
+    for override in line.values:
+        if override.key_or_group == f"{parent}._target_" and not override.is_sweep_override():
+            target = override.value()
+    try:
+        params = inspect.signature(get_object(str(target))).parameters.values()
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return False  # the build names a target it cannot find
+    return any(p.name == leaf and p.kind is not p.POSITIONAL_ONLY or p.kind is p.VAR_KEYWORD for p in params)
+
+
 def check_values(line: CommandLine, schema: DictConfig) -> None:
     """Every value override names a field of ``schema`` and keeps a declared boolean a boolean."""
     for override in line.values:
         key = override.key_or_group
         declared = OmegaConf.select(schema, key, default=_MISSING)
+        if declared is _MISSING and _constructor_takes(key, schema, line):
+            if not (override.is_add() or override.is_force_add()):
+                raise ConfigError(f"{key}: {_describe(key, schema)} does not declare it, but its class takes it: add "
+                                  f"it with +{override.input_line.lstrip('+')}")
+            continue
         if declared is _MISSING:
             parts = key.split(".")
             choices = OmegaConf.select(schema, "hydra.runtime.choices", default=None) or {}
@@ -169,9 +198,46 @@ def touched_groups(line: CommandLine) -> dict[str, str]:
     return touched
 
 
-def hydra_lookups(config_name: str) -> tuple[GroupOptions, Compose]:
+def searchpath(overrides: Sequence[str]) -> list[str]:
+    """The ``hydra.searchpath=[...]`` overrides of a command line: the config folders (``pkg://`` or ``file://``)
+    they add are part of every composition and group listing of the run."""
+    return [line for line in overrides if line.split("=", 1)[0].lstrip("+") == "hydra.searchpath"]
+
+
+@contextmanager
+def hydra_of(conf_dir: Path, args: Any) -> Iterator[None]:
+    """Hydra initialised with the config search path ``train.py``'s ``hydra.main`` builds for the parsed command
+    line ``args``: the primary config folder (``--config-path``, relative to ``train.py``'s folder; else
+    ``conf_dir``), and ``--config-dir`` after it."""
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    primary = str(conf_dir)
+    if args.config_path is not None:
+        given = str(args.config_path)
+        primary = given if given.startswith("pkg://") or Path(given).is_absolute() else str(conf_dir.parent / given)
+    search = create_config_search_path(primary)
+    if args.config_dir is not None:
+        extra = Path(args.config_dir).resolve()
+        if not extra.is_dir():
+            raise ConfigError(f"--config-dir: {extra} is not a folder (the folder of your own config files)")
+        search.prepend(provider="command-line", path=f"file://{extra}", anchor=SearchPathQuery(provider="schema"))
+    backup = get_gh_backup()
+    version.setbase("1.3")
+    Hydra.create_main_hydra2(task_name="app", config_search_path=search)
+    try:
+        yield
+    finally:
+        restore_gh_from_backup(backup)
+
+
+def hydra_lookups(config_name: str, hydra_overrides: Sequence[str] = ()) -> tuple[GroupOptions, Compose]:
     """The group options and the schema composer of the initialised Hydra (inside a Hydra app, or
-    ``initialize_config_dir``); a composition Hydra refuses is a ConfigError on one line."""
+    :func:`hydra_of`), both seeing the folders ``hydra_overrides`` (:func:`searchpath`) add; a composition Hydra
+    refuses is a ConfigError on one line."""
     from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
@@ -179,13 +245,15 @@ def hydra_lookups(config_name: str) -> tuple[GroupOptions, Compose]:
     from omegaconf.errors import OmegaConfBaseException
 
     loader = GlobalHydra.instance().config_loader()
+    extra = list(hydra_overrides)
 
     def options(group: str) -> list[str]:
-        return loader.get_group_options(group, results_filter=ObjectType.CONFIG)
+        return loader.get_group_options(group, results_filter=ObjectType.CONFIG, config_name=config_name,
+                                        overrides=extra)
 
     def composed(overrides: list[str]) -> DictConfig:
         try:
-            return compose(config_name, overrides=overrides, return_hydra_config=True)
+            return compose(config_name, overrides=[*overrides, *extra], return_hydra_config=True)
         except (HydraException, OmegaConfBaseException) as e:
             message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
             raise ConfigError(f"{' '.join(overrides) or config_name}: {message}") from None
@@ -196,17 +264,17 @@ def hydra_lookups(config_name: str) -> tuple[GroupOptions, Compose]:
 def check_command_line(conf_dir: Path, argv: Sequence[str], config_name: str = "config") -> None:
     """``train.py``'s command line checked before Hydra composes it (Hydra's own errors are several lines and exit
     code 1): its groups and values against the schema, then the whole config composed once (each sweep at its
-    first value) and its groups against what the run needs and uses. Inspection flags (``--help``, ``--cfg``, ...)
-    and other config folders are left to Hydra."""
-    from hydra import initialize_config_dir
+    first value) and its groups against what the run needs and uses. The user's own config folders
+    (``hydra.searchpath``, ``--config-dir``, ``--config-path``) are part of the schema; inspection flags
+    (``--help``, ``--cfg``, ...) are left to Hydra."""
     from hydra._internal.utils import get_args_parser
 
     args, _ = get_args_parser().parse_known_args(list(argv))
-    if (args.help or args.hydra_help or args.info or args.cfg or args.shell_completion or args.config_path
-            or args.config_dir or args.experimental_rerun):
+    if (args.help or args.hydra_help or args.info or args.cfg or args.shell_completion
+            or args.experimental_rerun):
         return
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        options, compose = hydra_lookups(args.config_name or config_name)
+    with hydra_of(conf_dir, args):
+        options, compose = hydra_lookups(args.config_name or config_name, searchpath(args.overrides))
         line = check(args.overrides, options, compose)
         cfg = compose(first_of((*line.groups, *line.values)))
     from fedrec.build import check_groups, check_used
@@ -220,5 +288,6 @@ def check_job(overrides: Sequence[str]) -> CommandLine:
     declare (``-m privacy=none,gaussian privacy.epsilon=4`` fails in the job without a privacy mechanism)."""
     from hydra.core.hydra_config import HydraConfig
 
-    options, compose = hydra_lookups(HydraConfig.get().job.config_name)
+    hydra = HydraConfig.get()
+    options, compose = hydra_lookups(hydra.job.config_name, searchpath(hydra.overrides.hydra))
     return check(overrides, options, compose)

@@ -1,5 +1,6 @@
 """Federated recommendation models: FedGNN (graph attention over local star graphs), an MF baseline, NeuMF (GMF +
-MLP) and LightGCN (light graph convolution over local star graphs; the whole-graph form for one party).
+MLP), LightGCN (light graph convolution over local star graphs; the whole-graph form for one party) and the base of
+models written with ordinary layers (:class:`PlainRecommender`).
 
 The models load on first use: LightGCN's module imports torch_geometric, which runs without it need not load.
 """
@@ -14,5 +15,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "LightGCN": "lightgcn",
     "MatrixFactorization": "recommender",
     "NeuMF": "neumf",
+    "PlainRecommender": "plain",
     "StarGAT": "fedgnn",
 })

@@ -1,0 +1,1 @@
+"""The package's option files, found by ``hydra.searchpath=[pkg://myrec.conf]``."""
