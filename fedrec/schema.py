@@ -131,10 +131,18 @@ def _constructor_takes(key: str, schema: DictConfig, line: CommandLine) -> bool:
         if override.key_or_group == f"{parent}._target_" and not override.is_sweep_override():
             target = override.value()
     try:
-        params = inspect.signature(get_object(str(target))).parameters.values()
+        built = get_object(str(target))
+        callables = [c.__init__ for c in built.__mro__ if "__init__" in vars(c)] if inspect.isclass(built) else [built]
+        for f in callables:  # a class whose **kwargs pass on to its base: the base's named arguments too
+            params = inspect.signature(f).parameters.values()
+            if any(p.name == leaf and p.kind not in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                   for p in params):
+                return True
+            if not any(p.kind is p.VAR_KEYWORD for p in params):
+                return False
     except (ImportError, AttributeError, ValueError, TypeError):
-        return False  # the build names a target it cannot find
-    return any(p.name == leaf and p.kind is not p.POSITIONAL_ONLY or p.kind is p.VAR_KEYWORD for p in params)
+        pass  # the build names a target it cannot find
+    return False
 
 
 def check_values(line: CommandLine, schema: DictConfig) -> None:

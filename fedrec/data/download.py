@@ -61,7 +61,10 @@ REGISTRY: dict[str, Source] = {
         folder="ml-100k",
         files=("u.data", "u.item", "u.user"),
         page="https://grouplens.org/datasets/movielens/100k/",
-        lines={"u.data": 100_000, "u.item": 1682, "u.user": 943},  # its README's 100,000 ratings, 1682 items, 943 users
+        # its README's 100,000 ratings, 1682 items, 943 users; its canonical test sets (u1-u5: 20,000 ratings each,
+        # ua/ub: 10 per user)
+        lines={"u.data": 100_000, "u.item": 1682, "u.user": 943, **{f"u{k}.test": 20_000 for k in range(1, 6)},
+               "ua.test": 9430, "ub.test": 9430},
     ),
     "ml-1m": Source(
         url="https://files.grouplens.org/datasets/movielens/ml-1m.zip",

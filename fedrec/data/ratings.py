@@ -42,7 +42,9 @@ Normalisation (the paper only says "all rating scores are normalized to the rang
 Splits (all random numbers come from :func:`fedrec.seeding.numpy_generator`, so a seed fixes everything):
 
 1. ``test``: a uniformly random ``test_fraction`` (default 1/5, the paper's 4:1) of all ratings, or the dataset's
-   own fixed test set where it has one (the Monti et al. matrices).
+   own fixed test set where it has one (the Monti et al. matrices), or where one is chosen: ``split=u1`` (..
+   ``u5``, ``ua``, ``ub``) tests ML-100K on its ``u1.test`` (the split GC-MC and FedPerGNN report: 80,000 training
+   and 20,000 test ratings), every pair of which must be a rating of ``u.data``.
 2. ``val``: a random ``val_fraction`` of the remaining (training) ratings, held out of training; empty by
    default. A planner can take its reward from it instead of from the test set.
 3. The rest is split at random into two halves: ``initial`` (available from round 0; it gets the odd rating)
@@ -83,6 +85,11 @@ DATASETS = (*TEXT_DATASETS, *MONTI_DATASETS)
 TEST_FRACTION = 0.2
 #: Normalisation rules accepted by the loaders.
 NORMALIZATIONS = ("max", "minmax")
+#: MovieLens-100K's own train/test splits (``split=``; its README: u1..u5 are five disjoint 20% test sets, ua/ub
+#: hold out 10 ratings per user)
+ML100K_SPLITS = ("u1", "u2", "u3", "u4", "u5", "ua", "ub")
+#: ``split``: a random test set, or one of the dataset's own
+SPLITS = ("random", *ML100K_SPLITS)
 #: Clients of ML-1M when ``num_clients`` is not given (paper §VII-A: 6,040 users in 605 clients).
 ML1M_CLIENTS = 605
 
@@ -360,6 +367,7 @@ def load_ratings(
     val_fraction: float = 0.0,
     num_clients: int | None = None,
     normalize: str = "max",
+    split: str = "random",
 ) -> RatingData:
     """Load dataset ``name`` from ``data_dir`` and split it for federated training with streaming.
 
@@ -376,15 +384,22 @@ def load_ratings(
             Fewer clients than users groups the users at random into clients of near-equal size (sizes differ by
             at most one).
         normalize: ``"max"`` or ``"minmax"`` (module docstring).
+        split: ``"random"``, or one of ML-100K's own test sets (:data:`ML100K_SPLITS`; ``test_fraction`` null).
 
     The test split has ``round(N * test_fraction)`` ratings (at least 1, at most N - 1), ``val`` has
     ``round(n_train * val_fraction)``, ``initial`` gets ``ceil(rest / 2)`` and ``stream`` the other half.
     """
     name = _check_name(name, DATASETS)
+    split = check_choice("split", split, SPLITS)
+    if split != "random" and name != "ml-100k":
+        raise ConfigError(f"split={split} is one of MovieLens-100K's own test sets; {name} has none (split=random)")
     fixed = name in MONTI_DATASETS
     if fixed and test_fraction is not None:
         raise ConfigError(f"test_fraction must be null for {name}: its test set is the file's fixed one (Otest), "
                           f"got {test_fraction!r}")
+    if split != "random" and test_fraction is not None:
+        raise ConfigError(f"test_fraction must be null with split={split}: the test set is {split}.test, got "
+                          f"{test_fraction!r}")
     seed, rounds, test_fraction, val_fraction, normalize = check_split(
         seed, rounds, TEST_FRACTION if test_fraction is None else test_fraction, val_fraction, normalize
     )
@@ -401,6 +416,8 @@ def load_ratings(
         everything = Ratings(frame["user"].to_numpy(), frame["item"].to_numpy(), frame["rating"].to_numpy())
         user_ids = np.unique(frame["user_id"].to_numpy())
         item_ids = np.unique(frame["item_id"].to_numpy())
+        if split != "random":
+            fixed_test = canonical_test(frame, split, data_dir)
     num_users, n = len(user_ids), len(everything)
 
     if num_clients is None:
@@ -433,6 +450,22 @@ def load_ratings(
     if fixed:
         data.user_graph, data.item_graph = matrix.user_graph, matrix.item_graph
     return data
+
+
+def canonical_test(frame: pd.DataFrame, split: str, data_dir: str | Path) -> np.ndarray:
+    """Which rows of ML-100K's ``frame`` (:func:`read_ratings`) are in its test file ``<split>.test`` (bool per
+    row); a test line that is no rating of ``u.data`` is a ConfigError naming the file and the line."""
+    path = dataset_file("ml-100k", data_dir, f"{split}.test")
+    test = read_table(path, _FORMATS["ml-100k"].columns, sep="\t", numbers=("rating",))
+    width = int(max(frame["item_id"].max(), test["item"].max())) + 1
+    rows = frame["user_id"].to_numpy() * width + frame["item_id"].to_numpy()
+    wanted = test["user"].to_numpy() * width + test["item"].to_numpy()
+    absent = np.flatnonzero(~np.isin(wanted, rows))
+    if absent.size:
+        line = int(absent[0]) + 1
+        raise ConfigError(f"{path}: line {line} (user {test['user'].iloc[line - 1]}, item "
+                          f"{test['item'].iloc[line - 1]}) is no rating of u.data: the files are of different versions")
+    return np.isin(rows, wanted)
 
 
 def check_split(

@@ -95,6 +95,7 @@ from fedrec.recsys.privatize import (
     round_key,
 )
 from fedrec.recsys.ranking import UserItems, negatives_key, save_topk
+from fedrec.recsys.selection import ValidationSelection
 from fedrec.recsys.server import AdaptiveServerStep, ServerStep, UserStep
 from fedrec.recsys.strategy import RoundPlan, Strategy
 from fedrec.recsys.upload import (
@@ -163,6 +164,9 @@ class FedRecTask(FederatedTask):
         strategy: the round's participation, failures, bad-update policy and local work
             (:class:`~fedrec.recsys.strategy.Strategy`); None: every client, every round, one local step (FedSGD)
             or the aggregator's default.
+        select_on: the validation metric whose best round the ``selected_*`` results report
+            (:class:`~fedrec.recsys.selection.ValidationSelection`); None: ``val_rmse`` on ratings,
+            ``val_ndcg@10`` on implicit feedback. Needs a validation split when given.
     """
 
     kind = "recommendation"
@@ -193,6 +197,7 @@ class FedRecTask(FederatedTask):
         eval: Mapping[str, Any] | None = None,
         federated: bool = True,
         strategy: Strategy | None = None,
+        select_on: str | None = None,
     ) -> None:
         self.num_rounds = check_int("task.rounds", rounds)
         self.implicit = isinstance(data, ImplicitData)
@@ -264,6 +269,11 @@ class FedRecTask(FederatedTask):
         self.trainer: Any = None
         self.last_uploads: Uploads | None = None
         self.best: dict[str, tuple[float, int]] = {}
+        if select_on is not None and not len(data.val):
+            raise ConfigError(f"task.select_on={select_on} selects on a validation split, and the data has none "
+                              "(set data.val_fraction > 0, or data.val=true on implicit feedback)")
+        self.selection = ValidationSelection(select_on or ("val_ndcg@10" if self.implicit else "val_rmse"),
+                                             higher_is_better)
         self.latest: dict[str, float] = {}
         self._budget: Tensor | None = None
         self._prepared: dict[int, _Prepared] = {}
@@ -371,6 +381,7 @@ class FedRecTask(FederatedTask):
         for name, value in metrics.items():
             self.latest[name] = value
         self._track_best(round_idx, metrics)
+        self.selection.update(round_idx, metrics)
         if self.privacy is not None:
             metrics.update(self.privacy.round_metrics())
         metrics.update({k: float(v.sum()) for k, v in self.channel.ledger.totals().items()
@@ -596,6 +607,7 @@ class FedRecTask(FederatedTask):
             "privacy": None if self.privacy is None else self.privacy.state_dict(),
             "ledger": {k: v.clone() for k, v in self.channel.ledger.state_dict().items()},
             "best": dict(self.best),
+            "selection": self.selection.state_dict(),
             "latest": dict(self.latest),
             "used": dict(self.used),
         }
@@ -610,6 +622,8 @@ class FedRecTask(FederatedTask):
             self.privacy.load_state_dict(state["privacy"])
         self.channel.ledger.load_state_dict(state["ledger"])
         self.best = dict(state["best"])
+        if "selection" in state:  # checkpoints before validation selection have none
+            self.selection.load_state_dict(state["selection"])
         self.latest = dict(state["latest"])
         self.used = dict(state["used"])
 
@@ -639,6 +653,7 @@ class FedRecTask(FederatedTask):
         for name, (v, r) in sorted(self.best.items()):
             out[f"best_{name}"] = v
             out[f"best_{name}_round"] = r
+        out.update(self.selection.summary())
         s = self.strategy
         out.update({"participation": s.participation, "local_steps": s.local_steps,
                     "sample_rate": s.sampling_rate(self.data.num_clients),
