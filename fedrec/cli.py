@@ -2,16 +2,26 @@
 directory's results."""
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
+import os
 import re
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from fedrec.build import build_task_fetching_data, check_groups, check_used, instantiate_group
+from fedrec.build import (
+    build_task_fetching_data,
+    check_groups,
+    check_used,
+    group_target,
+    instantiate_group,
+    one_line,
+)
 from fedrec.data.integrity import recording
 from fedrec.errors import ConfigError
 from fedrec.io import atomic_write, atomic_write_json, writing
@@ -24,13 +34,15 @@ log = logging.getLogger(__name__)
 #: top-level config keys that say how a run is executed, logged and written, not what it computes: a checkpoint's
 #: identity leaves them out, so a resume may change them (e.g. trainer.max_rounds to run on)
 RUN_SETTINGS = ("trainer", "logger", "plots", "hydra", "ckpt_path", "resume_allow_changes", "num_threads",
-                "download_data", "quick", "quick_recipe", "max_memory_gb")
+                "download_data", "quick", "quick_recipe", "max_memory_gb", "sweep")
 #: keys, at any depth, that say where the inputs are rather than what they are (the dataset's sizes are checked)
 LOCATION_KEYS = ("data_dir",)
 #: what a resume can never change: the seed, and the digests of the dataset files the run read (``data_files``)
 IDENTITY = ("seed", "data_files")
 #: the config groups every run needs (the task kind's own groups are checked by :func:`fedrec.build.check_groups`)
 RUN_GROUPS = ("task", "trainer", "logger")
+#: the namespace of the run's headline among a logger's metrics (beside the per-round curves of the same names)
+SUMMARY_PREFIX = "summary/"
 
 
 class PublicMetricsLogger:
@@ -42,6 +54,15 @@ class PublicMetricsLogger:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         self.logger.log_metrics({k: v for k, v in metrics.items() if not self.is_private(k)}, step=step)
+
+    def log_hyperparams(self, params: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
+        """The hyper-parameters, with those ``metrics`` that are not private (judged by the name after any
+        ``summary/`` namespace)."""
+        if metrics is None:
+            self.logger.log_hyperparams(params)
+        else:
+            self.logger.log_hyperparams(params, metrics={k: v for k, v in metrics.items()
+                                                         if not self.is_private(k.rsplit("/", 1)[-1])})
 
     def save(self) -> None:
         self.logger.save()
@@ -58,19 +79,134 @@ def logs_private_metrics(cfg: DictConfig) -> bool:
     return value
 
 
-def build_loggers(cfg: DictConfig, out_dir: Path, is_private: Callable[[str], bool] | None = None) -> list[Any]:
-    """Lightning's CSV logger (``metrics.csv`` in the run dir) and TensorBoard logger (``tb/``); with
-    ``logger.private_metrics=false`` they never receive a metric ``is_private`` flags."""
+def build_loggers(cfg: DictConfig, out_dir: Path, is_private: Callable[[str], bool] | None = None,
+                  run_name: str | None = None) -> list[Any]:
+    """Lightning's CSV logger (``metrics.csv`` in the run dir), TensorBoard logger (``tb/``, ``tb/RUN_NAME/`` for a
+    named run) and the loggers ``logger.extra`` lists (e.g. MLflow, W&B); with ``logger.private_metrics=false``
+    none of them receives a metric ``is_private`` flags."""
     from lightning_fabric.loggers import CSVLogger, TensorBoardLogger
 
     loggers: list[Any] = []
     if cfg.get("csv", True):
         loggers.append(CSVLogger(root_dir=str(out_dir), name="", version=""))
     if cfg.get("tensorboard", True):
-        loggers.append(TensorBoardLogger(root_dir=str(out_dir), name="", version="tb", default_hp_metric=False))
+        sub_dir = None if run_name is None else run_name.replace(os.sep, "_")
+        loggers.append(TensorBoardLogger(root_dir=str(out_dir), name="", version="tb", sub_dir=sub_dir,
+                                         default_hp_metric=False))
+    loggers += build_entries(cfg.get("extra"), "logger.extra", _check_logger,
+                             missing="the MLflow and W&B loggers come with pip install -e '.[mlflow]' or '.[wandb]'")
     if is_private is not None and not logs_private_metrics(cfg):
         loggers = [PublicMetricsLogger(lg, is_private) for lg in loggers]
     return loggers
+
+
+def _check_logger(obj: Any, where: str) -> None:
+    """A ``logger.extra`` entry must offer what the trainer and :class:`LoggedHyperparameters` call on a logger."""
+    lacking = [m for m in ("log_metrics", "log_hyperparams", "save", "finalize") if not callable(getattr(obj, m, None))]
+    if lacking:
+        raise ConfigError(f"{where}: {type(obj).__qualname__} is not a Lightning logger (it has no "
+                          f"{', '.join(lacking)})")
+
+
+def _check_callback(obj: Any, where: str) -> None:
+    """A ``callbacks`` entry must be a :class:`~fedrec.trainer.Callback` (it then receives every hook)."""
+    if not isinstance(obj, Callback):
+        raise ConfigError(f"{where}: {type(obj).__module__}.{type(obj).__qualname__} is not a subclass of "
+                          "fedrec.trainer.Callback")
+    obj.config_key = where
+
+
+def build_entries(nodes: Any, key: str, check: Callable[[Any, str], None], missing: str = "") -> list[Any]:
+    """The objects a config list of ``_target_`` entries builds (``callbacks``, ``logger.extra``), each passed to
+    ``check`` with where it is declared; errors name the entry (``callbacks[1].patience: ...``), and one of a
+    package that is not installed ends with the ``missing`` hint."""
+    if nodes is None:
+        return []
+    if not isinstance(nodes, ListConfig):
+        raise ConfigError(f"{key}: must be a list of {{_target_: CLASS, ...}} entries, got {_shown(nodes)}")
+    built = []
+    for i, node in enumerate(nodes):
+        where = f"{key}[{i}]"
+        if not isinstance(node, DictConfig) or not node.get("_target_"):
+            raise ConfigError(f"{where}: must be {{_target_: CLASS, ...}} naming the class to build, got "
+                              f"{_shown(node)}")
+        hint = f"; {missing}" if missing else ""
+        try:
+            group_target(node, where)
+        except ConfigError as e:
+            raise ConfigError(f"{e}{hint}") from e
+        try:
+            obj = instantiate_group(node, where)
+        except ConfigError as e:  # the class's own check of a field ("patience: ...") names it under the entry
+            message = str(e).removeprefix(f"{where}: ")
+            raise ConfigError(f"{where}.{message}" if re.match(r"\w+: ", message) else str(e)) from e
+        except ImportError as e:  # e.g. a Lightning logger whose package is not installed
+            raise ConfigError(f"{where}: {node._target_} needs a package that is not installed "
+                              f"({one_line(e)}){hint}") from e
+        check(obj, where)
+        built.append(obj)
+    return built
+
+
+def _shown(node: Any) -> str:
+    """A config value as an error shows it (plain Python, not OmegaConf's node types)."""
+    return repr(OmegaConf.to_container(node) if isinstance(node, (DictConfig, ListConfig)) else node)
+
+
+def run_name(cfg: DictConfig) -> str | None:
+    """The name the loggers give the run (``cfg`` is the logger group): ``logger.run_name`` if set, else in a
+    multirun job its values of the swept overrides (``seed=1,task.lr=0.1``, :func:`sweep_job_name`), else none: a
+    single run keeps the loggers' own names and TensorBoard's ``tb/``."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    given = cfg.get("run_name")
+    if given is not None:
+        if not isinstance(given, str) or not given.strip():
+            raise ConfigError(f"logger.run_name: must be a non-empty name or null, got {given!r}")
+        return given
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    hydra = HydraConfig.get()
+    sweep: list[str] = []
+    with contextlib.suppress(OSError):  # Hydra's sweepers write it before the first job; another may not
+        sweep = list(OmegaConf.load(Path(hydra.sweep.dir) / "multirun.yaml").hydra.overrides.task)
+    return sweep_job_name(list(hydra.overrides.task), sweep) or hydra.job.override_dirname or None
+
+
+def sweep_job_name(job: Sequence[str], sweep: Sequence[str]) -> str:
+    """A multirun job's name: its values of the overrides that ``sweep`` (the multirun's command line) sweeps, in
+    that order, in Hydra's ``override_dirname`` form (``seed=1,task.lr=0.1``); empty when it sweeps none."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    mine = {o.key_or_group: o for o in parser.parse_overrides(list(job))}
+    swept = [o.key_or_group for o in parser.parse_overrides(list(sweep)) if o.is_sweep_override()]
+    return ",".join(f"{mine[k].get_key_element()}={mine[k].get_value_element_as_str()}" for k in swept if k in mine)
+
+
+def takes_metrics(logger: Any) -> bool:
+    """Whether ``logger.log_hyperparams`` also takes the run's metrics (TensorBoard's: its HParams view lists a run
+    only with them)."""
+    inner = logger.logger if isinstance(logger, PublicMetricsLogger) else logger
+    return "metrics" in inspect.signature(inner.log_hyperparams).parameters
+
+
+def hyperparameters(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as one level of dotted keys (``task.lr``, ``callbacks.0.patience``, as the command line
+    names them): how the loggers list hyper-parameters; a list of plain values stays one value."""
+    def flat(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+        if isinstance(node, dict) and node:
+            items: Any = node.items()
+        elif isinstance(node, list) and any(isinstance(v, (dict, list)) for v in node):
+            items = enumerate(node)
+        else:
+            yield prefix[:-1], node
+            return
+        for k, v in items:
+            yield from flat(v, f"{prefix}{k}.")
+
+    return dict(flat(OmegaConf.to_container(cfg, resolve=True), ""))
 
 
 def mark_private_metrics(summary: dict[str, Any], history: list[dict[str, float]],
@@ -86,7 +222,10 @@ def identity_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config without run settings and input locations: what a run must share with the run whose
     checkpoint it resumes."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    return _without_locations({k: v for k, v in resolved.items() if k not in RUN_SETTINGS})
+    # callbacks may change results (early stopping ends a run sooner), so they are part of what a run is; an empty
+    # list is left out, so that a run without any has the identity it had before the list existed
+    return _without_locations({k: v for k, v in resolved.items()
+                               if k not in RUN_SETTINGS and not (k == "callbacks" and not v)})
 
 
 def _without_locations(node: Any) -> Any:
@@ -144,6 +283,34 @@ class RunResults(Callback):
             from fedrec.plots import plot_run
 
             plot_run(history, self.out, title=self.title, rating_scale=summary.get("rating_scale"))
+
+
+class LoggedHyperparameters(Callback):
+    """Logs the run's resolved config as hyper-parameters (:func:`hyperparameters`) to every logger: at the start,
+    and at the end to those that take metrics with them (TensorBoard's HParams view), with the run's rounds and
+    headline as ``summary/NAME``. Fabric's CSV logger keeps none (``config_resolved.yaml`` holds them)."""
+
+    def __init__(self, params: Mapping[str, Any], results: RunResults) -> None:
+        self.params, self.results = dict(params), results
+
+    def on_fit_start(self, trainer: Any, task: Any) -> None:
+        for lg in trainer.loggers:
+            if not takes_metrics(lg):
+                with writing(f"the logs of {type(lg).__name__}"), contextlib.suppress(NotImplementedError):
+                    lg.log_hyperparams(self.params)
+
+    def on_fit_end(self, trainer: Any, task: Any) -> None:
+        """After :class:`RunResults` has summarised the run (its summary holds private metrics only if they are
+        logged)."""
+        from fedrec.sweeps import headline
+
+        summary = self.results.summary
+        metrics = {f"{SUMMARY_PREFIX}{k}": v for k, v in
+                   {"rounds_run": float(summary["rounds_run"]), **headline(summary)}.items()}
+        for lg in trainer.loggers:
+            if takes_metrics(lg):
+                with writing(f"the logs of {type(lg).__name__}"):
+                    lg.log_hyperparams(self.params, metrics=metrics)
 
 
 def _clear_tensorboard(out: Path) -> None:
@@ -251,6 +418,11 @@ def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool) 
 
     tr = cfg.trainer
     devices = check_distribution(tr.get("accelerator", "cpu"), tr.get("devices", 1), tr.get("strategy", "auto"))[1]
+    callbacks = build_entries(cfg.get("callbacks"), "callbacks", _check_callback)  # before the (slow) build
+    name = run_name(cfg.logger)
+    if name is not None and cfg.logger.get("run_name") is None:  # what ${logger.run_name} gives the extra loggers
+        with open_dict(cfg.logger):
+            cfg.logger.run_name = name
     with torch_threads(cfg.get("num_threads")), recording() as data_files:  # the build threads as the rounds
         task = build_task_fetching_data(cfg)
     check_shardable(task, devices)  # before launching any process
@@ -258,8 +430,9 @@ def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool) 
     planner = instantiate_group(cfg.planner, "planner") if cfg.get("planner") is not None else None
     results = RunResults(cfg, out, planner, is_private, run_title(str(cfg.name), overrides))
     trainer = FederatedTrainer(
-        default_root_dir=out, loggers=[] if secondary else build_loggers(cfg.logger, out, is_private),
-        callbacks=[planner, results] if planner else [results],
+        default_root_dir=out, loggers=[] if secondary else build_loggers(cfg.logger, out, is_private, name),
+        callbacks=[*([planner] if planner else []), *callbacks, results,
+                   LoggedHyperparameters(hyperparameters(cfg), results)],
         run_config={**identity_config(cfg), "data_files": dict(sorted(data_files.items()))},
         allow_changes=allowed_changes(cfg), num_threads=cfg.get("num_threads"),
         **OmegaConf.to_container(cfg.trainer),

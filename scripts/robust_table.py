@@ -1,12 +1,18 @@
 """Tables and figures of the robust-aggregation reproduction (scripts/reproduce_robust.sh) from Hydra multiruns.
 
-Grid mode (``DIRS``): every run folder (``config_resolved.yaml``, ``summary.json``) under the directories is one
-(rule, attack fraction, privacy, seed); the script writes ``<out>.md`` (the final round's benign test RMSE and the
-target item's exposure, mean ± std over seeds, one row per rule, one column per fraction and privacy setting),
-``<out>.csv`` (long format) and ``<out>.png`` (both against the fraction, a panel per metric and privacy setting).
+Reads the ``runs.csv`` (server mode: and ``rounds.csv``) of every sweep folder under the given directories, the
+tables fedrec.sweeps writes when a multirun ends; only finished jobs count.
+
+Grid mode (``DIRS``): every job is one (rule, attack fraction, privacy, seed); the script writes ``<out>.md`` (the
+final round's benign test RMSE and the target item's exposure, mean ± std over seeds, one row per rule, one column
+per fraction and privacy setting), ``<out>.csv`` (long format) and ``<out>.png`` (both against the fraction, a panel
+per metric and privacy setting). The fraction is the job's ``attack.fraction`` override (0 without an attack).
 
 Server mode (``--servers DIRS``): runs of ``fedgnn_ml100k`` with and without ``server=...``; writes ``<out>.md``
 (final and best test RMSE per server optimiser) and ``<out>.png`` (test RMSE against the round, mean over seeds).
+
+A table pools seeds only: a rule, model, attack or server optimiser the script has no label for, two attacks in one
+table, or jobs of one cell that differ in any other override (e.g. ``task.rounds``) are ``error: ...`` naming it.
 
     .venv/bin/python scripts/robust_table.py reproductions/robust/grid --out reproductions/robust/robust
     .venv/bin/python scripts/robust_table.py --servers reproductions/robust/servers --out reproductions/robust/servers
@@ -15,56 +21,92 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-import yaml
+import pandas as pd
+
+from fedrec.errors import ConfigError, run_script
+from fedrec.sweeps import finished_runs, read_rounds, refuse_pooling
 
 #: rule label of each aggregator class, in the table's order
 RULES = {"FedSGD": "mean (FedSGD)", "FedAvg": "mean (FedAvg, 5 local steps)", "CoordinateMedian": "median",
-         "TrimmedMean": "trimmed mean", "Krum": "Krum", "MultiKrum": "Multi-Krum", "NormBound": "norm bound"}
-#: label of each server optimiser class (None: task.optimizer, Adam, on the aggregate)
-SERVERS = {None: "Adam on the aggregate (default)", "FedAvgM": "FedAvgM", "FedAdagrad": "FedAdagrad",
-           "FedAdam": "FedAdam", "FedYogi": "FedYogi"}
+         "TrimmedMean": "trimmed mean", "Krum": "Krum", "MultiKrum": "Multi-Krum", "NormBound": "norm bound",
+         "GeometricMedian": "geometric median", "Bulyan": "Bulyan", "CenteredClipping": "centered clipping"}
+#: label of each attack class (``none``: no attack configured)
+ATTACKS = {"none": "no attack", "ItemPromotion": "item promotion", "GaussianNoise": "Gaussian noise",
+           "ScaledUpdates": "scaled updates", "ALittleIsEnough": "a little is enough (ALIE)", "MinMax": "min-max"}
+#: label of each model class
+MODELS = {"FedGNN": "FedGNN", "MatrixFactorization": "MF"}
+#: label of each server optimiser class (default: no server optimiser, task.optimizer, Adam, on the aggregate;
+#: FedAvg: server=fedavg, FedAvgM without momentum)
+SERVERS = {"default": "Adam on the aggregate (default)", "FedAvgM": "FedAvgM", "FedAdagrad": "FedAdagrad",
+           "FedAdam": "FedAdam", "FedYogi": "FedYogi", "FedAvg": "FedAvg (server x + ηΔ)"}
 METRICS = {"final_test_benign_rmse": "benign test RMSE", "final_test_target_exposure": "target exposure (top-10)"}
+#: why a table refuses jobs of one cell that differ in more than the seed, and what to do
+POOLS = "the table pools seeds only: give each value its own table"
 
 
-def runs_under(dirs: list[Path]) -> list[tuple[dict, dict, Path]]:
-    """(resolved config, summary, folder) of every finished run under ``dirs``."""
-    out = []
-    for d in dirs:
-        for summary in sorted(Path(d).rglob("summary.json")):
-            folder = summary.parent
-            cfg = yaml.safe_load((folder / "config_resolved.yaml").read_text())
-            out.append((cfg, json.loads(summary.read_text()), folder))
-    return out
+def known(field: str, names: Iterable[str], labels: dict[str, str]) -> None:
+    """Refuse the ``names`` that ``labels`` has no label for, naming them and the summary ``field``."""
+    unknown = sorted(set(names) - set(labels))
+    if unknown:
+        raise ConfigError(f"{field}: no label for {', '.join(unknown)} in scripts/robust_table.py "
+                          f"(it knows {', '.join(labels)})")
 
 
-def setting(cfg: dict) -> tuple[str, float, str]:
-    """(aggregator class, attack fraction, privacy) of a run."""
-    privacy = (cfg.get("privacy") or {}).get("mechanism", "none")
-    privacy = "none" if privacy == "none" else f"{privacy} ε={float(cfg['privacy']['epsilon']):g}"
-    return cfg["aggregator"]["_target_"].rsplit(".", 1)[1], float((cfg.get("attack") or {}).get("fraction", 0.0)), \
-        privacy
+def column(results: pd.DataFrame, name: str, default: str = "none") -> pd.Series:
+    """A text field of the jobs' summaries, ``default`` where a job has none (e.g. no attack)."""
+    values = results[name] if name in results else pd.Series(default, index=results.index, dtype=object)
+    return values.fillna(default)
 
 
-def mean_std(values: list[float]) -> tuple[float, float, int]:
-    a = np.asarray(values, dtype=float)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0, len(a)
+def privacy_labels(results: pd.DataFrame) -> pd.Series:
+    """Each job's privacy setting: none, or its mechanism and total ε."""
+    epsilon = results["epsilon_total"] if "epsilon_total" in results else pd.Series(np.nan, index=results.index)
+    return pd.Series(["none" if p == "none" else f"{p} ε={float(e):g}"
+                      for p, e in zip(column(results, "privacy"), epsilon)], index=results.index)
+
+
+def attack_fractions(overrides: pd.DataFrame, attacks: pd.Series) -> pd.Series:
+    """Each job's share of malicious clients: its ``attack.fraction`` override, 0 without an attack."""
+    given = pd.to_numeric(overrides["attack.fraction"], errors="coerce") if "attack.fraction" in overrides \
+        else pd.Series(np.nan, index=overrides.index)
+    fraction = given.where(attacks != "none", 0.0)
+    if fraction.isna().any():
+        raise ConfigError("attack.fraction: the table's columns are attack fractions, but some jobs under attack "
+                          "were not given one on the command line (sweep attack.fraction=0,0.05,0.2)")
+    return fraction
+
+
+def grid_stats(dirs: list[Path]) -> tuple[dict, str]:
+    """(stats, title): mean, std and runs of each (rule, fraction, privacy, metric), and what the runs are."""
+    overrides, results = finished_runs(dirs)
+    missing = [m for m in METRICS if m not in results]
+    if missing:
+        raise ConfigError(f"the jobs report no {', '.join(missing)} (runs of *_ml100k_robust expected)")
+    attacks = column(results, "attack")
+    for field, labels in (("aggregator", RULES), ("model", MODELS), ("attack", ATTACKS)):
+        known(field, column(results, field), labels)
+    kinds = sorted(set(attacks) - {"none"})
+    if len(kinds) > 1:
+        raise ConfigError(f"attack: the jobs run {', '.join(kinds)}: {POOLS}")
+    frame = pd.DataFrame({"rule": results["aggregator"], "fraction": attack_fractions(overrides, attacks),
+                          "privacy": privacy_labels(results), **{m: results[m] for m in METRICS}})
+    cells = frame["rule"] + ", " + frame["fraction"].map("{:g} malicious".format) + ", " + frame["privacy"]
+    refuse_pooling(overrides, cells, POOLS)
+    long = frame.melt(id_vars=["rule", "fraction", "privacy"], var_name="metric").dropna(subset=["value"])
+    agg = long.groupby(["rule", "fraction", "privacy", "metric"])["value"].agg(["mean", "std", "count"])
+    stats = {key: (m, 0.0 if n == 1 else s, int(n)) for key, (m, s, n) in zip(agg.index, agg.to_numpy())}
+    models = " / ".join(MODELS[m] for m in dict.fromkeys(results["model"]))
+    datasets = " / ".join(str(d).upper() for d in dict.fromkeys(column(results, "dataset", "?")))
+    return stats, f"{models} on {datasets} under {ATTACKS[kinds[0]] if kinds else 'no attack'}"
 
 
 def grid(dirs: list[Path], out: Path) -> str:
-    cells: dict[tuple[str, float, str, str], list[float]] = defaultdict(list)
-    for cfg, summary, _ in runs_under(dirs):
-        rule, fraction, privacy = setting(cfg)
-        for metric in METRICS:
-            if summary.get(metric) is not None:
-                cells[(rule, fraction, privacy, metric)].append(float(summary[metric]))
-    if not cells:
-        raise SystemExit(f"no finished runs under {[str(d) for d in dirs]}")
-    stats = {k: mean_std(v) for k, v in cells.items()}
+    stats, title = grid_stats(dirs)
     fractions = sorted({k[1] for k in stats})
     privacies = sorted({k[2] for k in stats}, key=lambda p: p != "none")
     rules = [r for r in RULES if any(k[0] == r for k in stats)]
@@ -88,11 +130,12 @@ def grid(dirs: list[Path], out: Path) -> str:
         w.writerow(["rule", "fraction", "privacy", "metric", "mean", "std", "runs"])
         for (rule, fraction, privacy, metric), (m, s, n) in sorted(stats.items()):
             w.writerow([rule, fraction, privacy, metric, m, s, n])
-    plot_grid(stats, rules, fractions, privacies, out.with_suffix(".png"))
+    plot_grid(stats, rules, fractions, privacies, out.with_suffix(".png"), title)
     return "\n".join(parts)
 
 
-def plot_grid(stats: dict, rules: list[str], fractions: list[float], privacies: list[str], path: Path) -> None:
+def plot_grid(stats: dict, rules: list[str], fractions: list[float], privacies: list[str], path: Path,
+              title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,35 +156,48 @@ def plot_grid(stats: dict, rules: list[str], fractions: list[float], privacies: 
             ax.set_xticks([100 * f for f in fractions])
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("FedGNN on ML-100K under item promotion", fontsize=11)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def server_names(overrides: pd.DataFrame, results: pd.DataFrame) -> pd.Series:
+    """Each job's server optimiser: its class, ``default`` without one, ``FedAvg`` for server=fedavg (FedAvgM
+    without momentum)."""
+    names = column(results, "server_optimizer", "default")
+    if "server" in overrides:
+        names = names.where(~((names == "FedAvgM") & (overrides["server"] == "fedavg")), "FedAvg")
+    known("server_optimizer", names, SERVERS)
+    return names
+
+
 def servers(dirs: list[Path], out: Path) -> str:
-    curves: dict[str | None, list[np.ndarray]] = defaultdict(list)
-    finals: dict[str | None, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for cfg, summary, folder in runs_under(dirs):
-        server = cfg.get("server")
-        name = None if server is None else server["_target_"].rsplit(".", 1)[1]
-        if name == "FedAvgM" and float(server.get("beta1", 0.0)) == 0.0:
-            name = "FedAvg"  # server=fedavg: FedAvgM without momentum
-        with open(folder / "metrics.csv", newline="") as f:
-            curves[name].append(np.array([float(r["test_rmse"]) for r in csv.DictReader(f)]))
-        for metric in ("final_test_rmse", "best_test_rmse"):
-            finals[name][metric].append(float(summary[metric]))
-    if not curves:
-        raise SystemExit(f"no finished runs under {[str(d) for d in dirs]}")
-    labels = {**SERVERS, "FedAvg": "FedAvg (server x + ηΔ)"}
-    order = [k for k in labels if k in curves]
+    overrides, results = finished_runs(dirs)
+    names = server_names(overrides, results)
+    refuse_pooling(overrides, names, POOLS)
+    rounds = {sweep: read_rounds(Path(sweep)) for sweep in dict.fromkeys(results["sweep"])}
+    curves: dict[str, list[np.ndarray]] = defaultdict(list)
+    for name, sweep, job in zip(names, results["sweep"], results["job"]):
+        curves[name].append(rounds[sweep][str(job)]["test_rmse"].dropna().to_numpy())
+    order = [k for k in SERVERS if k in curves]
     lines = ["| server | final test RMSE | best test RMSE | seeds |", "|---|---|---|---|"]
     for name in order:
-        f, b = mean_std(finals[name]["final_test_rmse"]), mean_std(finals[name]["best_test_rmse"])
-        lines.append(f"| {labels[name]} | {f[0]:.4f} ± {f[1]:.4f} | {b[0]:.4f} ± {b[1]:.4f} | {f[2]} |")
+        f, b = (mean_std(results.loc[names == name, m].astype(float)) for m in ("final_test_rmse", "best_test_rmse"))
+        lines.append(f"| {SERVERS[name]} | {f[0]:.4f} ± {f[1]:.4f} | {b[0]:.4f} ± {b[1]:.4f} | {f[2]} |")
     text = "\n".join(lines) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text)
+    plot_servers(curves, order, out.with_suffix(".png"))
+    return text
+
+
+def mean_std(values: pd.Series) -> tuple[float, float, int]:
+    a = np.asarray(values, dtype=float)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0, len(a)
+
+
+def plot_servers(curves: dict[str, list[np.ndarray]], order: list[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,16 +207,15 @@ def servers(dirs: list[Path], out: Path) -> str:
     for name in order:
         length = min(len(c) for c in curves[name])
         mean = np.mean([c[:length] for c in curves[name]], axis=0)
-        ax.plot(np.arange(1, length + 1), mean, label=labels[name])
+        ax.plot(np.arange(1, length + 1), mean, label=SERVERS[name])
     ax.set_xlabel("round")
     ax.set_ylabel("test RMSE (ratings / 5)")
     ax.set_title("FedGNN on ML-100K (FedSGD clients): server optimisers", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    return text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -171,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if bool(args.dirs) == bool(args.servers):
         p.error("give either the grid's folders or --servers FOLDERS")
-    print(grid(args.dirs, args.out) if args.dirs else servers(args.servers, args.out))
+    run_script(lambda: print(grid(args.dirs, args.out) if args.dirs else servers(args.servers, args.out)))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install fedrec with its test, documentation and cluster-launcher dependencies (the
-# `cluster` extra: Hydra's joblib and submitit launchers, exercised by tests/test_launchers.py). torch is bounded in
-# pyproject.toml so pip takes the CPU wheel available on this machine instead of a CUDA build.
+# `cluster` extra: Hydra's joblib and submitit launchers, exercised by tests/test_launchers.py) and the `mlflow` extra
+# (Lightning's MLflow logger and its SQLite store, exercised by tests/test_loggers.py; about 40 s more). torch is
+# bounded in pyproject.toml so pip takes the CPU wheel available on this machine instead of a CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,docs,cluster]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,docs,cluster,mlflow]'

@@ -1,9 +1,16 @@
-"""Callback base with federated hooks (Lightning-style), and the built-in progress-bar callback."""
+"""Callback base with federated hooks (Lightning-style), and the built-in progress-bar and early-stopping
+callbacks."""
 from __future__ import annotations
 
+import logging
+import math
 import os
 import sys
 from typing import Any
+
+from fedrec.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 class Callback:
@@ -15,6 +22,9 @@ class Callback:
     ``trainer.should_stop = True`` (e.g. a budget planner whose budget is exhausted); set in ``on_round_start``, it
     also cancels the round about to start.
     """
+
+    #: where the run's config declares this callback (``callbacks[2]``), for its errors to name; set by the CLI
+    config_key: str | None = None
 
     @property
     def state_key(self) -> str:
@@ -69,3 +79,66 @@ class ProgressBar(Callback):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+class EarlyStopping(Callback):
+    """Stops the run once metric ``monitor`` has not improved for ``patience`` rounds in a row.
+
+    Its state (the best value and the rounds since) goes into checkpoints, so that a resumed run stops after the
+    same round as the uninterrupted one.
+
+    Args:
+        monitor: the per-round metric watched (a column of ``metrics.csv``, e.g. ``test_rmse``); a run that does not
+            log it stops with an error after its first round.
+        mode: ``min`` (lower is better, e.g. an RMSE) or ``max`` (e.g. an F1 or NDCG).
+        patience: rounds without improvement after which the run stops (at least 1).
+        min_delta: how much better than the best so far a value must be to count as an improvement (>= 0); a NaN
+            never improves.
+    """
+
+    def __init__(self, monitor: str, mode: str = "min", patience: int = 3, min_delta: float = 0.0) -> None:
+        if not isinstance(monitor, str) or not monitor:
+            raise ConfigError(f"monitor: must be the name of a logged metric, got {monitor!r}")
+        if mode not in ("min", "max"):
+            raise ConfigError(f"mode: must be 'min' or 'max', got {mode!r}")
+        if not isinstance(patience, int) or isinstance(patience, bool) or patience < 1:
+            raise ConfigError(f"patience: must be an integer >= 1, got {patience!r}")
+        if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not min_delta >= 0:
+            raise ConfigError(f"min_delta: must be a number >= 0, got {min_delta!r}")
+        self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, float(min_delta)
+        self.best: float | None = None
+        self.wait = 0
+
+    @property
+    def state_key(self) -> str:
+        """One state per monitored metric, so that two early stoppings (on different metrics) can coexist."""
+        return f"{type(self).__qualname__}[{self.monitor}]"
+
+    def improves(self, value: float) -> bool:
+        """Whether ``value`` beats the best so far by more than ``min_delta`` (the first finite value does)."""
+        if math.isnan(value):
+            return False
+        if self.best is None:
+            return True
+        return value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
+
+    def on_round_end(self, trainer: Any, task: Any, round_idx: int, metrics: dict[str, float]) -> None:
+        if self.monitor not in metrics:
+            where = f"{self.config_key or type(self).__name__}.monitor"
+            logged = ", ".join(sorted(k for k in metrics if k != "round"))
+            raise ConfigError(f"{where}: the run logs no metric {self.monitor!r} (round {round_idx} logged: {logged})")
+        value = float(metrics[self.monitor])
+        if self.improves(value):
+            self.best, self.wait = value, 0
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            trainer.should_stop = True
+            log.info("early stopping after round %d: %s has not improved on %s for %d rounds", round_idx,
+                     self.monitor, self.best, self.wait)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "wait": self.wait}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.wait = state["best"], int(state["wait"])
