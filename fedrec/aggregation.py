@@ -15,6 +15,16 @@ leading index, as the round does for all items with the same number of uploaders
   of least score (Blanchard et al. 2017; ties go to the lower index). Needs ``C ≥ 2f + 3``.
 * :func:`norm_bounded_mean`: the weighted mean after scaling every update down to L2 norm at most ``bound``
   (Sun et al. 2019).
+* :func:`geometric_median`: the weighted geometric median by smoothed Weiszfeld iterations (RFA, Pillutla et al.
+  2022, Algorithm 2), from the weighted mean.
+* :func:`bulyan`: Krum applied recursively to pick ``θ = C − 2f`` updates, then per coordinate the mean of the
+  ``β = θ − 2f`` picked values closest to their median (El Mhamdi et al. 2018). Needs ``C ≥ 4f + 3``.
+* :func:`centered_clipping`: ``v ← v + Σ_c w_c clip_τ(u_c − v) / Σ_c w_c`` repeated L times from a reference point
+  (Karimireddy et al. 2021, Algorithm 2; zero unless given).
+
+The rules keep autograd: a ``backward()`` through any of them reaches the updates (the order statistics pass the
+gradient to the values they pick, Krum's and Bulyan's choices carry none). Sorting a CPU tensor that needs no gradient
+goes through numpy, several times faster there than torch's sort of this layout and with the same values.
 
 **Server optimisers** (Reddi et al., *Adaptive Federated Optimization*, ICLR 2021, Algorithm 2) move the global
 model ``x`` by the round's aggregate Δ, the (weighted) mean of the clients' model changes ``x_c − x``:
@@ -56,7 +66,10 @@ __all__ = [
     "FedYogi",
     "ServerOptimizer",
     "bound_norms",
+    "bulyan",
+    "centered_clipping",
     "coordinate_median",
+    "geometric_median",
     "krum",
     "norm_bounded_mean",
     "trimmed_mean",
@@ -73,9 +86,17 @@ def _check(updates: Tensor, weights: Tensor) -> int:
 
 
 def sorted_clients(updates: Tensor) -> Tensor:
-    """``updates`` sorted along the clients (dimension −2), by numpy: its sort of this layout is several times faster
-    than torch's on a CPU (the order statistics carry no gradient)."""
-    return torch.from_numpy(np.sort(updates.detach().cpu().numpy(), axis=-2)).to(updates.device)
+    """``updates`` sorted along the clients (dimension −2). Torch's sort where a gradient must flow back (or off the
+    CPU); numpy's otherwise, several times faster on a CPU for this layout, with the same values."""
+    if updates.device.type != "cpu" or (updates.requires_grad and torch.is_grad_enabled()):
+        return torch.sort(updates, dim=-2).values
+    return torch.from_numpy(np.sort(updates.detach().numpy(), axis=-2))
+
+
+def median_of_sorted(ordered: Tensor) -> Tensor:
+    """The median of values sorted along dimension −2: the middle one, or the mean of the two middle ones."""
+    n = ordered.shape[-2]
+    return (ordered[..., (n - 1) // 2, :] + ordered[..., n // 2, :]) / 2
 
 
 def weighted_mean(updates: Tensor, weights: Tensor) -> Tensor:
@@ -89,9 +110,8 @@ def coordinate_median(updates: Tensor, weights: Tensor) -> Tensor:
     """The coordinate-wise median over the clients (Yin et al. 2018): the middle value for an odd C, the mean of
     the two middle values for an even C. Unweighted as in the paper; ``weights`` is only shape-checked, so every
     rule has one signature."""
-    C = _check(updates, weights)
-    ordered = sorted_clients(updates)
-    return (ordered[..., (C - 1) // 2, :] + ordered[..., C // 2, :]) / 2
+    _check(updates, weights)
+    return median_of_sorted(sorted_clients(updates))
 
 
 def check_beta(beta: float) -> float:
@@ -123,9 +143,9 @@ def squared_distances(updates: Tensor) -> Tensor:
 
 def krum_scores(updates: Tensor, f: int) -> Tensor:
     """``(..., C)``: each update's sum of squared distances to its ``C − f − 2`` nearest other updates (Blanchard et
-    al. 2017, the Krum score)."""
+    al. 2017, the Krum score). It only ranks the updates, so it carries no gradient."""
     nearest = updates.shape[-2] - f - 2
-    d = squared_distances(updates)
+    d = squared_distances(updates.detach())
     d.diagonal(dim1=-2, dim2=-1).fill_(math.inf)
     # each row's `nearest` smallest, by numpy's partition (about ten times torch's kthvalue here)
     smallest = np.partition(d.cpu().numpy(), nearest - 1, axis=-1)[..., :nearest]
@@ -137,9 +157,7 @@ def krum(updates: Tensor, weights: Tensor, f: int, m: int = 1) -> Tensor:
     (``m > 1``): the weighted mean of the ``m`` updates of least score (Blanchard et al. 2017). Ties go to the lower
     index. Needs ``C ≥ 2f + 3`` clients and ``1 ≤ m ≤ C``."""
     C = _check(updates, weights)
-    f = check_int("aggregator.f", f, minimum=0)
-    if C < 2 * f + 3:
-        raise ConfigError(f"aggregator.f={f} is too large for {C} clients: Krum needs at least 2f + 3 = {2 * f + 3}")
+    f = check_f(f, C, 2, "Krum")
     m = check_int("aggregator.m", m)
     if m > C:
         raise ConfigError(f"aggregator.m={m} is more than the {C} clients")
@@ -148,6 +166,16 @@ def krum(updates: Tensor, weights: Tensor, f: int, m: int = 1) -> Tensor:
     if m == 1:
         return chosen.squeeze(-2)
     return weighted_mean(chosen, torch.take_along_dim(weights, best, dim=-1))
+
+
+def check_f(f: int, clients: int, per_client: int, rule: str) -> int:
+    """``aggregator.f`` checked against ``clients``: at least ``per_client·f + 3`` of them (Krum 2, Bulyan 4)."""
+    f = check_int("aggregator.f", f, minimum=0)
+    need = per_client * f + 3
+    if clients < need:
+        raise ConfigError(f"aggregator.f={f} is too large for {clients} clients: {rule} needs at least "
+                          f"{per_client}f + 3 = {need}")
+    return f
 
 
 def check_bound(bound: float) -> float:
@@ -165,6 +193,136 @@ def norm_bounded_mean(updates: Tensor, weights: Tensor, bound: float) -> Tensor:
     """The weighted mean of the updates, each first scaled to L2 norm at most ``bound`` (Sun et al. 2019)."""
     _check(updates, weights)
     return weighted_mean(bound_norms(updates, bound), weights)
+
+
+def check_iterations(iterations: int) -> int:
+    """An iterative rule's number of iterations, checked: at least 1."""
+    return check_int("aggregator.iterations", iterations)
+
+
+def geometric_median(updates: Tensor, weights: Tensor, iterations: int = 100, tolerance: float = 1e-6,
+                     smoothing: float = 1e-6) -> Tensor:
+    """The weighted geometric median ``argmin_z Σ_c w_c ‖z − u_c‖`` by the smoothed Weiszfeld iterations of RFA
+    (Pillutla et al. 2022, Algorithm 2): ``z ← Σ β_c u_c / Σ β_c`` with ``β_c = w_c / max(ν, ‖z − u_c‖)``, from
+    the weighted mean, for ``iterations`` steps or until the objective changes by at most ``tolerance`` times
+    itself (each batch entry on its own). ``smoothing`` is ν > 0."""
+    _check(updates, weights)
+    iterations = check_iterations(iterations)
+    tolerance = check_float("aggregator.tolerance", tolerance, low=0.0)
+    nu = check_float("aggregator.smoothing", smoothing, low=0.0, low_open=True)
+    w = weights.to(updates.dtype).unsqueeze(-1)
+    z = weighted_mean(updates, weights)
+    objective = (w.squeeze(-1) * (updates - z.unsqueeze(-2)).norm(dim=-1)).sum(-1)
+    done = torch.zeros_like(objective, dtype=torch.bool)
+    for _ in range(iterations):  # a batch entry that has converged keeps its z, as a call of its own would
+        beta = w / (updates - z.unsqueeze(-2)).norm(dim=-1, keepdim=True).clamp_min(nu)
+        z = torch.where(done.unsqueeze(-1), z, (beta * updates).sum(-2) / beta.sum(-2))
+        new = (w.squeeze(-1) * (updates - z.unsqueeze(-2)).norm(dim=-1)).sum(-1)
+        done, objective = done | ((objective - new).abs() <= tolerance * new), new
+        if bool(done.all()):
+            break
+    return z
+
+
+def krum_selection(updates: Tensor, f: int, count: int) -> Tensor:
+    """``(..., count)`` indices: Krum applied ``count`` times, each time to the updates not yet picked, scoring with
+    the ``n − f − 2`` nearest of the n left (0 once fewer are left; ties to the lower index), Bulyan's selection (El
+    Mhamdi et al. 2018, Algorithm 1). The choice carries no gradient.
+
+    The ``n − f − 2`` nearest of an update's ``n − 1`` others are all but its ``f + 1`` farthest, so a score is the
+    sum of the distances to the others left less the sum of the ``f + 1`` farthest left, both kept up to date as
+    updates are picked (the farthest by walking each row sorted farthest first): ``O(C²)`` in all after one sort,
+    not per pick. The few updates whose kept score is within rounding of the least are scored again directly
+    (:func:`exact_scores`), so equal scores stay equal and ties go to the lower index."""
+    C = updates.shape[-2]
+    if count == C:  # every update is picked, in index order
+        return torch.arange(C, device=updates.device).expand(*updates.shape[:-2], C)
+    d = squared_distances(updates.detach()).reshape(-1, C, C)
+    d.diagonal(dim1=-2, dim2=-1).fill_(0)
+    far, order = d.sort(dim=-1, descending=True, stable=True)  # each row's others, farthest first
+    rank = order.argsort(dim=-1)  # rank[b, i, j]: where j sits in row i
+    other = order != torch.arange(C, device=d.device).unsqueeze(-1)
+    counted = other & (other.cumsum(-1) <= f + 1)
+    top, total = torch.where(counted, far, 0.0).sum(-1), d.sum(-1)
+    end = ((other.cumsum(-1) < f + 1).sum(-1) + 1).clamp(max=C)  # row i's f + 1 farthest lie before end[i]
+    slack = 1e-9 * total.amax(-1, keepdim=True)  # far above the kept scores' rounding
+    left = torch.ones(d.shape[:-1], dtype=torch.bool, device=d.device)
+    picked = []
+    for step in range(count):
+        nearest = C - step - f - 2
+        if nearest > 0:
+            kept = (total - top).masked_fill(~left, math.inf)
+            close = kept <= kept.amin(-1, keepdim=True) + slack
+            scores = torch.full_like(total, math.inf)
+            scores[close] = exact_scores(far, order, other, left, close, nearest)
+        else:  # no nearest: every update left scores 0
+            scores = torch.zeros_like(total).masked_fill(~left, math.inf)
+        best = scores.argmin(dim=-1, keepdim=True)  # the first of equal scores
+        picked.append(best)
+        left = left.scatter(-1, best, False)
+        column = best.unsqueeze(-2).expand(-1, C, 1)
+        gone = torch.gather(d, -1, column).squeeze(-1)
+        total = total - gone
+        inside = torch.gather(rank, -1, column).squeeze(-1) < end  # the pick was among row i's farthest
+        top = top - torch.where(inside, gone, 0.0)
+        top, end = refill(top, end, inside, far, order, other, left)
+    return torch.cat(picked, dim=-1).reshape(*updates.shape[:-2], count)
+
+
+def exact_scores(far: Tensor, order: Tensor, other: Tensor, left: Tensor, rows: Tensor, nearest: int) -> Tensor:
+    """The Krum scores of the ``rows`` (bool ``(B, C)``) of :func:`krum_selection`, summed afresh: each row's
+    ``nearest`` nearest others still ``left``, smallest first."""
+    b, i = torch.nonzero(rows, as_tuple=True)
+    alive = (torch.gather(left[b], -1, order[b, i]) & other[b, i]).flip(-1)
+    taken = alive & (alive.cumsum(-1) <= nearest)
+    return torch.where(taken, far[b, i].flip(-1), 0.0).sum(-1)
+
+
+def refill(top: Tensor, end: Tensor, need: Tensor, far: Tensor, order: Tensor, other: Tensor,
+           left: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`krum_selection`'s walk: each row in ``need`` lost one of its farthest others, so its next other still
+    left (at ``end`` or after, farthest first) joins them."""
+    C = far.shape[-1]
+    while bool(need.any()):
+        at = end.clamp(max=C - 1).unsqueeze(-1)
+        j = torch.gather(order, -1, at)
+        alive = torch.gather(left, -1, j.squeeze(-1)) & torch.gather(other, -1, at).squeeze(-1)
+        joins = need & (end < C) & alive
+        top = top + torch.where(joins, torch.gather(far, -1, at).squeeze(-1), 0.0)
+        end = torch.where(need & (end < C), end + 1, end)
+        need = need & ~joins & (end < C)
+    return top, end
+
+
+def bulyan(updates: Tensor, weights: Tensor, f: int) -> Tensor:
+    """Bulyan (El Mhamdi et al. 2018, Algorithm 1): Krum picks ``θ = C − 2f`` updates one at a time
+    (:func:`krum_selection`), then each coordinate is the mean of the ``β = θ − 2f`` picked values closest to their
+    median (ties to the smaller value). Unweighted as in the paper (``weights`` shape-checked). Needs
+    ``C ≥ 4f + 3``."""
+    C = _check(updates, weights)
+    f = check_f(f, C, 4, "Bulyan")
+    theta = C - 2 * f
+    chosen = krum_selection(updates, f, theta)
+    ordered = sorted_clients(torch.take_along_dim(updates, chosen.unsqueeze(-1), dim=-2))
+    gap = (ordered - median_of_sorted(ordered).unsqueeze(-2)).abs().detach()
+    closest = gap.argsort(dim=-2, stable=True)[..., :theta - 2 * f, :]
+    return torch.take_along_dim(ordered, closest, dim=-2).mean(-2)
+
+
+def centered_clipping(updates: Tensor, weights: Tensor, tau: float, iterations: int = 1,
+                      center: Tensor | None = None) -> Tensor:
+    """Centered clipping (Karimireddy et al. 2021, Algorithm 2): ``v ← v + Σ_c w_c clip_τ(u_c − v) / Σ_c w_c``,
+    ``iterations`` times, where ``clip_τ`` scales a vector down to L2 norm at most τ; ``v`` starts at ``center``
+    ``(..., P)`` (the paper's previous aggregate), or zero. Uniform weights give the paper's 1/n."""
+    _check(updates, weights)
+    tau = check_float("aggregator.tau", tau, low=0.0, low_open=True)
+    iterations = check_iterations(iterations)
+    v = updates.new_zeros(updates.shape[:-2] + updates.shape[-1:]) if center is None else center.to(updates.dtype)
+    if v.shape != updates.shape[:-2] + updates.shape[-1:]:
+        raise ValueError(f"center must be {tuple(updates.shape[:-2] + updates.shape[-1:])}, got {tuple(v.shape)}")
+    for _ in range(iterations):
+        v = v + weighted_mean(bound_norms(updates - v.unsqueeze(-2), tau), weights)
+    return v
 
 
 # ------------------------------------------------------------------------------------------ server optimisers

@@ -1,6 +1,7 @@
 """The aggregation's share of a federated FedGNN round on MovieLens-100K, for each aggregation rule.
 
-For every rule (FedSGD's weighted mean, the coordinate median, the trimmed mean, Krum, Multi-Krum, norm bounding)
+For every rule (FedSGD's weighted mean, the coordinate median, the trimmed mean, Krum, Multi-Krum, norm bounding, the
+geometric median, Bulyan, centered clipping)
 a FedGNN run of ``--rounds`` rounds times each round (``FedRecTask.run_round``: local updates, upload assembly, the
 aggregation, the server step, evaluation) and, inside it, the aggregator's call alone; one JSON line per rule with
 the medians over the rounds after the first and the share. Without DP and with Gaussian DP (``--privacy``). A
@@ -22,12 +23,27 @@ import torch
 from fedrec.data import load_ratings
 from fedrec.models import FedGNN
 from fedrec.privacy import ClientDP
-from fedrec.recsys import Aggregator, CoordinateMedian, FedSGD, Krum, MultiKrum, NormBound, TrimmedMean, Uploads
+from fedrec.recsys import (
+    Aggregator,
+    Bulyan,
+    CenteredClipping,
+    CoordinateMedian,
+    FedSGD,
+    GeometricMedian,
+    Krum,
+    MultiKrum,
+    NormBound,
+    TrimmedMean,
+    Uploads,
+)
 from fedrec.tasks import FedRecTask
 
-#: the rules, with the settings of the robust-aggregation grid (scripts/reproduce_robust.sh)
+#: the rules, with the settings of the robust-aggregation grid (scripts/reproduce_robust.sh; the last three: their
+#: option files', Bulyan's f as Krum's)
 RULES = {"fedsgd": lambda: FedSGD(), "median": lambda: CoordinateMedian(), "trimmed_mean": lambda: TrimmedMean(0.2),
-         "krum": lambda: Krum(188), "multi_krum": lambda: MultiKrum(188), "norm_bound": lambda: NormBound(0.1)}
+         "krum": lambda: Krum(188), "multi_krum": lambda: MultiKrum(188), "norm_bound": lambda: NormBound(0.1),
+         "geometric_median": lambda: GeometricMedian(), "bulyan": lambda: Bulyan(188),
+         "centered_clipping": lambda: CenteredClipping()}
 
 
 class Timed:

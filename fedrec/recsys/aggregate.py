@@ -11,15 +11,18 @@ An aggregation rule is a small class over the uploads: an :class:`Aggregator` wh
 sums add up over disjoint sets of clients runs sharded across processes (:meth:`~Aggregator.finish` turns the total
 into the update); one that overrides ``__call__`` sees every upload at once and runs in one process.
 
-The robust rules (:class:`CoordinateMedian`, :class:`TrimmedMean`, :class:`Krum`, :class:`MultiKrum`) apply a rule
+The robust rules (:class:`CoordinateMedian`, :class:`TrimmedMean`, :class:`Krum`, :class:`MultiKrum`,
+:class:`GeometricMedian`, :class:`Bulyan`, :class:`CenteredClipping`) apply a rule
 of :mod:`fedrec.aggregation` to ω over the round's C clients and to each item's rows over its n uploaders (all items
 with the same n at once); they need every upload in one process (``trainer.devices=1``). Krum's parameters are set
 for the whole round and scale with a group's share of it: a group of n updates assumes
 ``f_n = min(⌊f·n/C⌋, ⌊(n − 3)/2⌋)`` Byzantine ones (so ``n ≥ 2f_n + 3``) and Multi-Krum keeps
 ``m_n = max(1, ⌊m·n/C⌋)`` (``m`` unset: ``n − f_n``); a group of fewer than 3 updates, where Krum is undefined,
 takes the coordinate median (its one row, or the mean of its two). The median and the trimmed mean are defined for
-any n (⌊βn⌋ = 0 cuts nothing). :class:`NormBound` bounds every ω update and every row, then sums like FedAvg, so it
-runs sharded too.
+any n (⌊βn⌋ = 0 cuts nothing). :class:`Bulyan` scales ``f`` the same way, bounded by ``⌊(n − 3)/4⌋`` (so
+``n ≥ 4f_n + 3``), with the coordinate median below 3 updates. :class:`GeometricMedian` and
+:class:`CenteredClipping` are defined for any n and weight the updates. :class:`NormBound` bounds every ω update and
+every row, then sums like FedAvg, so it runs sharded too.
 """
 from __future__ import annotations
 
@@ -30,8 +33,20 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from fedrec.aggregation import bound_norms, check_beta, check_bound, coordinate_median, krum, trimmed_mean
-from fedrec.errors import ConfigError, check_choice, check_int
+from fedrec.aggregation import (
+    bound_norms,
+    bulyan,
+    centered_clipping,
+    check_beta,
+    check_bound,
+    check_f,
+    check_iterations,
+    coordinate_median,
+    geometric_median,
+    krum,
+    trimmed_mean,
+)
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 
 WEIGHTINGS = ("uploaded_items", "ratings", "uniform")
 
@@ -249,9 +264,7 @@ class Krum(RobustAggregator):
         self.f = check_int("aggregator.f", f, minimum=0)
 
     def validate(self, num_clients: int) -> None:
-        if num_clients < 2 * self.f + 3:
-            raise ConfigError(f"aggregator.f={self.f} is too large for {num_clients} clients: Krum needs at least "
-                              f"2f + 3 = {2 * self.f + 3}")
+        check_f(self.f, num_clients, 2, "Krum")
 
     def byzantine(self, n: int, clients: int) -> int:
         """``f_n``: the Byzantine updates assumed in a group of n of the round's ``clients`` (n ≥ 3)."""
@@ -288,3 +301,76 @@ class MultiKrum(Krum):
 
     def keep(self, n: int, clients: int, f_n: int) -> int:
         return n - f_n if self.m is None else min(n, max(1, self.m * n // clients))
+
+
+class GeometricMedian(RobustAggregator):
+    """The weighted geometric median (RFA, Pillutla et al. 2022) of ω over the clients and of each item's rows over
+    its uploaders, by smoothed Weiszfeld iterations from the weighted mean (:func:`fedrec.aggregation.geometric_median`).
+
+    Args:
+        iterations: the most Weiszfeld steps.
+        tolerance: stop once the objective ``Σ w_c ‖z − u_c‖`` changes by at most this share of itself.
+        smoothing: ν > 0, the least distance a weight divides by.
+        weighting: the weights w_c, as :class:`Aggregator`'s.
+    """
+
+    def __init__(self, iterations: int = 100, tolerance: float = 1e-6, smoothing: float = 1e-6,
+                 weighting: str = "uploaded_items") -> None:
+        super().__init__(weighting=weighting)
+        self.iterations = check_iterations(iterations)
+        self.tolerance = check_float("aggregator.tolerance", tolerance, low=0.0)
+        self.smoothing = check_float("aggregator.smoothing", smoothing, low=0.0, low_open=True)
+
+    def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
+        return geometric_median(updates, weights, self.iterations, self.tolerance, self.smoothing)
+
+
+class Bulyan(RobustAggregator):
+    """Bulyan (El Mhamdi et al. 2018): Krum picks ``n − 2f_n`` of a group's updates one at a time, then each
+    coordinate is the mean of the ``n − 4f_n`` picked values closest to their median, unweighted; ``f`` is set for
+    the round and scaled to each group (see the module docstring).
+
+    Args:
+        f: the Byzantine clients assumed among the round's C; the run needs ``C ≥ 4f + 3``.
+    """
+
+    def __init__(self, f: int = 1, weighting: str = "uploaded_items") -> None:
+        super().__init__(weighting=weighting)
+        self.f = check_int("aggregator.f", f, minimum=0)
+
+    def validate(self, num_clients: int) -> None:
+        check_f(self.f, num_clients, 4, "Bulyan")
+
+    def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
+        n = updates.shape[-2]
+        if n < 3:
+            return coordinate_median(updates, weights)
+        return bulyan(updates, weights, min(self.f * n // clients, (n - 3) // 4))
+
+
+CENTERS = ("zero", "median")
+
+
+class CenteredClipping(RobustAggregator):
+    """Centered clipping (Karimireddy et al. 2021): ``v ← v + Σ w_c clip_τ(u_c − v) / Σ w_c``, ``iterations``
+    times, for ω over the clients and for each item's rows over its uploaders. The paper starts from the previous
+    round's aggregate; this aggregator keeps nothing between rounds (a resumed run would lose it), so ``v`` starts
+    at zero (the paper's first round) or at the group's coordinate median.
+
+    Args:
+        tau: the clipping radius τ > 0.
+        iterations: the clipping steps L.
+        center: ``"zero"`` or ``"median"``, where v starts.
+        weighting: the weights w_c, as :class:`Aggregator`'s (``uniform``: the paper's 1/n).
+    """
+
+    def __init__(self, tau: float = 0.1, iterations: int = 3, center: str = "zero",
+                 weighting: str = "uploaded_items") -> None:
+        super().__init__(weighting=weighting)
+        self.tau = check_float("aggregator.tau", tau, low=0.0, low_open=True)
+        self.iterations = check_iterations(iterations)
+        self.center = check_choice("aggregator.center", center, CENTERS)
+
+    def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
+        start = coordinate_median(updates, weights) if self.center == "median" else None
+        return centered_clipping(updates, weights, self.tau, self.iterations, start)

@@ -18,6 +18,17 @@ upload (after step ③ of the round):
   Like FedRecAttack, which approximates benign users' embeddings from a small set of public interactions, the
   attacker approximates them from data it holds: its own users, who are ordinary users of the same population.
   The crafted row carries no DP noise (privacy protects the sender's data; the attacker gains nothing by it).
+* :class:`ALittleIsEnough` (``attack=alie``, Baruch et al. 2019): every malicious client uploads, for ω and for
+  each item row it uploads, ``μ − z·σ`` per coordinate, μ and σ the mean and (population) standard deviation of
+  the honest updates the attacker knows, z from the paper's formula or set.
+* :class:`MinMax` (``attack=min_max``, Shejwalkar and Houmansadr 2021): every malicious client uploads ``μ + γ·p``
+  with ``p`` a perturbation (−σ, −μ/‖μ‖ or −sign μ) and γ the largest (by bisection) for which the upload lies no
+  farther from any known honest update than those lie from each other.
+
+The two statistical attacks see, by default (``knowledge=own``), only the honest updates of the attacker's own
+clients (what their clients would have uploaded), as the threat model above says and as both papers allow (their
+partial-knowledge case); ``knowledge=all`` lets them see every client's honest update of the round (the papers'
+full-knowledge case, an omniscient attacker). An item's row is crafted from the known rows of that item.
 
 Draws (which clients, the noise) come from the run's keyed streams (:mod:`fedrec.rng`), so a resumed run repeats
 them. An attack runs in one process (``trainer.devices=1``).
@@ -26,18 +37,20 @@ from __future__ import annotations
 
 import math
 from abc import ABCMeta, abstractmethod
+from collections.abc import Callable
 from dataclasses import replace
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedrec.aggregation import share_count
+from fedrec.aggregation import share_count, squared_distances
 from fedrec.data.ratings import RatingData
-from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.models.recommender import FederatedRecommender
-from fedrec.recsys.aggregate import Uploads
+from fedrec.recsys.aggregate import Uploads, itemwise
 from fedrec.recsys.data import RoundData
 from fedrec.recsys.evaluate import represent_users
 from fedrec.rng import KeyedRows, rank_within, stream_key
@@ -189,7 +202,7 @@ class ItemPromotion(Attack):
         """``(k,)``: h̄ / ‖h̄‖ over the attacker's users in ``data`` (zero if it has none this round)."""
         users = data.users[self.malicious[data.clients][data.user_client]]
         if users.numel() == 0:
-            return torch.zeros(model.embed_dim)
+            return torch.zeros(model.row_dim)
         mean = represent_users(model, data)[users.to(model.user_emb.device)].mean(0).cpu()
         return mean / mean.norm().clamp_min(1e-300)
 
@@ -208,3 +221,136 @@ class ItemPromotion(Attack):
         return replace(up, row_client=row_client[order],
                        row_item=torch.cat([up.row_item, torch.full_like(added, self.target)])[order],
                        rows=torch.cat([rows, crafted.expand(added.numel(), -1)])[order])
+
+
+KNOWLEDGE = ("own", "all")
+
+
+class CraftedFromHonest(Attack):
+    """An attack whose malicious clients all upload one vector crafted from the honest updates the attacker knows
+    (its own clients' or, with ``knowledge="all"``, everyone's): one for ω, one per item for its rows.
+
+    Args:
+        fraction: the share of malicious clients, in [0, 1).
+        knowledge: ``"own"`` (the attacker's clients' honest updates) or ``"all"`` (every client's).
+    """
+
+    def __init__(self, fraction: float = 0.05, knowledge: str = "own") -> None:
+        super().__init__(fraction)
+        self.knowledge = check_choice("attack.knowledge", knowledge, KNOWLEDGE)
+
+    @abstractmethod
+    def craft(self, honest: Tensor) -> Tensor:
+        """``(b, P)``: the malicious update of each of ``b`` groups of ``n`` known honest updates ``(b, n, P)``."""
+
+    def poison(self, up: Uploads, bad: Tensor, round_idx: int, model: FederatedRecommender,
+               data: RoundData) -> Uploads:
+        known = bad if self.knowledge == "own" else torch.ones_like(bad)
+        shared, rows = up.shared.clone(), up.rows.clone()
+        if shared.shape[1]:
+            shared[bad] = self.craft(up.shared[known].double().unsqueeze(0))[0].to(shared)
+        row_known, row_bad = known[up.row_client], bad[up.row_client]
+        items, crafted = itemwise(lambda u, w: self.craft(u), up.rows[row_known].double(), up.row_item[row_known],
+                                  torch.ones(int(row_known.sum()), dtype=torch.float64))
+        rows[row_bad] = crafted[torch.searchsorted(items, up.row_item[row_bad])].to(rows)
+        return replace(up, shared=shared, rows=rows)
+
+
+class ALittleIsEnough(CraftedFromHonest):
+    """"A Little Is Enough" (Baruch et al. 2019): every malicious client uploads ``μ − z·σ`` per coordinate, μ and
+    σ the mean and population standard deviation of the known honest updates (ω over the clients, each item's row
+    over its known uploaders). Unset, ``z`` is the paper's: with n clients and f of them malicious,
+    ``s = ⌊n/2 + 1⌋ − f`` and ``z = Φ⁻¹((n − s)/n)``.
+
+    Args:
+        fraction: the share of malicious clients, in [0, 1).
+        z: the shift in standard deviations; None: the paper's formula over the run's clients.
+        knowledge: ``"own"`` or ``"all"`` (see :class:`CraftedFromHonest`).
+    """
+
+    def __init__(self, fraction: float = 0.05, z: float | None = None, knowledge: str = "own") -> None:
+        super().__init__(fraction, knowledge)
+        self.z_set = None if z is None else check_float("attack.z", z)
+        self.z = self.z_set
+
+    def setup(self, data: RatingData, seed: int) -> None:
+        super().setup(data, seed)
+        if self.z_set is None:
+            self.z = paper_z(data.num_clients, int(self.malicious.sum()), self.fraction)
+
+    def craft(self, honest: Tensor) -> Tensor:
+        return honest.mean(-2) - self.z * honest.std(-2, correction=0)
+
+
+def paper_z(n: int, f: int, fraction: float) -> float:
+    """Baruch et al.'s z for n clients of which f are malicious: ``Φ⁻¹((n − s)/n)``, ``s = ⌊n/2 + 1⌋ − f`` (the
+    benign clients the attacker needs to appear closer to the mean than). Refused where s < 1."""
+    s = n // 2 + 1 - f
+    if s < 1:
+        raise ConfigError(f"attack.fraction={fraction:g} makes {f} of {n} clients malicious, too many for the "
+                          "paper's z (s = ⌊n/2 + 1⌋ − f < 1); set attack.z")
+    return NormalDist().inv_cdf((n - s) / n)
+
+
+PERTURBATIONS = ("std", "unit", "sign")
+
+
+class MinMax(CraftedFromHonest):
+    """The min-max attack (Shejwalkar and Houmansadr 2021, NDSS, Algorithm 1 with the min-max objective): every
+    malicious client uploads ``μ + γ·p``, μ the mean of the known honest updates, p the perturbation (``"std"``:
+    −σ per coordinate; ``"unit"``: −μ/‖μ‖; ``"sign"``: −sign μ), and γ the largest for which the upload's largest
+    L2 distance to a known honest update is at most the largest distance between two of them; γ is found by
+    doubling from ``gamma_init`` and then bisection to within ``tolerance`` (the feasible γ ≥ 0 form an interval
+    from 0, so the search is exact to the tolerance).
+
+    Args:
+        fraction: the share of malicious clients, in [0, 1).
+        perturbation: ``"std"``, ``"unit"`` or ``"sign"``.
+        gamma_init: the first γ tried (> 0).
+        tolerance: the width of the final bracket around γ (> 0).
+        knowledge: ``"own"`` or ``"all"`` (see :class:`CraftedFromHonest`).
+    """
+
+    def __init__(self, fraction: float = 0.05, perturbation: str = "std", gamma_init: float = 10.0,
+                 tolerance: float = 1e-5, knowledge: str = "own") -> None:
+        super().__init__(fraction, knowledge)
+        self.perturbation = check_choice("attack.perturbation", perturbation, PERTURBATIONS)
+        self.gamma_init = check_float("attack.gamma_init", gamma_init, low=0.0, low_open=True)
+        self.tolerance = check_float("attack.tolerance", tolerance, low=0.0, low_open=True)
+
+    def direction(self, honest: Tensor, mean: Tensor) -> Tensor:
+        """``(b, P)``: the perturbation p of each group."""
+        if self.perturbation == "std":
+            return -honest.std(-2, correction=0)
+        if self.perturbation == "unit":
+            return -mean / mean.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+        return -torch.sign(mean)
+
+    def craft(self, honest: Tensor) -> Tensor:
+        mean = honest.mean(-2)
+        p = self.direction(honest, mean)
+        spread = squared_distances(honest).amax(dim=(-2, -1))
+
+        def fits(gamma: Tensor) -> Tensor:
+            upload = mean + gamma.unsqueeze(-1) * p
+            return ((upload.unsqueeze(-2) - honest) ** 2).sum(-1).amax(-1) <= spread
+
+        gamma = largest_feasible(fits, torch.full_like(spread, self.gamma_init), self.tolerance)
+        return mean + gamma.unsqueeze(-1) * p
+
+
+def largest_feasible(fits: Callable[[Tensor], Tensor], start: Tensor, tolerance: float, doublings: int = 64) -> Tensor:
+    """Per entry, the largest γ ≥ 0 (to within ``tolerance``) with ``fits(γ)`` true, for a ``fits`` true on an
+    interval from 0: ``start`` doubled while it fits, then the bracket halved; an entry that fits at every tried
+    γ (a zero perturbation) keeps the last one."""
+    low, high = torch.zeros_like(start), start
+    for _ in range(doublings):
+        ok = fits(high)
+        if not bool(ok.any()):
+            break
+        low, high = torch.where(ok, high, low), torch.where(ok, 2 * high, high)
+    while bool(((high - low) > tolerance).any()):
+        mid = (low + high) / 2
+        ok = fits(mid)
+        low, high = torch.where(ok, mid, low), torch.where(ok, high, mid)
+    return low
