@@ -70,7 +70,7 @@ def audit_config(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[
             result = audit_client_dp(
                 task.privacy, privatize_uploads,
                 tensor_sizes=[p.numel() for p in model.shared_parameters().values()],
-                rows=settings["rows"], width=model.embed_dim, rounds=settings["rounds"] or task.num_rounds,
+                rows=settings["rows"], width=model.row_dim, rounds=settings["rounds"] or task.num_rounds,
                 trials=settings["trials"], seed=cfg.seed, confidence=settings["confidence"],
                 dtype=model.item_emb.dtype)
     record = {**result.to_dict(), "experiment": cfg.name, "exceeds": result.exceeds,
@@ -93,7 +93,7 @@ def _audit_server(task: Any, settings: dict[str, Any], seed: int) -> Any:
     ledger.step(dp.server.noise_multiplier, rounds, dp.sample_rate)
     return audit_server_dp(dp.server, sample_rate=dp.sample_rate, rounds=rounds, epsilon_reported=ledger.epsilon(),
                            delta=dp.delta, tensor_sizes=[p.numel() for p in task.model.shared_parameters().values()],
-                           rows=rows, width=task.model.embed_dim, num_items=rows, trials=settings["trials"],
+                           rows=rows, width=task.model.row_dim, num_items=rows, trials=settings["trials"],
                            seed=seed, confidence=settings["confidence"])
 
 

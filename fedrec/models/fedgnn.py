@@ -12,6 +12,8 @@ sum of exponentials), was no faster on ML-100K rounds, and would make every FedG
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -64,8 +66,9 @@ class StarGAT(nn.Module):
 class FedGNN(FederatedRecommender):
     """FedGNN without graph expansion (the authors' ``wo_neighbour`` setting): ``h_u = GAT(star of u)[u]``."""
 
-    def __init__(self, num_users: int, num_items: int, embed_dim: int = 8, negative_slope: float = 0.2) -> None:
-        super().__init__(num_users, num_items, embed_dim)
+    def __init__(self, num_users: int, num_items: int, embed_dim: int = 8, negative_slope: float = 0.2,
+                 **parts: Any) -> None:
+        super().__init__(num_users, num_items, embed_dim, **parts)
         self.gat = StarGAT(self.embed_dim, negative_slope)
 
     def represent(self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor) -> Tensor:

@@ -30,6 +30,8 @@ no ω: clients upload item rows only (as MF).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 from torch_geometric.nn import LGConv
@@ -44,8 +46,9 @@ class LightGCN(FederatedRecommender):
     """Federated LightGCN: ``h_u`` is LightGCN's user representation on the user's star graph (see the module
     docstring), all users' stars evaluated as one graph of disjoint stars; no ω."""
 
-    def __init__(self, num_users: int, num_items: int, embed_dim: int = 8, num_layers: int = 3) -> None:
-        super().__init__(num_users, num_items, embed_dim)
+    def __init__(self, num_users: int, num_items: int, embed_dim: int = 8, num_layers: int = 3,
+                 **parts: Any) -> None:
+        super().__init__(num_users, num_items, embed_dim, **parts)
         self.num_layers = check_int("model.num_layers", num_layers)
         self.convs = nn.ModuleList(LGConv() for _ in range(self.num_layers))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import pairwise
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,7 @@ class NeuMF(FederatedRecommender):
     """
 
     def __init__(self, num_users: int, num_items: int, embed_dim: int = 8,
-                 mlp_layers: Sequence[int] = (32, 16, 8)) -> None:
+                 mlp_layers: Sequence[int] = (32, 16, 8), **parts: Any) -> None:
         gmf = check_int("model.embed_dim", embed_dim)
         if isinstance(mlp_layers, (str, bytes)) or not isinstance(mlp_layers, Sequence):
             raise ConfigError(f"model.mlp_layers must be a list of integers, got {mlp_layers!r}")
@@ -47,7 +48,7 @@ class NeuMF(FederatedRecommender):
         if len(widths) < 2 or widths[0] % 2:
             raise ConfigError("model.mlp_layers must list the tower's even input width (the user's and the item's "
                               f"MLP vectors, concatenated) and at least one layer's width, got {list(mlp_layers)}")
-        super().__init__(num_users, num_items, gmf + widths[0] // 2)
+        super().__init__(num_users, num_items, gmf + widths[0] // 2, **parts)
         self.gmf_dim = gmf
         self.tower = nn.ModuleList(nn.Linear(a, b) for a, b in pairwise(widths))
         self.output = nn.Linear(gmf + widths[-1], 1, bias=False)

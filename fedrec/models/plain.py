@@ -91,8 +91,8 @@ def _trial_logits(model: FederatedRecommender) -> Tensor:
     shared = {n: p.detach().expand(2, *p.shape).clone().requires_grad_(True)
               for n, p in model.shared_parameters().items()}
     owner = torch.tensor([0, 0, 1]) % users.shape[0]
-    h = model.represent(shared, users, items, owner)
-    logits = model.score(shared, h, items, owner)
+    h = model.user_states(shared, users, items, owner)
+    logits = model.pair_logits(shared, h, items, owner)
     if logits.requires_grad:
         torch.autograd.grad(logits.sum(), [*shared.values(), users, items], allow_unused=True)
     return logits.detach()

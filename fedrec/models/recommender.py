@@ -15,28 +15,95 @@ from abc import ABCMeta, abstractmethod
 import torch
 from torch import Tensor, nn
 
-from fedrec.errors import check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
+
+#: ``model.head``: how a logit becomes a predicted rating
+HEADS = ("sigmoid", "linear")
 
 
 class FederatedRecommender(nn.Module, metaclass=ABCMeta):
     """User and item embedding tables (N(0, 1) init, as FedGNN's code) plus optional shared parameters ω.
 
-    ``embed_dim`` is the width of a user or item row (all a user's or item's vectors, side by side). Subclasses
+    ``embed_dim`` is the width of a user or item vector (all a user's or item's vectors, side by side). Subclasses
     implement :meth:`represent`, and :meth:`score` if their head is not the dot product. ``shared_parameters()``
-    are the parameters clients upload gradients of besides item rows (empty for matrix factorisation).
+    are the parameters clients upload gradients of besides item rows (empty for matrix factorisation). The round
+    calls the model through :meth:`user_states`, :meth:`pair_logits`, :meth:`all_logits` and :meth:`link`, which
+    add the optional parts below around the subclass's representation and score.
+
+    Args:
+        num_users, num_items: the tables' sizes.
+        embed_dim: the vectors' width k.
+        init_std: the embeddings' initial standard deviation (1: FedGNN's N(0, 1)).
+        bias: add a global bias μ (a shared parameter, aggregated as ω is) and a bias per user and per item (one more
+            column of each table: user-private, and uploaded and aggregated as item rows are), so that the logit
+            is ``μ + b_u + b_i + score(h_u, e_i)``.
+        head: ``"sigmoid"`` predicts ``σ(logit)`` (FedGNN's); ``"linear"`` predicts the logit itself, on the
+            normalised rating scale (with ``bias``, the bias model μ + b_u + b_i plus the interaction term).
     """
 
-    def __init__(self, num_users: int, num_items: int, embed_dim: int = 8) -> None:
+    def __init__(self, num_users: int, num_items: int, embed_dim: int = 8, *, init_std: float = 1.0,
+                 bias: bool = False, head: str = "sigmoid") -> None:
         super().__init__()
         self.embed_dim = check_int("model.embed_dim", embed_dim)
         self.num_users = check_int("num_users", num_users)
         self.num_items = check_int("num_items", num_items)
-        self.user_emb = nn.Parameter(torch.randn(self.num_users, self.embed_dim))
-        self.item_emb = nn.Parameter(torch.randn(self.num_items, self.embed_dim))
+        self.init_std = check_float("model.init_std", init_std, low=0.0, low_open=True)
+        if not isinstance(bias, bool):
+            raise ConfigError(f"model.bias must be true or false, got {bias!r}")
+        self.bias = bias
+        self.head = check_choice("model.head", head, HEADS)
+        self.user_emb = nn.Parameter(self._table(self.num_users))
+        self.item_emb = nn.Parameter(self._table(self.num_items))
+        if bias:
+            self.global_bias = nn.Parameter(torch.zeros(1))
+
+    def _table(self, rows: int) -> Tensor:
+        """A table of ``rows`` N(0, init_std²) vectors, with a zero bias column when the model has biases."""
+        table = torch.randn(rows, self.embed_dim)
+        if self.init_std != 1.0:
+            table = table * self.init_std
+        return torch.cat([table, torch.zeros(rows, 1)], 1) if self.bias else table
+
+    @property
+    def row_dim(self) -> int:
+        """The width of a table row: the vector, and its bias with ``bias``."""
+        return self.embed_dim + int(self.bias)
 
     def shared_parameters(self) -> dict[str, Tensor]:
         """ω: every parameter except the two embedding tables, by name."""
         return {n: p for n, p in self.named_parameters() if n not in ("user_emb", "item_emb")}
+
+    def user_states(self, shared: dict[str, Tensor], user_rows: Tensor, item_rows: Tensor,
+                    entry_user: Tensor) -> Tensor:
+        """What the round keeps per user, ``(S, ·)``: :meth:`represent` of the rows' vectors, and the user's bias
+        beside it with ``bias``."""
+        if not self.bias:
+            return self.represent(shared, user_rows, item_rows, entry_user)
+        k = self.embed_dim
+        h = self.represent(shared, user_rows[:, :k], item_rows[:, :k], entry_user)
+        return torch.cat([h, user_rows[:, k:]], 1)
+
+    def pair_logits(self, shared: dict[str, Tensor], states: Tensor, item_rows: Tensor, pair_user: Tensor) -> Tensor:
+        """Logits ``(Q,)`` of pairs: :meth:`score`, plus ``μ + b_u + b_i`` with ``bias`` (μ the user's copy when
+        ``shared`` has a per-user dimension)."""
+        if not self.bias:
+            return self.score(shared, states, item_rows, pair_user)
+        k, mu = self.embed_dim, shared["global_bias"]
+        mu = mu[pair_user, 0] if mu.dim() == 2 else mu[0]
+        return self.score(shared, states[:, :k], item_rows[:, :k], pair_user) + states[pair_user, k] + \
+            item_rows[:, k] + mu
+
+    def all_logits(self, shared: dict[str, Tensor], states: Tensor, item_rows: Tensor) -> Tensor:
+        """Logits ``(S, I)`` of every user state against every item row (:meth:`score_all`, plus the biases)."""
+        if not self.bias:
+            return self.score_all(shared, states, item_rows)
+        k = self.embed_dim
+        return self.score_all(shared, states[:, :k], item_rows[:, :k]) + states[:, k:] + item_rows[:, k] + \
+            shared["global_bias"]
+
+    def link(self, logits: Tensor) -> Tensor:
+        """The predicted (normalised) rating of a logit: ``σ(logit)``, or the logit itself with ``head="linear"``."""
+        return torch.sigmoid(logits) if self.head == "sigmoid" else logits
 
     @abstractmethod
     def represent(self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor) -> Tensor:
@@ -69,9 +136,10 @@ class FederatedRecommender(nn.Module, metaclass=ABCMeta):
         self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor,
         query_user: Tensor, query_vecs: Tensor,
     ) -> Tensor:
-        """``sigmoid(score(h_u, e_i))`` for query pairs given as batch-row indices ``query_user`` and item rows."""
-        h = self.represent(shared, user_vecs, item_vecs, entry_user)
-        return torch.sigmoid(self.score(shared, h, query_vecs, query_user))
+        """The predicted ratings (:meth:`link` of :meth:`pair_logits`) of query pairs given as batch-row indices
+        ``query_user`` and item rows."""
+        h = self.user_states(shared, user_vecs, item_vecs, entry_user)
+        return self.link(self.pair_logits(shared, h, query_vecs, query_user))
 
 
 class MatrixFactorization(FederatedRecommender):

@@ -181,7 +181,7 @@ def audit_one_run(build: Callable[[Attack], Any], canaries: int, *, guesses: int
                           "privacy.adaptive_clip=false)")
     model, dp = task.model, task.privacy
     P = sum(p.numel() for p in model.shared_parameters().values())
-    I, k = model.num_items, model.embed_dim
+    I, k = model.num_items, model.row_dim
     norm = 10.0 * dp.mechanism.clip
     attack.draw_vectors(P, I, k, norm)
     unit = attack.value / norm

@@ -48,7 +48,7 @@ def represent_users(model: FederatedRecommender, data: RoundData) -> Tensor:
     ``data`` (a round's, or a shard of it); a user without ratings there is represented from its own row alone."""
     m = model
     d = data.to(m.user_emb.device)
-    return m.represent(m.shared_parameters(), m.user_emb, m.item_emb[d.row_item][d.entry_row], d.users[d.entry_user])
+    return m.user_states(m.shared_parameters(), m.user_emb, m.item_emb[d.row_item][d.entry_row], d.users[d.entry_user])
 
 
 @torch.no_grad()
@@ -57,7 +57,7 @@ def predict(model: FederatedRecommender, data: RoundData, user: np.ndarray, item
     or a shard of it: enough for its clients' users and those without ratings)."""
     h = represent_users(model, data)
     u, i = torch.from_numpy(np.asarray(user)), torch.from_numpy(np.asarray(item))
-    return torch.sigmoid(model.score(model.shared_parameters(), h, model.item_emb[i], u))
+    return model.link(model.pair_logits(model.shared_parameters(), h, model.item_emb[i], u))
 
 
 def _mine(client_of_user: np.ndarray, num_clients: int, data: RoundData, bounds: list[tuple[int, int]],
@@ -150,7 +150,7 @@ class RankingSplit:
 def _user_scores(model: FederatedRecommender, h: Tensor, users: np.ndarray) -> Tensor:
     """``(len(users), I)``: the logits of every item for ``users`` (rows of ``h``)."""
     index = torch.from_numpy(users).to(h.device)
-    return model.score_all(model.shared_parameters(), h[index], model.item_emb)
+    return model.all_logits(model.shared_parameters(), h[index], model.item_emb)
 
 
 def evaluate_ranking(model: FederatedRecommender, client_of_user: np.ndarray, num_clients: int, data: RoundData,
@@ -211,7 +211,7 @@ def target_exposure(model: FederatedRecommender, data: RoundData, target: int, u
     ``top`` unrated items, ranked by the model's score (``h_u · e_i`` for FedGNN and MF; ties in the target's
     favour); NaN if every one of them rated it. "Unrated" means no rating in the round's training data."""
     h = represent_users(model, data)[users.to(model.user_emb.device)]
-    scores = model.score_all(model.shared_parameters(), h, model.item_emb)
+    scores = model.all_logits(model.shared_parameters(), h, model.item_emb)
     d = data.to(scores.device)
     rated = torch.zeros(model.num_users, model.num_items, dtype=torch.bool, device=scores.device)
     rated[d.users[d.entry_user], d.row_item[d.entry_row]] = True

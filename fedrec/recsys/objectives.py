@@ -36,14 +36,14 @@ def _positive_logits(model: FederatedRecommender, data: RoundData, shared: dict[
     base = model.shared_parameters()
     per_user = {n: (v[data.user_client] if v.dim() > base[n].dim() else v) for n, v in shared.items()}
     item_vecs = rows[data.entry_row]
-    h = model.represent(per_user, users, item_vecs, data.entry_user)
-    return per_user, h, model.score(per_user, h, item_vecs, data.entry_user)
+    h = model.user_states(per_user, users, item_vecs, data.entry_user)
+    return per_user, h, model.pair_logits(per_user, h, item_vecs, data.entry_user)
 
 
 def _negative_logits(model: FederatedRecommender, data: RoundData, per_user: dict[str, Tensor], h: Tensor,
                      rows: Tensor) -> Tensor:
     """The logits of the sampled negative pairs, each for the user of the entry it pairs with."""
-    return model.score(per_user, h, rows[data.pair_row], data.entry_user[data.pair_entry])
+    return model.pair_logits(per_user, h, rows[data.pair_row], data.entry_user[data.pair_entry])
 
 
 def _client_mean(values: Tensor, client: Tensor, num_clients: int) -> Tensor:
@@ -57,7 +57,7 @@ def rmse_losses(model: FederatedRecommender, data: RoundData, shared: dict[str, 
                 rows: Tensor) -> Tensor:
     """Each client's RMSE over its ratings, ``sqrt(mean (ŷ − y)²)`` (the authors' loss)."""
     _, _, logits = _positive_logits(model, data, shared, users, rows)
-    sq = (torch.sigmoid(logits) - data.entry_rating.to(logits.dtype)) ** 2
+    sq = (model.link(logits) - data.entry_rating.to(logits.dtype)) ** 2
     mse = _client_mean(sq, data.entry_client, data.num_clients)
     # sqrt has an infinite slope at 0: a client predicted perfectly (sigmoid saturated at a rating of exactly
     # 1) would send inf/NaN gradients; its loss is at its minimum, so its gradient is 0

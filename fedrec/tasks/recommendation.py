@@ -451,7 +451,7 @@ class FedRecTask(FederatedTask):
         """Steps ③ and ④: this process computes, privatises and assembles its shard's uploads (every client, in a
         one-process run); the server drops late and bad uploads (the strategy's), the sums are added up over
         processes, and every process takes the same server and user steps, so all hold the same model."""
-        model, k, I = self.model, self.model.embed_dim, self.data.num_items
+        model, k, I = self.model, self.model.row_dim, self.data.num_items
         sizes = [p.numel() for p in model.shared_parameters().values()]
         client_noise = self.privacy is not None and not self.server_placed
         privacy_key = self._key("privacy", round_idx) if self.privacy is not None else 0
