@@ -7,10 +7,12 @@ from fedrec.protocols.club import LocalClustering
 from fedrec.protocols.fclub import FederatedClustering
 from fedrec.protocols.gossip import CentralUCB, FedUCB, GossipBandit, GossipUCB, LocalUCB
 from fedrec.protocols.sync_linucb import SyncLinUCB
+from fedrec.protocols.triggered import TriggeredLinUCB
 from fedrec.protocols.vertical import VerticalLinearBandit
 
 __all__ = [
     "AsyncLinUCB", "AsyncLinUCBAM", "CentralUCB", "CentralizedLinUCB", "FedUCB", "FederatedClustering", "GossipBandit", "GossipUCB",
-    "LocalClustering", "LocalUCB", "MultiAgentProtocol", "ProtocolModule", "StepProtocol", "SyncLinUCB", "VerticalLinearBandit",
+    "LocalClustering", "LocalUCB", "MultiAgentProtocol", "ProtocolModule", "StepProtocol", "SyncLinUCB", "TriggeredLinUCB",
+    "VerticalLinearBandit",
     "paper_linucb",
 ]

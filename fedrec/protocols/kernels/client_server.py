@@ -1,4 +1,4 @@
-"""Step loops of the star-network protocols (Async-LinUCB Algorithms 1–2, Sync-LinUCB Algorithm 4).
+"""Step loop of Async-LinUCB (Algorithms 1–2) and what the star-network loops share: the local step, the ledger.
 
 One call plays the steps ``pos[r] ≤ s < S`` of every replicate ``r`` (``prange``: replicates are independent),
 in place on the protocol's buffers, which it receives as named structures (:class:`Steps`, the policy's
@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fedrec.jit import BOOL, F64, I64, jit, parallel_variant, prange
-from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
+from fedrec.protocols.kernels.linalg import cholesky_logdet
 from fedrec.protocols.kernels.linear import add_outer, choose, refactor, update
 
 UPLOAD, DOWNLOAD = 0, 1
@@ -72,29 +72,6 @@ class AsyncSettings(NamedTuple):
     check_on_register: bool
     refresh_on_download: bool
     stop_at_comm: bool  #: stop where a message is due, for the channel to carry it in Python
-
-
-class SyncState(NamedTuple):
-    """Sync-LinUCB's own state (:class:`fedrec.protocols.SyncLinUCB`'s buffers of the same names)."""
-
-    buffer: F64[3]
-    buffer_count: I64[1]
-    synced_logdet: F64[1]
-    registered: BOOL[1]
-    steps_since_sync: I64[1]  #: Δt_i
-    sync_rounds: I64[1]  #: (R,) global synchronisations so far
-    server: F64[3]
-    server_count: I64[1]
-
-
-class SyncSettings(NamedTuple):
-    """Sync-LinUCB's settings (:class:`fedrec.protocols.SyncLinUCB`'s attributes of the same names)."""
-
-    num_clients: int
-    message_scalars: int
-    bytes_per_scalar: int
-    threshold: float  #: D of Algorithm 4
-    stop_at_comm: bool
 
 
 @jit
@@ -216,79 +193,6 @@ def _async_run(io, p, pol, st, cfg, traffic):
         _async_replicate(np.int64(r), io, p, pol, st, cfg, traffic)
 
 
-@jit(inline=True)
-def sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g):
-    """A global synchronisation of replicate ``r`` (Algorithm 4): every registered client uploads its buffer, then
-    downloads the aggregate V_g, factorised once (``L`` and ``inv_g`` are d × d scratch). The uploads are summed in
-    client order (the order of the floating-point sum), whatever the order of the clients' slots."""
-    d = pol.inv.shape[1]
-    scalars, bps = cfg.message_scalars, cfg.bytes_per_scalar
-    base = r * (io.client_of.shape[0] // io.clients.shape[0])
-    order = base + np.argsort(io.client_of[base : base + io.allocated[r]])
-    for j in order:  # every registered client uploads its buffer ...
-        c2 = io.client_of[j]
-        if st.registered[j]:
-            st.server[r] += st.buffer[j]
-            st.server_count[r] += st.buffer_count[j]
-            record(traffic.client, c2, traffic.server, 0, r, UPLOAD, scalars, bps)
-    ld = cholesky_logdet(st.server[r, :d, :d], p.lam, L)
-    inverse_from_cholesky(L, inv_g)
-    for j in range(base, base + io.allocated[r]):  # ... and downloads V_g (in any order: each writes its own row)
-        c2 = io.client_of[j]
-        if st.registered[j]:
-            pol.G[j] = st.server[r]
-            pol.count[j] = st.server_count[r]
-            pol.inv[j] = inv_g
-            pol.logdet[j] = ld
-            pol.since_refactor[j] = 0
-            pol.stale[j] = False
-            st.synced_logdet[j] = ld
-            st.buffer[j] = 0.0
-            st.buffer_count[j] = 0
-            st.steps_since_sync[j] = 0
-            record(traffic.server, 0, traffic.client, c2, r, DOWNLOAD, scalars, bps)
-    st.sync_rounds[r] += 1
-
-
-@jit
-def _sync_replicate(r, io, p, pol, st, cfg, traffic):
-    """Sync-LinUCB (Algorithm 4) in replicate ``r``: a global sync of all registered clients when
-    Δt_i · log det ratio > D."""
-    S = io.clients.shape[1]
-    N = cfg.num_clients
-    d = pol.inv.shape[1]
-    Ax = np.empty(d)
-    L = np.empty((d, d))
-    inv_g = np.empty((d, d))
-    s = io.pos[r]
-    io.event[r] = 0
-    while s < S:
-        c = io.clients[r, s]
-        row = io.row_of[r * N + c]
-        st.registered[row] = True
-        if not act(r, s, row, io, p, pol, Ax, st.buffer, st.buffer_count, st.buffer, st.buffer_count, True):
-            io.event[r] = -1
-            break
-        st.steps_since_sync[row] += 1
-        s += 1
-        if not st.steps_since_sync[row] * (pol.logdet[row] - st.synced_logdet[row]) > cfg.threshold:
-            continue
-        if cfg.stop_at_comm:
-            io.event[r] = 1
-            break
-        sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g)
-    io.pos[r] = s
-
-
-def _sync_run(io, p, pol, st, cfg, traffic):
-    """:func:`_sync_replicate` of every replicate (see :func:`_async_run`)."""
-    for r in prange(io.clients.shape[0]):
-        _sync_replicate(np.int64(r), io, p, pol, st, cfg, traffic)
-
-
 #: (serial, parallel over replicates)
 ASYNC_RUN = (jit(_async_run), jit(parallel_variant(_async_run), parallel=True))
 
-
-#: (serial, parallel over replicates)
-SYNC_RUN = (jit(_sync_run), jit(parallel_variant(_sync_run), parallel=True))

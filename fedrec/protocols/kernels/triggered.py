@@ -1,0 +1,136 @@
+"""The client–server loop with a global synchronisation and a pluggable trigger (Algorithm 4 of Li & Wang 2022
+with its Δt_i · log det ratio > D replaced by any compiled condition).
+
+After each client's local step (:func:`~fedrec.protocols.kernels.client_server.act`), the protocol's trigger decides
+whether replicate ``r`` synchronises now; a sync (:func:`sync_all`) uploads every registered client's buffer and
+downloads the aggregate to all of them. :func:`compiled_loop` compiles the loop once per trigger, with the trigger
+inlined, so a protocol on it runs as fast as a hand-written copy. ``io.event`` and the ledger are as in
+:mod:`~fedrec.protocols.kernels.client_server`.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import marshal
+import types
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fedrec.jit import BOOL, F64, I64, jit, parallel_variant, prange
+from fedrec.protocols.kernels.client_server import DOWNLOAD, UPLOAD, act, record
+from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
+
+
+class SyncState(NamedTuple):
+    """The state of a globally synchronised protocol (:class:`fedrec.protocols.TriggeredLinUCB`'s buffers)."""
+
+    buffer: F64[3]  #: (R·cap, d+1, d+1) each client's upload buffer [ΔV_i, Δb_i]: its data since the last sync
+    buffer_count: I64[1]  #: observations in each upload buffer
+    synced_logdet: F64[1]  #: log det S_i(λ) of each client's copy at the last sync
+    registered: BOOL[1]  #: clients that have acted
+    steps_since_sync: I64[1]  #: Δt_i, the client's steps since the last sync
+    sync_rounds: I64[1]  #: (R,) global synchronisations so far
+    server: F64[3]  #: (R, d+1, d+1) the server aggregate [V_g, b_g]
+    server_count: I64[1]  #: observations in the server aggregate
+
+
+class LoopSettings(NamedTuple):
+    """The loop's settings (the protocol's attributes of the same names)."""
+
+    num_clients: int
+    message_scalars: int  #: scalars in one {ΔV, Δb} message
+    bytes_per_scalar: int
+    stop_at_comm: bool  #: stop where a sync is due, for the channel to carry it in Python
+
+
+@jit(inline=True)
+def sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g):
+    """A global synchronisation of replicate ``r`` (Algorithm 4): every registered client uploads its buffer, then
+    downloads the aggregate V_g, factorised once (``L`` and ``inv_g`` are d × d scratch). The uploads are summed in
+    client order (the order of the floating-point sum), whatever the order of the clients' slots."""
+    d = pol.inv.shape[1]
+    scalars, bps = cfg.message_scalars, cfg.bytes_per_scalar
+    base = r * (io.client_of.shape[0] // io.clients.shape[0])
+    order = base + np.argsort(io.client_of[base : base + io.allocated[r]])
+    for j in order:  # every registered client uploads its buffer ...
+        c2 = io.client_of[j]
+        if st.registered[j]:
+            st.server[r] += st.buffer[j]
+            st.server_count[r] += st.buffer_count[j]
+            record(traffic.client, c2, traffic.server, 0, r, UPLOAD, scalars, bps)
+    ld = cholesky_logdet(st.server[r, :d, :d], p.lam, L)
+    inverse_from_cholesky(L, inv_g)
+    for j in range(base, base + io.allocated[r]):  # ... and downloads V_g (in any order: each writes its own row)
+        c2 = io.client_of[j]
+        if st.registered[j]:
+            pol.G[j] = st.server[r]
+            pol.count[j] = st.server_count[r]
+            pol.inv[j] = inv_g
+            pol.logdet[j] = ld
+            pol.since_refactor[j] = 0
+            pol.stale[j] = False
+            st.synced_logdet[j] = ld
+            st.buffer[j] = 0.0
+            st.buffer_count[j] = 0
+            st.steps_since_sync[j] = 0
+            record(traffic.server, 0, traffic.client, c2, r, DOWNLOAD, scalars, bps)
+    st.sync_rounds[r] += 1
+
+
+def _replicate(r, io, p, pol, st, cfg, traffic, own):
+    """Replicate ``r``'s steps: each client acts on its own statistics, then ``trigger`` (bound by
+    :func:`compiled_loop`) says whether all of them synchronise."""
+    S = io.clients.shape[1]
+    d = pol.inv.shape[1]
+    Ax = np.empty(d)
+    L = np.empty((d, d))
+    inv_g = np.empty((d, d))
+    s = io.pos[r]
+    io.event[r] = 0
+    while s < S:
+        row = io.row_of[r * cfg.num_clients + io.clients[r, s]]
+        st.registered[row] = True
+        if not act(r, s, row, io, p, pol, Ax, st.buffer, st.buffer_count, st.buffer, st.buffer_count, True):
+            io.event[r] = -1
+            break
+        st.steps_since_sync[row] += 1
+        s += 1
+        if not trigger(r, row, pol, st, own):  # noqa: F821 - a global of each copy (compiled_loop)
+            continue
+        if cfg.stop_at_comm:  # the channel transforms payloads: the protocol syncs in Python
+            io.event[r] = 1
+            break
+        sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g)
+    io.pos[r] = s
+
+
+def _run(io, p, pol, st, cfg, traffic, own):
+    """``_replicate`` of every replicate (its own function: numba issue 7135; an int64 index, else the body is
+    compiled once more for the parallel loop's unsigned one)."""
+    for r in prange(io.clients.shape[0]):
+        _replicate(np.int64(r), io, p, pol, st, cfg, traffic, own)  # each copy calls its own (compiled_loop)
+
+
+def _bind(fn: Callable[..., Any], tag: str, **names: Any) -> Callable[..., Any]:
+    """A copy of ``fn`` named ``fn.__name__ + tag`` whose globals add ``names``: numba freezes globals at compile
+    time and keys its cache files by the qualified name, so each copy compiles and caches apart."""
+    copy = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__ + tag, fn.__defaults__,
+                              fn.__closure__)
+    copy.__qualname__ = fn.__qualname__ + tag
+    copy.__doc__ = fn.__doc__
+    return copy
+
+
+@functools.cache
+def compiled_loop(trigger: Callable[..., bool]) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The loop with ``trigger`` (a plain Python function) compiled into it: (serial, parallel over replicates).
+
+    The copy's name carries a digest of the trigger's code, so that numba's cache never hands back a loop compiled
+    with an older trigger (as everywhere in numba, a change in a function the trigger calls is not seen).
+    """
+    tag = f"_{trigger.__name__}_{hashlib.sha1(marshal.dumps(trigger.__code__)).hexdigest()[:12]}"
+    replicate = jit(_bind(_replicate, tag, trigger=jit(trigger, inline=True)))
+    run = _bind(_run, tag, _replicate=replicate)
+    return jit(run), jit(parallel_variant(run), parallel=True)
