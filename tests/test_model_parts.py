@@ -51,6 +51,25 @@ def test_the_biased_mf_logit_and_its_gradients_against_a_hand_written_model() ->
         torch.testing.assert_close(upd.rows[d.row_client == c], g_q)
 
 
+@pytest.mark.parametrize("steps", [1, 2])
+def test_row_l2_adds_its_closed_form_to_each_clients_loss_and_gradient(steps: int) -> None:
+    """λ/2 (Σ‖p_u‖² + Σ‖q_i‖²) over a client's rows: its loss grows by that, its first gradient by λ·row."""
+    torch.manual_seed(3)
+    model = FedGNN(6, 24, 3).double()
+    d, lam = tiny_round(), 0.3
+    plain, reg = local_updates(model, d, 1), local_updates(model, d, 1, row_l2=lam)
+    users, rows = model.user_emb.detach()[d.users], model.item_emb.detach()[d.row_item]
+    for c in range(d.num_clients):
+        penalty = lam / 2 * (users[d.user_client == c].pow(2).sum() + rows[d.row_client == c].pow(2).sum())
+        torch.testing.assert_close(reg.loss[c], plain.loss[c] + penalty)
+    torch.testing.assert_close(reg.users, plain.users + lam * users)
+    torch.testing.assert_close(reg.rows, plain.rows + lam * rows)
+    torch.testing.assert_close(reg.shared["gat.lin_weight"], plain.shared["gat.lin_weight"])  # ω is not penalised
+    if steps > 1:  # several local steps: the penalty keeps acting (pseudo-gradients differ beyond the first step)
+        a, b = local_updates(model, d, steps, 0.1), local_updates(model, d, steps, 0.1, row_l2=lam)
+        assert not torch.allclose(a.rows, b.rows)
+
+
 def test_fedgnn_with_biases_adds_them_to_its_own_score() -> None:
     torch.manual_seed(1)
     biased = FedGNN(6, 24, 3, bias=True)

@@ -7,7 +7,9 @@ so the gradient of the *sum* of client losses with respect to a client's copy is
 ``local_steps > 1`` (FedAvg) it repeats this for the local SGD steps and returns the pseudo-gradients; FedProx
 (Li et al. 2020) adds the proximal term ``μ/2 ‖w − w_global‖²`` to each client's loss in those steps, for the
 global parameters w (ω and the item rows; user rows have no global copy). The term is zero at the start, so it
-changes nothing with one local step, and ``μ = 0`` is FedAvg exactly.
+changes nothing with one local step, and ``μ = 0`` is FedAvg exactly. ``row_l2 = λ`` adds ``λ/2 (Σ_u ‖p_u‖² +
+Σ_i ‖q_i‖²)`` over the client's user rows and the item rows it trains (its rated items, not its pseudo items) to
+each client's loss, the usual L2 of matrix factorisation on the rows a client touches.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from torch import Tensor
 
 from fedrec.models.recommender import FederatedRecommender
 from fedrec.recsys.data import RoundData
-from fedrec.recsys.objectives import Objective, rmse_losses
+from fedrec.recsys.objectives import Objective, client_sums, rmse_losses
 
 
 @dataclass
@@ -42,10 +44,10 @@ class LocalUpdates:
 
 def local_updates(
     model: FederatedRecommender, data: RoundData, local_steps: int = 1, local_lr: float = 0.05, prox_mu: float = 0.0,
-    objective: Objective = rmse_losses,
+    objective: Objective = rmse_losses, row_l2: float = 0.0,
 ) -> LocalUpdates:
     """The updates of all participating clients, computed together (see the module docstring); ``prox_mu`` is
-    FedProx's μ, ``objective`` the clients' loss."""
+    FedProx's μ, ``objective`` the clients' loss, ``row_l2`` the weight of the L2 term on their rows."""
     C = data.num_clients
     start_shared = {n: p.detach().expand(C, *p.shape).clone() for n, p in model.shared_parameters().items()}
     start_users = model.user_emb.detach()[data.users]
@@ -58,6 +60,9 @@ def local_updates(
         for leaf in leaves:
             leaf.requires_grad_(True)
         loss = objective(model, data, shared, users, rows)
+        if row_l2:
+            loss = loss + row_l2 / 2 * (client_sums(users.pow(2).sum(1), data.user_client, C)
+                                        + client_sums(rows.pow(2).sum(1), data.row_client, C))
         grads = torch.autograd.grad(loss.sum(), leaves)
         if first_loss is None:
             first_loss = loss.detach()
@@ -77,5 +82,3 @@ def local_updates(
             (start_users - users) / local_lr,
             first_loss,
         )
-
-

@@ -46,9 +46,14 @@ def _negative_logits(model: FederatedRecommender, data: RoundData, per_user: dic
     return model.pair_logits(per_user, h, rows[data.pair_row], data.entry_user[data.pair_entry])
 
 
+def client_sums(values: Tensor, client: Tensor, num_clients: int) -> Tensor:
+    """``(C,)``: the sum of ``values`` over each client's entries (``client`` gives each one's)."""
+    return torch.zeros(num_clients, dtype=values.dtype, device=values.device).index_add(0, client, values)
+
+
 def _client_mean(values: Tensor, client: Tensor, num_clients: int) -> Tensor:
     """``(C,)``: the mean of ``values`` over each client's entries (``client`` gives each one's)."""
-    total = torch.zeros(num_clients, dtype=values.dtype, device=values.device).index_add(0, client, values)
+    total = client_sums(values, client, num_clients)
     count = torch.bincount(client, minlength=num_clients).to(values.dtype)
     return total / count.clamp(min=1)
 

@@ -154,6 +154,8 @@ class FedRecTask(FederatedTask):
             item rows by the clients' mean model change instead of ``optimizer`` (which the clients keep for their
             user rows); None: ``optimizer`` on the aggregate.
         prox_mu: FedProx's μ ≥ 0, the weight of ``μ/2 ‖w − w_global‖²`` in the clients' local steps (0: none).
+        row_l2: λ ≥ 0 of the L2 term ``λ/2 (Σ‖p_u‖² + Σ‖q_i‖²)`` on the rows each client trains (0: none; the
+            server optimiser's ``weight_decay`` acts on the aggregate instead).
         attack: malicious clients (:mod:`fedrec.recsys.attack`), or None.
         objective: the clients' loss, ``"rmse"``, ``"bpr"`` or ``"bce"`` (module docstring); None: RMSE on ratings,
             BPR on implicit feedback.
@@ -191,6 +193,7 @@ class FedRecTask(FederatedTask):
         seed: int = 0,
         server: ServerOptimizer | None = None,
         prox_mu: float = 0.0,
+        row_l2: float = 0.0,
         attack: Attack | None = None,
         objective: str | None = None,
         train_negatives: int = 1,
@@ -257,6 +260,7 @@ class FedRecTask(FederatedTask):
                         "has not rated as a pseudo item, as with task.pseudo_items=%d", self.pseudo_items,
                         data.num_items, data.num_items)
         self.prox_mu = check_float("task.prox_mu", prox_mu, low=0.0)
+        self.row_l2 = check_float("task.row_l2", row_l2, low=0.0)
         if self.prox_mu and self.strategy.local_steps == 1:  # its term is zero at the first step, the only one
             raise ConfigError(f"task.prox_mu={prox_mu!r} acts only in local steps after the first, and the clients "
                               "take one (strategy.local_steps=1); set strategy.local_steps > 1 (aggregator=fedavg "
@@ -465,7 +469,7 @@ class FedRecTask(FederatedTask):
         if d.num_clients:
             # ③ local training, privatisation of ω and the real item rows, upload assembly
             upd = local_updates(model, d.to(device), self.strategy.local_steps, self.strategy.local_lr,
-                                self.prox_mu, OBJECTIVES[self.objective])
+                                self.prox_mu, OBJECTIVES[self.objective], self.row_l2)
             shared, rows = upd.flat_shared(), upd.rows
             broken = self.strategy.nonfinite(shared, rows, d.row_client)
             if bool(broken.any()):  # the noise cannot hide a non-finite value: the upload is dropped (or aborts)
