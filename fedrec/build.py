@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,32 @@ def check_used(cfg: DictConfig, touched: Mapping[str, str]) -> None:
             raise ConfigError(f"{group}: {reason}; '{touched[group]}' would change nothing")
 
 
+def ignored_fields(cfg: DictConfig) -> dict[str, str]:
+    """Fields the run's options leave unread, each with why: a value set on the command line would change
+    nothing (sampled-ranking negatives without sampled ranking, a noise placement without noise)."""
+    ignored: dict[str, str] = {}
+    kind = task_kind(cfg)
+    if kind == "recommendation":
+        ranking = OmegaConf.select(cfg, "task.eval.ranking", default=None)
+        if ranking != "sampled":
+            shown = ranking if ranking is not None else "null (full on implicit data, none on ratings)"
+            ignored["task.eval.negatives"] = (f"only sampled ranking reads it, and task.eval.ranking={shown}; set "
+                                              "task.eval.ranking=sampled")
+    elif isinstance(cfg.get("protocol"), DictConfig) and "noise_placement" in cfg.protocol \
+            and _privacy_mechanism(cfg) is None:
+        ignored["protocol.noise_placement"] = ("the run adds no noise (no privacy mechanism), so there is none to "
+                                               "place; select one (privacy=tree_gaussian)")
+    return ignored
+
+
+def check_ignored(cfg: DictConfig, keys: Iterable[str]) -> None:
+    """No command-line value override (``keys``: the fields it sets) sets a field :func:`ignored_fields` names."""
+    given = {key.lstrip("+~") for key in keys}
+    for key, reason in ignored_fields(cfg).items():
+        if key in given:
+            raise ConfigError(f"{key}: {reason}; the value given would change nothing")
+
+
 def build_task(cfg: DictConfig) -> Any:
     """The task a config describes, built by its kind's builder (``replicates`` checked first: every builder sizes
     its state with it)."""
@@ -216,11 +242,26 @@ _FLOAT = 8
 
 
 def available_memory() -> int | None:
-    """The bytes of memory the kernel says a new allocation can get (``MemAvailable``); None where unknown."""
+    """The bytes a new allocation can get: the kernel's ``MemAvailable``, and under an address-space limit
+    (``ulimit -v``, RLIMIT_AS) no more than the limit less what the process has mapped already; None where
+    neither is known."""
+    import resource
+
+    free = _proc_field("/proc/meminfo", "MemAvailable:")
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    mapped = _proc_field("/proc/self/status", "VmSize:")
+    if soft != resource.RLIM_INFINITY and mapped is not None:
+        headroom = max(soft - mapped, 0)
+        free = headroom if free is None else min(free, headroom)
+    return free
+
+
+def _proc_field(path: str, name: str) -> int | None:
+    """The bytes a ``/proc`` file gives for field ``name`` (in kB there); None where unknown."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(name):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
@@ -288,14 +329,20 @@ def multi_agent_memory_estimate(cfg: DictConfig) -> int:
 
 
 def recommendation_memory_estimate(cfg: DictConfig, num_users: int, num_items: int, num_training: int,
-                                   num_clients: int) -> int:
+                                   num_clients: int, negatives: int = 0) -> int:
     """An estimate of the bytes a recommendation run needs once its data is loaded, before its model is allocated:
     four float32 copies of the embedding tables (the parameters, their gradients and Adam's two moments) and of a
     round's uploaded rows (each training rating's item row and ``task.pseudo_items`` pseudo rows per client: the
     rows, their gradients, their noise and the shuffled upload), ``model.embed_dim`` floats each. A client draws at
-    most ``num_items`` pseudo items (:func:`~fedrec.recsys.upload.sample_pseudo_items`), whatever the config asks."""
+    most ``num_items`` pseudo items (:func:`~fedrec.recsys.upload.sample_pseudo_items`), whatever the config asks.
+    On implicit feedback each training positive draws ``negatives`` negatives a round, and each negative costs four
+    float32 vectors of the model's width (its item row and its user's state, gathered per pair, and their gradients)
+    and eight 8-byte values (the draw's temporaries in :func:`~fedrec.data.implicit.sample_negatives`, the pair's
+    indices, logit and gradient): 320 bytes at width 16, where ML-100K's peak grew by 310-375 bytes per negative
+    between 1, 20 and 100 negatives per positive."""
     k, pseudo = _as_whole(cfg.model.get("embed_dim"), 1), min(_as_whole(cfg.task.get("pseudo_items"), 0), num_items)
-    return 4 * 4 * k * (num_users + num_items + num_training + num_clients * pseudo)
+    drawn = num_training * negatives
+    return 4 * 4 * k * (num_users + num_items + num_training + num_clients * pseudo + drawn) + 8 * 8 * drawn
 
 
 def _as_whole(value: Any, otherwise: int) -> int:
@@ -370,10 +417,16 @@ def build_recommendation(cfg: DictConfig) -> Any:
     streams = "rounds" in inspect.signature(group_target(cfg.data, "data")).parameters
     rounds = {"rounds": check_int("task.rounds", cfg.task.get("rounds"))} if streams else {}
     data = instantiate_group(cfg.data, "data", seed=cfg.seed, **rounds)
-    training = len(data.train) if isinstance(data, ImplicitData) else len(data.training)
-    check_fits(cfg, recommendation_memory_estimate(cfg, data.num_users, data.num_items, training, data.num_clients),
-               "model.embed_dim", f"model.embed_dim={cfg.model.get('embed_dim')}, {data.num_users} users, "
-               f"{data.num_items} items, {training} training ratings, task.pseudo_items={cfg.task.get('pseudo_items')}")
+    implicit = isinstance(data, ImplicitData)
+    training = len(data.train) if implicit else len(data.training)
+    negatives = _as_whole(cfg.task.get("train_negatives"), 0) if implicit else 0
+    check_fits(cfg, recommendation_memory_estimate(cfg, data.num_users, data.num_items, training, data.num_clients,
+                                                   negatives),
+               "task.train_negatives" if negatives * training > data.num_users + data.num_items + training
+               else "model.embed_dim",
+               f"model.embed_dim={cfg.model.get('embed_dim')}, {data.num_users} users, {data.num_items} items, "
+               f"{training} training ratings, task.pseudo_items={cfg.task.get('pseudo_items')}"
+               + (f", task.train_negatives={negatives}" if implicit else ""))
     model = _model(cfg, data.num_users, data.num_items)
     privacy = None
     mechanism = _privacy_mechanism(cfg)

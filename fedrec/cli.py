@@ -17,6 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from fedrec.build import (
     build_task_fetching_data,
     check_groups,
+    check_ignored,
     check_used,
     group_target,
     instantiate_group,
@@ -356,12 +357,14 @@ def check_run_fields(cfg: DictConfig) -> None:
 
 
 def check_sweep_job(cfg: DictConfig, overrides: Sequence[str]) -> None:
-    """A sweep job's own overrides against its own schema, and none for a group the run does not use: ``train.py``
+    """A sweep job's own overrides against its own schema, none for a group or field the run does not use: ``train.py``
     checked the command line before Hydra composed it, each sweep at its first value, and the jobs of a sweep over
     groups differ in what they declare and use."""
     from fedrec import schema
 
-    check_used(cfg, schema.touched_groups(schema.check_job(overrides)))
+    line = schema.check_job(overrides)
+    check_used(cfg, schema.touched_groups(line))
+    check_ignored(cfg, [str(o.key_or_group) for o in line.values])
 
 
 def resume_command(checkpoint: Path) -> str:

@@ -285,10 +285,11 @@ def check_command_line(conf_dir: Path, argv: Sequence[str], config_name: str = "
         options, compose = hydra_lookups(args.config_name or config_name, searchpath(args.overrides))
         line = check(args.overrides, options, compose)
         cfg = compose(first_of((*line.groups, *line.values)))
-    from fedrec.build import check_groups, check_used
+    from fedrec.build import check_groups, check_ignored, check_used
 
     check_groups(cfg)
     check_used(cfg, touched_groups(line))
+    check_ignored(cfg, [str(o.key_or_group) for o in line.values])
 
 
 def check_job(overrides: Sequence[str]) -> CommandLine:

@@ -39,6 +39,19 @@ REFUSED = [
     ((*SMALL, "task.prox_mu=0.1"),
      "error: task.prox_mu=0.1 acts only in local steps after the first, and the clients take one "
      "(strategy.local_steps=1); set strategy.local_steps > 1 (aggregator=fedavg takes 5) or task.prox_mu=0"),
+    ((*SMALL, "trainer.enable_progress_bar=maybe"),
+     "error: trainer.enable_progress_bar must be true, false or null (on an interactive terminal outside CI), got "
+     "'maybe'"),
+    ((*SMALL, "task.eval.negatives=20"),  # ignored without sampled ranking
+     "error: task.eval.negatives: only sampled ranking reads it, and task.eval.ranking=null (full on implicit data, "
+     "none on ratings); set task.eval.ranking=sampled; the value given would change nothing"),
+    (("+experiment=fclub_synthetic", "protocol=fclub_dc", "protocol.noise_placement=trigger"),
+     "error: protocol.noise_placement: the run adds no noise (no privacy mechanism), so there is none to place; "
+     "select one (privacy=tree_gaussian); the value given would change nothing"),
+    (("+experiment=mf_ml100k_implicit", "quick=true", "task.train_negatives=100000", "max_memory_gb=64"),
+     "error: max_memory_gb=64: the run needs about 2924.1 GiB (model.embed_dim=16, 943 users, 1682 items, 98114 "
+     "training ratings, task.pseudo_items=50, task.train_negatives=100000); lower one of them or raise "
+     "max_memory_gb"),
     ((*SMALL, "aggregator=fedavg", "task.prox_mu=1e12"),  # diverges in round 0: a run-time failure, same form
      "error: task.prox_mu: round 0: a client's update is not finite (training diverged); lower task.prox_mu (1e+12) "
      "or strategy.local_lr (0.05)"),
@@ -80,3 +93,16 @@ def test_epsilon_bound_keeps_inf_for_the_noiseless_trees_and_accepts_100() -> No
     assert TreeLaplace(epsilon=100.0).epsilon == 100.0
     with pytest.raises(ConfigError, match=r"^privacy\.epsilon must be at most 100, got 100\.5: "):
         TreeLaplace(epsilon=100.5)
+
+
+def test_the_memory_check_respects_the_address_space_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``ulimit -v`` a run may map no more than the limit less what the process has mapped already."""
+    import resource
+
+    from fedrec import build
+
+    mapped = build._proc_field("/proc/self/status", "VmSize:")
+    limits = {resource.RLIMIT_AS: (mapped + 2**30, resource.RLIM_INFINITY)}
+    real = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits.get(which) or real(which))
+    assert 0.9 * 2**30 < build.available_memory() <= 2**30

@@ -78,6 +78,9 @@ class FederatedTrainer:
         self.checkpoint_every = check_int("trainer.checkpoint_every", checkpoint_every, minimum=0)
         if self.checkpoint_every and self.root is None:
             raise ConfigError("trainer.checkpoint_every > 0 needs a default_root_dir to write checkpoints to")
+        if enable_progress_bar is not None and not isinstance(enable_progress_bar, bool):
+            raise ConfigError(f"trainer.enable_progress_bar must be true, false or null (on an interactive terminal "
+                              f"outside CI), got {enable_progress_bar!r}")
         show_bar = (progress_enabled() if enable_progress_bar is None else enable_progress_bar) and self.is_global_zero
         self.callbacks: list[Callback] = list(callbacks) + ([ProgressBar()] if show_bar else [])
         keys = [cb.state_key for cb in self.callbacks]
