@@ -41,6 +41,17 @@ def audit_settings(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+def check_audit_memory(cfg: DictConfig, settings: dict[str, Any], model: Any) -> None:
+    """Refuse an audit too large for the memory before it allocates: its ``2 · trials`` canary uploads run at once,
+    each its ω values and item rows in about eight 4-byte copies (the uploads, the noise, the released values and
+    the statistics)."""
+    from fedrec.build import check_fits
+
+    values = sum(p.numel() for p in model.shared_parameters().values()) + max(settings["rows"], 1) * model.row_dim
+    check_fits(cfg, 2 * settings["trials"] * values * 8 * 4, "audit.trials",
+               f"audit.trials={settings['trials']}, canary uploads of {values} values")
+
+
 def audit_config(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
     """Audit the client-level DP of the run ``cfg`` describes; write and return the ``audit.json`` record.
 
@@ -64,6 +75,7 @@ def audit_config(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[
     with torch_threads(cfg.get("num_threads")):  # as a run: batched small tensors run best on one thread
         task = build_task_fetching_data(cfg)
         model = task.model
+        check_audit_memory(cfg, settings, model)
         if task.server_placed:
             result = _audit_server(task, settings, cfg.seed)
         else:

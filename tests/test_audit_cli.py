@@ -89,6 +89,7 @@ def test_a_server_placed_run_is_audited_with_a_sampled_canary(audit_cli, tmp_pat
     ("audit.confidence=1.5", "audit.confidence"),
     ("audit.confidence=0", "audit.confidence"),
     ("audit.trials=5", "trials=5 is too few for confidence=0.95"),
+    ("audit.trials=1e12", "audit.trials: the run needs about"),
     ("audit.rows=-1", "audit.rows"),
     ("privacy=none", "privacy: python -m fedrec.audit audits the client-level DP"),
 ])
