@@ -2,6 +2,7 @@
 record pools and their sampling, bad files, and the real file's counts (SOURCES.md)."""
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 
@@ -30,6 +31,8 @@ def write(root: Path, rows: list[dict[str, str]], columns: tuple[str, ...] = COL
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [",".join(columns)] + [",".join(r[c] for c in columns) for r in rows]
     path.write_text("\r\n".join(lines) + "\r\n")
+    # listed in a SHA256SUMS beside it, as one's own version of the file is (else its line count must be UCI's)
+    (root / "SHA256SUMS").write_text(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  ./{FOLDER}/{FILE}\n")
     return path
 
 
@@ -169,3 +172,13 @@ def test_real_file_counts(data_dir: Path) -> None:
     assert (env.means > 0.2).all() and (env.means < 0.5).all()
     assert int(env.best_arm[0]) == 2 and env.local_best[0].tolist() != [2, 2, 2]  # local bias in the thirds
     assert math.isclose(env.global_means[0].sum(), env.means[0].mean(0).sum())
+
+
+def test_a_truncated_file_is_refused_naming_it(data_dir: Path, tmp_path: Path) -> None:
+    """A copy cut short (and listed in no SHA256SUMS) has fewer lines than UCI's 101,766 records and the header."""
+    path = tmp_path / FOLDER / FILE
+    path.parent.mkdir(parents=True)
+    with (data_dir / FOLDER / FILE).open("rb") as src:
+        path.write_bytes(b"".join(src.readline() for _ in range(5000)))
+    with pytest.raises(ConfigError, match=f"{FILE}: 5000 lines, but the published file has 101767"):
+        DiabetesMAB(tmp_path)

@@ -96,6 +96,7 @@ REGISTRY: dict[str, Source] = {
         folder="uci-diabetes-130",
         files=("diabetic_data.csv",),
         page="https://archive.ics.uci.edu/dataset/296/diabetes+130-us+hospitals+for+years+1999-2008",
+        lines={"diabetic_data.csv": 101_767},  # its page's 101,766 encounters and the header
     ),
     "douban": Source(
         url=None,

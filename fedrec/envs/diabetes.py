@@ -36,6 +36,8 @@ from fedrec.tables import read_table
 
 #: the dataset's folder under the data directory and its records file
 FOLDER, FILE = "uci-diabetes-130", "diabetic_data.csv"
+#: the encounters UCI's page publishes for the file
+ENCOUNTERS = 101_766
 HOW_TO_GET = (f"Put UCI's 'Diabetes 130-US hospitals for years 1999-2008' {FILE} (doi:10.24432/C5230J) in "
               f"<data_dir>/{FOLDER}/.")
 
@@ -68,7 +70,7 @@ class DiabetesRecords:
 
 def read_diabetes(path: Path) -> pd.DataFrame:
     """All columns of ``path`` as text (``None`` and ``?`` kept verbatim); the header must name :data:`REQUIRED`."""
-    checked_file(path, HOW_TO_GET)
+    checked_file(path, HOW_TO_GET, ENCOUNTERS + 1)  # a truncated file is refused (the header is a line)
     with path.open(encoding="latin-1") as f:
         header = f.readline().rstrip("\r\n").split(",")
     missing = [c for c in REQUIRED if c not in header]
