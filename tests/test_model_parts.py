@@ -14,7 +14,7 @@ from test_neumf import tiny_round
 from fedrec.build import build_task
 from fedrec.cli import run
 from fedrec.errors import ConfigError
-from fedrec.models import FedGNN, MatrixFactorization
+from fedrec.models import FedGNN, MatrixFactorization, NeuMF
 from fedrec.recsys.local import local_updates
 
 QUICK = ("+experiment=fedgnn_synthetic", "task.rounds=3", "data.users=150", "data.items=80", "data.ratings=4000",
@@ -116,3 +116,29 @@ def test_biased_models_train_in_the_private_round(compose_cfg: Callable[..., Dic
     summary = run(compose_cfg(*QUICK, f"model={model}", "privacy=gaussian", "privacy.epsilon=8", "+model.bias=true",
                               "+model.head=linear", "+model.init_std=0.1"), output_dir=tmp_path)
     assert summary["rounds_run"] == 3 and 0 < summary["final_test_rmse"] < 2
+
+
+def test_neumf_dropout_acts_in_training_only() -> None:
+    torch.manual_seed(4)
+    dropped = NeuMF(6, 24, 2, mlp_layers=[8, 6, 4], dropout=0.5).double()
+    plain = NeuMF(6, 24, 2, mlp_layers=[8, 6, 4]).double()
+    plain.load_state_dict(dropped.state_dict())
+    d = tiny_round()
+    users, items = dropped.user_emb.detach()[d.users[d.entry_user]], dropped.item_emb.detach()[d.row_item[d.entry_row]]
+    pair = torch.arange(len(users))
+
+    def logits(model: NeuMF) -> torch.Tensor:
+        return model.pair_logits(model.shared_parameters(), users, items, pair)
+
+    torch.testing.assert_close(logits(dropped.eval()), logits(plain.eval()))  # no dropout in evaluation
+    dropped.train()
+    a, b = logits(dropped), logits(dropped)
+    assert not torch.allclose(a, b)  # a fresh mask each call
+    with pytest.raises(ConfigError, match="model.dropout"):
+        NeuMF(6, 24, 2, dropout=1.0)
+
+
+def test_the_task_evaluates_with_dropout_off(compose_cfg: Callable[..., DictConfig]) -> None:
+    task = build_task(compose_cfg(*QUICK, "model=neumf", "model.mlp_layers=[8,4]", "model.dropout=0.5"))
+    first, again = task.evaluate_round(0), task.evaluate_round(0)
+    assert first == again and task.model.training  # the same metrics, and the model back in training mode

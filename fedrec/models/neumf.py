@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedrec.errors import ConfigError, check_int
+from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.models.recommender import FederatedRecommender
 from fedrec.models.user_blocks import UserBlocks
 
@@ -33,14 +33,15 @@ class NeuMF(FederatedRecommender):
     """NeuMF without pre-training: ``ŷ_ui = σ(h^T [φ^GMF; φ^MLP])`` (eq. 12), ``φ^GMF = p_u^G ⊙ q_i^G`` (eq. 8-9)
     and ``φ^MLP`` the ReLU tower over ``[p_u^M; q_i^M]`` (eq. 10).
 
-    ``embed_dim`` is the GMF vectors' size; ``mlp_layers`` lists the tower's widths as the paper's §4.1 states them:
+    ``dropout`` drops each tower unit's output with that probability in training (not in evaluation; 0: none, the
+    paper's). ``embed_dim`` is the GMF vectors' size; ``mlp_layers`` lists the tower's widths as the paper's §4.1 states them:
     its input (the user's and item's MLP vectors concatenated, so each is half of it) and then each ReLU layer's
     output, e.g. ``(32, 16, 8)``: MLP vectors of 16, layers 32 → 16 → 8. A row is ``embed_dim + mlp_layers[0] / 2``
     wide (the model's ``embed_dim`` attribute). The tower's layers have biases, ``h`` has none (eq. 12).
     """
 
     def __init__(self, num_users: int, num_items: int, embed_dim: int = 8,
-                 mlp_layers: Sequence[int] = (32, 16, 8), **parts: Any) -> None:
+                 mlp_layers: Sequence[int] = (32, 16, 8), dropout: float = 0.0, **parts: Any) -> None:
         gmf = check_int("model.embed_dim", embed_dim)
         if isinstance(mlp_layers, (str, bytes)) or not isinstance(mlp_layers, Sequence):
             raise ConfigError(f"model.mlp_layers must be a list of integers, got {mlp_layers!r}")
@@ -50,6 +51,7 @@ class NeuMF(FederatedRecommender):
                               f"MLP vectors, concatenated) and at least one layer's width, got {list(mlp_layers)}")
         super().__init__(num_users, num_items, gmf + widths[0] // 2, **parts)
         self.gmf_dim = gmf
+        self.dropout = check_float("model.dropout", dropout, low=0.0, high=1.0, high_open=True)
         self.tower = nn.ModuleList(nn.Linear(a, b) for a, b in pairwise(widths))
         self.output = nn.Linear(gmf + widths[-1], 1, bias=False)
 
@@ -67,6 +69,8 @@ class NeuMF(FederatedRecommender):
             gmf, x = blocks.gather(gmf), blocks.gather(x)
         for j in range(len(self.tower)):
             x = F.relu(_linear(shared[f"tower.{j}.weight"], shared[f"tower.{j}.bias"], x, blocks))
+            if self.dropout and self.training:  # skipped at 0, so a run without dropout draws nothing
+                x = F.dropout(x, self.dropout)
         logit = _linear(shared["output.weight"], None, torch.cat([gmf, x], -1), blocks)
         return (logit if blocks is None else blocks.scatter(logit)).squeeze(-1)
 

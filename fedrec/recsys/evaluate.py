@@ -12,7 +12,8 @@ exposure of the attack's target item among them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,17 @@ from fedrec.recsys.ranking import (
 
 #: ``task.eval.ranking``: rank every item a user has not trained on, or its held-out items against sampled ones
 RANKINGS = ("full", "sampled", "none")
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode while inside (dropout off), then back in the mode it was in."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
 
 
 @torch.no_grad()

@@ -83,6 +83,7 @@ from fedrec.recsys.evaluate import (
     benign_test_rmse,
     evaluate,
     evaluate_ranking,
+    evaluating,
     target_exposure,
     topk_lists,
 )
@@ -555,7 +556,11 @@ class FedRecTask(FederatedTask):
     def evaluate(self, prep: _Prepared) -> dict[str, float]:
         """Step ⑤: test (and validation) metrics, users represented from the round's local graphs
         (:func:`fedrec.recsys.evaluate.evaluate`, :func:`~fedrec.recsys.evaluate.evaluate_ranking`: each process
-        scores its shard's users)."""
+        scores its shard's users), with the model in eval mode (no dropout)."""
+        with evaluating(self.model):
+            return self._evaluate(prep)
+
+    def _evaluate(self, prep: _Prepared) -> dict[str, float]:
         bounds = self._bounds(prep.data)
         metrics = {} if self.implicit else evaluate(self.model, self.data, prep.data, bounds, self.collective)
         metrics.update(evaluate_ranking(self.model, self.data.client_of_user, self.data.num_clients, prep.data,
@@ -591,8 +596,9 @@ class FedRecTask(FederatedTask):
         ``folder``/:data:`TOPK_FILE`."""
         prep = self._prepare(round_idx)
         split = next(s for s in self._ranking_splits(prep) if s.name == "test")
-        return save_topk(Path(folder) / TOPK_FILE, topk_lists(self.model, prep.data, split, self.ranking,
-                                                               self._negatives_key()))
+        with evaluating(self.model):
+            lists = topk_lists(self.model, prep.data, split, self.ranking, self._negatives_key())
+        return save_topk(Path(folder) / TOPK_FILE, lists)
 
     def _track_best(self, round_idx: int, metrics: dict[str, float]) -> None:
         for name, v in metrics.items():
