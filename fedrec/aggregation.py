@@ -210,14 +210,16 @@ def geometric_median(updates: Tensor, weights: Tensor, iterations: int = 100, to
     iterations = check_iterations(iterations)
     tolerance = check_float("aggregator.tolerance", tolerance, low=0.0)
     nu = check_float("aggregator.smoothing", smoothing, low=0.0, low_open=True)
-    w = weights.to(updates.dtype).unsqueeze(-1)
+    w = weights.to(updates.dtype)
     z = weighted_mean(updates, weights)
-    objective = (w.squeeze(-1) * (updates - z.unsqueeze(-2)).norm(dim=-1)).sum(-1)
+    distance = (updates - z.unsqueeze(-2)).norm(dim=-1)  # (..., C), at the current z
+    objective = (w * distance).sum(-1)
     done = torch.zeros_like(objective, dtype=torch.bool)
     for _ in range(iterations):  # a batch entry that has converged keeps its z, as a call of its own would
-        beta = w / (updates - z.unsqueeze(-2)).norm(dim=-1, keepdim=True).clamp_min(nu)
+        beta = (w / distance.clamp_min(nu)).unsqueeze(-1)
         z = torch.where(done.unsqueeze(-1), z, (beta * updates).sum(-2) / beta.sum(-2))
-        new = (w.squeeze(-1) * (updates - z.unsqueeze(-2)).norm(dim=-1)).sum(-1)
+        distance = (updates - z.unsqueeze(-2)).norm(dim=-1)
+        new = (w * distance).sum(-1)
         done, objective = done | ((objective - new).abs() <= tolerance * new), new
         if bool(done.all()):
             break

@@ -250,7 +250,41 @@ class TrimmedMean(RobustAggregator):
         return trimmed_mean(updates, weights, self.beta)
 
 
-class Krum(RobustAggregator):
+class ByzantineRule(RobustAggregator, metaclass=ABCMeta):
+    """A rule that assumes ``f`` Byzantine clients among the round's C and ``f_n`` in a group of n of them
+    (``min(⌊f·n/C⌋, ⌊(n − 3)/per_client⌋)``, see the module docstring); a group of fewer than 3 updates takes the
+    coordinate median.
+
+    Args:
+        f: the Byzantine clients assumed among the round's C; the run needs ``C ≥ per_client·f + 3``.
+    """
+
+    #: clients needed per Byzantine one (``C ≥ per_client·f + 3``), and the rule's name in errors
+    per_client, name = 2, "Krum"
+
+    def __init__(self, f: int = 1, weighting: str = "uploaded_items") -> None:
+        super().__init__(weighting=weighting)
+        self.f = check_int("aggregator.f", f, minimum=0)
+
+    def validate(self, num_clients: int) -> None:
+        check_f(self.f, num_clients, self.per_client, self.name)
+
+    def byzantine(self, n: int, clients: int) -> int:
+        """``f_n``: the Byzantine updates assumed in a group of n of the round's ``clients`` (n ≥ 3)."""
+        return min(self.f * n // clients, (n - 3) // self.per_client)
+
+    def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
+        n = updates.shape[-2]
+        if n < 3:
+            return coordinate_median(updates, weights)
+        return self.combine(updates, weights, n, clients, self.byzantine(n, clients))
+
+    @abstractmethod
+    def combine(self, updates: Tensor, weights: Tensor, n: int, clients: int, f_n: int) -> Tensor:
+        """The rule on a group of ``n ≥ 3`` updates assuming ``f_n`` Byzantine ones."""
+
+
+class Krum(ByzantineRule):
     """Krum (Blanchard et al. 2017): of a group's updates, the one whose squared distances to its ``n − f_n − 2``
     nearest others sum least, assuming ``f`` Byzantine clients in the round (scaled to each group, see the module
     docstring).
@@ -259,26 +293,11 @@ class Krum(RobustAggregator):
         f: the Byzantine clients assumed among the round's C; the run needs ``C ≥ 2f + 3``.
     """
 
-    def __init__(self, f: int = 1, weighting: str = "uploaded_items") -> None:
-        super().__init__(weighting=weighting)
-        self.f = check_int("aggregator.f", f, minimum=0)
-
-    def validate(self, num_clients: int) -> None:
-        check_f(self.f, num_clients, 2, "Krum")
-
-    def byzantine(self, n: int, clients: int) -> int:
-        """``f_n``: the Byzantine updates assumed in a group of n of the round's ``clients`` (n ≥ 3)."""
-        return min(self.f * n // clients, (n - 3) // 2)
-
     def keep(self, n: int, clients: int, f_n: int) -> int:
         """The updates a group of n keeps: 1 (Krum)."""
         return 1
 
-    def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
-        n = updates.shape[-2]
-        if n < 3:
-            return coordinate_median(updates, weights)
-        f_n = self.byzantine(n, clients)
+    def combine(self, updates: Tensor, weights: Tensor, n: int, clients: int, f_n: int) -> Tensor:
         return krum(updates, weights, f_n, self.keep(n, clients, f_n))
 
 
@@ -325,7 +344,7 @@ class GeometricMedian(RobustAggregator):
         return geometric_median(updates, weights, self.iterations, self.tolerance, self.smoothing)
 
 
-class Bulyan(RobustAggregator):
+class Bulyan(ByzantineRule):
     """Bulyan (El Mhamdi et al. 2018): Krum picks ``n − 2f_n`` of a group's updates one at a time, then each
     coordinate is the mean of the ``n − 4f_n`` picked values closest to their median, unweighted; ``f`` is set for
     the round and scaled to each group (see the module docstring).
@@ -334,18 +353,10 @@ class Bulyan(RobustAggregator):
         f: the Byzantine clients assumed among the round's C; the run needs ``C ≥ 4f + 3``.
     """
 
-    def __init__(self, f: int = 1, weighting: str = "uploaded_items") -> None:
-        super().__init__(weighting=weighting)
-        self.f = check_int("aggregator.f", f, minimum=0)
+    per_client, name = 4, "Bulyan"
 
-    def validate(self, num_clients: int) -> None:
-        check_f(self.f, num_clients, 4, "Bulyan")
-
-    def rule(self, updates: Tensor, weights: Tensor, clients: int) -> Tensor:
-        n = updates.shape[-2]
-        if n < 3:
-            return coordinate_median(updates, weights)
-        return bulyan(updates, weights, min(self.f * n // clients, (n - 3) // 4))
+    def combine(self, updates: Tensor, weights: Tensor, n: int, clients: int, f_n: int) -> Tensor:
+        return bulyan(updates, weights, f_n)
 
 
 CENTERS = ("zero", "median")
