@@ -82,3 +82,15 @@ def test_the_u1_split_has_the_published_counts(data_dir: Path) -> None:
         load_ratings("ml-100k", data_dir, split="u1", test_fraction=0.2)
     with pytest.raises(ConfigError, match="split=u1 is one of MovieLens-100K's own test sets; filmtrust has none"):
         load_ratings("filmtrust", data_dir, split="u1")
+
+
+def test_without_streaming_every_training_rating_is_there_from_round_0(data_dir: Path) -> None:
+    streamed = load_ratings("ml-100k", data_dir, split="u1", val_fraction=0.05)
+    whole = load_ratings("ml-100k", data_dir, split="u1", val_fraction=0.05, stream=False)
+    assert len(streamed.stream) == 76_000 // 2 and len(whole.stream) == 0
+    assert len(whole.initial) == 76_000 and len(whole.training_until(0)) == 76_000
+    key = lambda r: set(zip(r.user.tolist(), r.item.tolist()))
+    assert key(whole.initial) == key(streamed.initial) | key(streamed.stream)  # the same training ratings
+    assert key(whole.val) == key(streamed.val) and key(whole.test) == key(streamed.test)
+    with pytest.raises(ConfigError, match="data.stream must be true or false, got 'no'"):
+        load_ratings("ml-100k", data_dir, stream="no")

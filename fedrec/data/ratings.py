@@ -368,6 +368,7 @@ def load_ratings(
     num_clients: int | None = None,
     normalize: str = "max",
     split: str = "random",
+    stream: bool = True,
 ) -> RatingData:
     """Load dataset ``name`` from ``data_dir`` and split it for federated training with streaming.
 
@@ -385,12 +386,15 @@ def load_ratings(
             at most one).
         normalize: ``"max"`` or ``"minmax"`` (module docstring).
         split: ``"random"``, or one of ML-100K's own test sets (:data:`ML100K_SPLITS`; ``test_fraction`` null).
+        stream: False puts every training rating in ``initial`` (there from round 0, as FedPerGNN and GC-MC train).
 
     The test split has ``round(N * test_fraction)`` ratings (at least 1, at most N - 1), ``val`` has
     ``round(n_train * val_fraction)``, ``initial`` gets ``ceil(rest / 2)`` and ``stream`` the other half.
     """
     name = _check_name(name, DATASETS)
     split = check_choice("split", split, SPLITS)
+    if not isinstance(stream, bool):
+        raise ConfigError(f"data.stream must be true or false, got {stream!r}")
     if split != "random" and name != "ml-100k":
         raise ConfigError(f"split={split} is one of MovieLens-100K's own test sets; {name} has none (split=random)")
     fixed = name in MONTI_DATASETS
@@ -446,6 +450,7 @@ def load_ratings(
         rating_range=rating_range,
         duplicates_dropped=int(duplicates_dropped),
         fixed_test=fixed_test,
+        streaming=stream,
     )
     if fixed:
         data.user_graph, data.item_graph = matrix.user_graph, matrix.item_graph
@@ -496,12 +501,14 @@ def split_ratings(
     rating_range: tuple[float, float],
     duplicates_dropped: int = 0,
     fixed_test: np.ndarray | None = None,
+    streaming: bool = True,
 ) -> RatingData:
     """Split ``everything`` (normalised ratings with user and item indices into ``user_ids`` and ``item_ids``, one
     per (user, item) pair, at least 2) for federated training by the rules of the module docstring: the step of
     :func:`load_ratings` after reading a file, shared by the generated datasets (:mod:`fedrec.data.synthetic`).
     The arguments are those of :func:`load_ratings`, checked by the caller (:func:`check_split`); ``fixed_test``
-    (bool per rating) is a dataset's own test set, which replaces the random one (``test_fraction`` is unused)."""
+    (bool per rating) is a dataset's own test set, which replaces the random one (``test_fraction`` is unused);
+    ``streaming=False`` streams nothing."""
     n, num_users = len(everything), len(user_ids)
     client_of_user = group_users(num_users, num_clients, seed)
     shuffle = numpy_generator(seed, "ratings-split")
@@ -514,7 +521,7 @@ def split_ratings(
         training = training[shuffle.permutation(len(training))]
     n_val = _round(len(training) * val_fraction)
     n_rest = len(training) - n_val
-    n_initial = n_rest - n_rest // 2
+    n_initial = n_rest - n_rest // 2 if streaming else n_rest
     val, initial, stream = np.split(training, np.cumsum([n_val, n_initial]))
     test, val, initial, stream = (everything.take(_by_user(everything, part)) for part in (held_out, val, initial,
                                                                                            stream))
