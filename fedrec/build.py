@@ -455,8 +455,16 @@ def _model(cfg: DictConfig, num_users: int, num_items: int) -> Any:
     if missing:
         raise ConfigError(f"model: {target.__qualname__} leaves {', '.join(missing)} undefined (an abstract class; a "
                           "model written with ordinary layers defines forward(user_vecs, item_vecs) -> logits)")
+    extra = {}
+    expansion = (cfg.task.get("expansion") or {}).get("neighbours") or 0
+    if expansion:  # graph expansion needs a model built to read neighbours
+        if not getattr(target, "reads_neighbours", False):
+            name = getattr(target, "__qualname__", target)
+            raise ConfigError(f"task.expansion.neighbours={expansion}: model {name} does not read expansion "
+                              "neighbours (model=fedgnn does; set task.expansion.neighbours=0 for another model)")
+        extra["expansion"] = True
     torch.manual_seed(cfg.seed)  # model initialisation
-    model = instantiate_group(cfg.model, "model", num_users=num_users, num_items=num_items)
+    model = instantiate_group(cfg.model, "model", num_users=num_users, num_items=num_items, **extra)
     try:
         check_federated(model)
     except ConfigError as e:

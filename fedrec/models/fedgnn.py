@@ -9,17 +9,24 @@ client differentiates its own copy of ω in a single backward pass (see :mod:`fe
 softmax is written out rather than taken from ``torch_geometric.utils.softmax``, which does the same scatters (max,
 sum of exponentials), was no faster on ML-100K rounds, and would make every FedGNN run import torch_geometric
 (3.5-4 s of CPU).
+
+With ``expansion=True`` (set by ``task.expansion``, :mod:`fedrec.recsys.expansion`) the local graph is FedGNN's
+expanded user–item–user tree: each rated item also links the users that graph expansion found for it. A second
+GAT layer represents each item at the centre of its own star (the user itself and its expansion neighbours), and
+the user's layer attends over those item representations, so information flows neighbours → items → user, as in
+FedPerGNN's model (attention over each item's neighbour embeddings, then over the user's items).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedrec.errors import check_float
-from fedrec.models.recommender import FederatedRecommender
+from fedrec.errors import ConfigError, check_float
+from fedrec.models.recommender import FederatedRecommender, Neighbours
 
 
 def _rows(p: Tensor, base_dim: int, index: Tensor | None = None) -> Tensor:
@@ -62,15 +69,61 @@ class StarGAT(nn.Module):
         out = out.index_add(0, owner, (w / norm[owner]).unsqueeze(-1) * xn)
         return out + params["bias"]
 
+    def attend_dense(self, params: dict[str, Tensor], centre: Tensor, neighbours: Tensor, mask: Tensor) -> Tensor:
+        """Centre outputs ``(S, k)`` of ``S`` stars given densely: ``neighbours`` ``(S, K, k)``, of which ``mask``
+        ``(S, K)`` marks the real ones; the same layer as :meth:`attend`, ``params`` optionally with a leading
+        ``S`` (one copy per star)."""
+        W, a_src, a_dst = params["lin_weight"], params["att_src"], params["att_dst"]
+        Wt = W.transpose(-1, -2)
+        xc = centre @ Wt if W.dim() == 2 else (centre.unsqueeze(1) @ Wt).squeeze(1)  # (S, k)
+        xn = neighbours @ Wt  # (S, K, k)
+        a_src_n = a_src if a_src.dim() == 1 else a_src.unsqueeze(1)
+        dst = (xc * a_dst).sum(-1)  # (S,)
+        self_logit = F.leaky_relu((xc * a_src).sum(-1) + dst, self.negative_slope)
+        logit = F.leaky_relu((xn * a_src_n).sum(-1) + dst.unsqueeze(1), self.negative_slope)
+        logits = torch.cat([self_logit.unsqueeze(1), logit.masked_fill(~mask, -math.inf)], 1)
+        w = torch.softmax(logits, 1)  # the centre's own logit is finite, so every row has a weight
+        out = w[:, :1] * xc + (w[:, 1:].unsqueeze(-1) * xn).sum(1)
+        return out + params["bias"]
+
 
 class FedGNN(FederatedRecommender):
-    """FedGNN without graph expansion (the authors' ``wo_neighbour`` setting): ``h_u = GAT(star of u)[u]``."""
+    """FedGNN: ``h_u = GAT(star of u)[u]``, without graph expansion the authors' ``wo_neighbour`` setting; with
+    ``expansion=True`` the star's items are first represented from their expansion neighbours (module docstring)."""
+
+    reads_neighbours = True
 
     def __init__(self, num_users: int, num_items: int, embed_dim: int = 8, negative_slope: float = 0.2,
-                 **parts: Any) -> None:
+                 expansion: bool = False, **parts: Any) -> None:
         super().__init__(num_users, num_items, embed_dim, **parts)
         self.gat = StarGAT(self.embed_dim, negative_slope)
+        if not isinstance(expansion, bool):
+            raise ConfigError(f"model.expansion must be true or false, got {expansion!r}")
+        self.expansion = expansion
+        if expansion:  # after the user layer, so the default model draws its initial values as before
+            self.item_gat = StarGAT(self.embed_dim, negative_slope)
 
-    def represent(self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor) -> Tensor:
-        params = {name.removeprefix("gat."): p for name, p in shared.items()}
+    def represent(self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor,
+                  neighbours: Neighbours | None = None) -> Tensor:
+        params = {name.removeprefix("gat."): p for name, p in shared.items() if name.startswith("gat.")}
+        if self.expansion:
+            item_vecs = self._expanded_items(shared, user_vecs, item_vecs, entry_user, neighbours)
         return self.gat.attend(params, user_vecs, item_vecs, entry_user)
+
+    def _expanded_items(self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor,
+                        neighbours: Neighbours | None) -> Tensor:
+        """Each entry's item represented at the centre of its star: the entry's user and its expansion neighbours
+        (none when ``neighbours`` is None), each entry with its user's copy of the layer's parameters."""
+        base = dict(self.item_gat.named_parameters())
+        params = {}
+        for name, p in shared.items():
+            if name.startswith("item_gat."):
+                name = name.removeprefix("item_gat.")
+                params[name] = p[entry_user] if p.dim() > base[name].dim() else p
+        own = user_vecs[entry_user].unsqueeze(1)
+        if neighbours is None:
+            vecs, mask = own, torch.ones(own.shape[:2], dtype=torch.bool, device=own.device)
+        else:
+            vecs = torch.cat([own, neighbours.vecs.to(own.dtype)], 1)
+            mask = torch.cat([torch.ones_like(neighbours.mask[:, :1]), neighbours.mask], 1)
+        return self.item_gat.attend_dense(params, item_vecs, vecs, mask)

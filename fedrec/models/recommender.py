@@ -11,6 +11,7 @@ backward pass.
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +20,21 @@ from fedrec.errors import ConfigError, check_choice, check_float, check_int
 
 #: ``model.head``: how a logit becomes a predicted rating
 HEADS = ("sigmoid", "linear")
+
+
+class Neighbours(NamedTuple):
+    """What graph expansion (:mod:`fedrec.recsys.expansion`) gave each entry's item: the vectors of up to ``K``
+    other users who rated it, ``vecs`` ``(E, K, k)`` (zero where ``mask`` ``(E, K)`` is false)."""
+
+    vecs: Tensor
+    mask: Tensor
+
+    def to(self, device: torch.device | str) -> Neighbours:
+        return Neighbours(self.vecs.to(device), self.mask.to(device))
+
+    def select(self, lo: int, hi: int) -> Neighbours:
+        """Entries ``lo:hi``'s neighbours."""
+        return Neighbours(self.vecs[lo:hi], self.mask[lo:hi])
 
 
 class FederatedRecommender(nn.Module, metaclass=ABCMeta):
@@ -40,6 +56,10 @@ class FederatedRecommender(nn.Module, metaclass=ABCMeta):
         head: ``"sigmoid"`` predicts ``σ(logit)`` (FedGNN's); ``"linear"`` predicts the logit itself, on the
             normalised rating scale (with ``bias``, the bias model μ + b_u + b_i plus the interaction term).
     """
+
+    #: whether :meth:`represent` reads graph expansion's :class:`Neighbours` (``task.expansion`` needs it); such a
+    #: model takes ``expansion=True`` in its constructor to build the parts that read them
+    reads_neighbours = False
 
     def __init__(self, num_users: int, num_items: int, embed_dim: int = 8, *, init_std: float = 1.0,
                  bias: bool = False, head: str = "sigmoid") -> None:
@@ -74,13 +94,15 @@ class FederatedRecommender(nn.Module, metaclass=ABCMeta):
         return {n: p for n, p in self.named_parameters() if n not in ("user_emb", "item_emb")}
 
     def user_states(self, shared: dict[str, Tensor], user_rows: Tensor, item_rows: Tensor,
-                    entry_user: Tensor) -> Tensor:
-        """What the round keeps per user, ``(S, ·)``: :meth:`represent` of the rows' vectors, and the user's bias
-        beside it with ``bias``."""
+                    entry_user: Tensor, neighbours: Neighbours | None = None) -> Tensor:
+        """What the round keeps per user, ``(S, ·)``: :meth:`represent` of the rows' vectors (and of the entries'
+        expansion ``neighbours``, given to a model that :attr:`reads_neighbours`), and the user's bias beside it
+        with ``bias``."""
+        extra = {"neighbours": neighbours} if neighbours is not None else {}
         if not self.bias:
-            return self.represent(shared, user_rows, item_rows, entry_user)
+            return self.represent(shared, user_rows, item_rows, entry_user, **extra)
         k = self.embed_dim
-        h = self.represent(shared, user_rows[:, :k], item_rows[:, :k], entry_user)
+        h = self.represent(shared, user_rows[:, :k], item_rows[:, :k], entry_user, **extra)
         return torch.cat([h, user_rows[:, k:]], 1)
 
     def pair_logits(self, shared: dict[str, Tensor], states: Tensor, item_rows: Tensor, pair_user: Tensor) -> Tensor:
@@ -134,11 +156,11 @@ class FederatedRecommender(nn.Module, metaclass=ABCMeta):
 
     def predict(
         self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor,
-        query_user: Tensor, query_vecs: Tensor,
+        query_user: Tensor, query_vecs: Tensor, neighbours: Neighbours | None = None,
     ) -> Tensor:
         """The predicted ratings (:meth:`link` of :meth:`pair_logits`) of query pairs given as batch-row indices
         ``query_user`` and item rows."""
-        h = self.user_states(shared, user_vecs, item_vecs, entry_user)
+        h = self.user_states(shared, user_vecs, item_vecs, entry_user, neighbours)
         return self.link(self.pair_logits(shared, h, query_vecs, query_user))
 
 

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from fedrec.data.implicit import Triples
+from fedrec.models.recommender import Neighbours
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class RoundData:
     row_item: Tensor  # (R,) global item ids
     pair_entry: Tensor  # (N,) the training entry each sampled negative pairs with, non-decreasing
     pair_row: Tensor  # (N,) the negative item's row
+    neighbours: Neighbours | None = None  # per entry, graph expansion's
 
     @property
     def num_clients(self) -> int:
@@ -57,7 +59,8 @@ class RoundData:
         """The same data on ``device`` (itself when it is there already)."""
         if self.clients.device == torch.device(device):
             return self
-        return RoundData(**{f: getattr(self, f).to(device) for f in self.__dataclass_fields__})
+        return RoundData(**{f: getattr(self, f) if getattr(self, f) is None else getattr(self, f).to(device)
+                            for f in self.__dataclass_fields__})
 
     def select(self, lo: int, hi: int) -> RoundData:
         """The data of clients ``clients[lo:hi]`` alone (a shard), with local indices renumbered: entries and rows
@@ -78,6 +81,7 @@ class RoundData:
             row_item=self.row_item[r0:r1],
             pair_entry=self.pair_entry[n0:n1] - e0,
             pair_row=self.pair_row[n0:n1] - r0,
+            neighbours=None if self.neighbours is None else self.neighbours.select(e0, e1),
         )
 
 

@@ -60,7 +60,8 @@ def represent_users(model: FederatedRecommender, data: RoundData) -> Tensor:
     ``data`` (a round's, or a shard of it); a user without ratings there is represented from its own row alone."""
     m = model
     d = data.to(m.user_emb.device)
-    return m.user_states(m.shared_parameters(), m.user_emb, m.item_emb[d.row_item][d.entry_row], d.users[d.entry_user])
+    return m.user_states(m.shared_parameters(), m.user_emb, m.item_emb[d.row_item][d.entry_row], d.users[d.entry_user],
+                         d.neighbours)
 
 
 @torch.no_grad()

@@ -36,7 +36,7 @@ def _positive_logits(model: FederatedRecommender, data: RoundData, shared: dict[
     base = model.shared_parameters()
     per_user = {n: (v[data.user_client] if v.dim() > base[n].dim() else v) for n, v in shared.items()}
     item_vecs = rows[data.entry_row]
-    h = model.user_states(per_user, users, item_vecs, data.entry_user)
+    h = model.user_states(per_user, users, item_vecs, data.entry_user, data.neighbours)
     return per_user, h, model.pair_logits(per_user, h, item_vecs, data.entry_user)
 
 

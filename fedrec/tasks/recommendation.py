@@ -5,7 +5,8 @@
 
 1. the clients that hold training ratings (initial half plus the stream so far) group them
    (:mod:`~fedrec.recsys.data`), sample pseudo items and announce their item ids X^t
-   (:mod:`~fedrec.recsys.upload`, :meth:`FedRecTask.upload_items`);
+   (:mod:`~fedrec.recsys.upload`, :meth:`FedRecTask.upload_items`); with ``task.expansion``, every few rounds they
+   first expand their local graphs through a third-party server (:mod:`~fedrec.recsys.expansion`);
 2. the round's strategy (:mod:`~fedrec.recsys.strategy`) selects the clients that take part (all by default, or a
    fixed number or a Poisson sample) and simulates dropouts and stragglers; each client gets the round's budget,
    set by a callback through :meth:`FedRecTask.set_round_budget` (the planner hook) or else the uniform split;
@@ -87,6 +88,8 @@ from fedrec.recsys.evaluate import (
     target_exposure,
     topk_lists,
 )
+from fedrec.recsys.expansion import ROLE as EXPANSION_ROLE
+from fedrec.recsys.expansion import GraphExpansion
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.objectives import OBJECTIVES, WITH_NEGATIVES
 from fedrec.recsys.privatize import (
@@ -170,6 +173,8 @@ class FedRecTask(FederatedTask):
         select_on: the validation metric whose best round the ``selected_*`` results report
             (:class:`~fedrec.recsys.selection.ValidationSelection`); None: ``val_rmse`` on ratings,
             ``val_ndcg@10`` on implicit feedback. Needs a validation split when given.
+        expansion: FedGNN's graph expansion (:mod:`fedrec.recsys.expansion`), ``neighbours`` per item and user
+            (0: none) every ``every`` rounds; the model must be built with ``expansion=True`` (the builder does).
     """
 
     kind = "recommendation"
@@ -202,6 +207,7 @@ class FedRecTask(FederatedTask):
         federated: bool = True,
         strategy: Strategy | None = None,
         select_on: str | None = None,
+        expansion: Mapping[str, Any] | None = None,
     ) -> None:
         self.num_rounds = check_int("task.rounds", rounds)
         self.implicit = isinstance(data, ImplicitData)
@@ -270,7 +276,15 @@ class FedRecTask(FederatedTask):
         self.server, self.attack = server, attack
         if attack is not None:
             attack.setup(data, self.seed)
-        self.channel = Channel(endpoints={"client": data.num_clients, "server": 1}, bytes_per_scalar=4)
+        self.expansion = GraphExpansion.from_config(expansion, data.num_users, data.num_items)
+        endpoints = {"client": data.num_clients, "server": 1}
+        if self.expansion is not None:
+            if not getattr(model, "expansion", False):
+                raise ConfigError(f"task.expansion.neighbours={self.expansion.count}: {type(model).__name__} does "
+                                  "not read expansion neighbours (model=fedgnn does; set task.expansion."
+                                  "neighbours=0 for another model)")
+            endpoints[EXPANSION_ROLE] = 1
+        self.channel = Channel(endpoints=endpoints, bytes_per_scalar=4)
         self.trainer: Any = None
         self.last_uploads: Uploads | None = None
         self.best: dict[str, tuple[float, int]] = {}
@@ -366,6 +380,8 @@ class FedRecTask(FederatedTask):
 
     def run_round(self, round_idx: int) -> dict[str, float]:
         prep = self._prepare(round_idx)  # ① the round's data, pseudo items and X^t
+        if self.expansion is not None and self.expansion.due(round_idx):
+            self._expand(round_idx, prep)
         plan = self._plan(round_idx, prep)  # who the strategy selects, and who fails
         d, pseudo, valid, budget = self._admit(round_idx, prep, plan)  # ② the budget, and who can afford it
         metrics: dict[str, float] = {}
@@ -392,6 +408,17 @@ class FedRecTask(FederatedTask):
         metrics.update({k: float(v.sum()) for k, v in self.channel.ledger.totals().items()
                         if k in ("comm_upload_scalars", "comm_download_scalars", "comm_messages")})
         return metrics
+
+    def _expand(self, round_idx: int, prep: _Prepared) -> None:
+        """Graph expansion over every client holding ratings, with the users' current vectors."""
+        tr, model = prep.training, self.model
+        self.expansion.expand(tr.user, tr.item, self.data.client_of_user,
+                              model.user_emb.detach()[:, :model.embed_dim], self.channel,
+                              self._key("expansion_hash", round_idx), self._key("expansion", round_idx))
+
+    def _graphs(self, d: RoundData) -> RoundData:
+        """``d`` with its entries' expansion neighbours (itself without expansion)."""
+        return d if self.expansion is None else self.expansion.attach(d)
 
     def _key(self, name: str, round_idx: int) -> int:
         return round_key(self.privacy, self.seed, name, round_idx, self.collective)
@@ -461,6 +488,7 @@ class FedRecTask(FederatedTask):
         client_noise = self.privacy is not None and not self.server_placed
         privacy_key = self._key("privacy", round_idx) if self.privacy is not None else 0
         rows_key, order_key = self._key("pseudo_rows", round_idx), self._key("upload_order", round_idx)
+        full = self._graphs(full)
         d, lo, hi = shard(full, self._bounds(full), self.collective.global_rank)
         device = model.user_emb.device
         user_grad = torch.zeros_like(model.user_emb.detach())
@@ -561,6 +589,7 @@ class FedRecTask(FederatedTask):
             return self._evaluate(prep)
 
     def _evaluate(self, prep: _Prepared) -> dict[str, float]:
+        prep = dataclasses.replace(prep, data=self._graphs(prep.data))
         bounds = self._bounds(prep.data)
         metrics = {} if self.implicit else evaluate(self.model, self.data, prep.data, bounds, self.collective)
         metrics.update(evaluate_ranking(self.model, self.data.client_of_user, self.data.num_clients, prep.data,
@@ -597,7 +626,7 @@ class FedRecTask(FederatedTask):
         prep = self._prepare(round_idx)
         split = next(s for s in self._ranking_splits(prep) if s.name == "test")
         with evaluating(self.model):
-            lists = topk_lists(self.model, prep.data, split, self.ranking, self._negatives_key())
+            lists = topk_lists(self.model, self._graphs(prep.data), split, self.ranking, self._negatives_key())
         return save_topk(Path(folder) / TOPK_FILE, lists)
 
     def _track_best(self, round_idx: int, metrics: dict[str, float]) -> None:
@@ -620,6 +649,7 @@ class FedRecTask(FederatedTask):
             "selection": self.selection.state_dict(),
             "latest": dict(self.latest),
             "used": dict(self.used),
+            **({} if self.expansion is None else {"expansion": self.expansion.state_dict()}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -636,6 +666,10 @@ class FedRecTask(FederatedTask):
             self.selection.load_state_dict(state["selection"])
         self.latest = dict(state["latest"])
         self.used = dict(state["used"])
+        if self.expansion is not None:
+            if "expansion" not in state:
+                raise ConfigError("cannot resume: the checkpoint was written without task.expansion, this run has it")
+            self.expansion.load_state_dict(state["expansion"])
 
     def summary(self) -> dict[str, Any]:
         """The run's final results; with ``task.eval.save_topk`` it also writes :data:`TOPK_FILE` into the run
@@ -655,6 +689,8 @@ class FedRecTask(FederatedTask):
             out["ranking"] = self.ranking.ranking
         if self.server is not None:
             out["server_optimizer"] = type(self.server).__name__
+        if self.expansion is not None:
+            out.update(self.expansion.summary())
         if self.attack is not None:
             out.update(self.attack.summary())
         for name in sorted(self.latest):
