@@ -339,10 +339,16 @@ def recommendation_memory_estimate(cfg: DictConfig, num_users: int, num_items: i
     float32 vectors of the model's width (its item row and its user's state, gathered per pair, and their gradients)
     and eight 8-byte values (the draw's temporaries in :func:`~fedrec.data.implicit.sample_negatives`, the pair's
     indices, logit and gradient): 320 bytes at width 16, where ML-100K's peak grew by 310-375 bytes per negative
-    between 1, 20 and 100 negatives per positive."""
+    between 1, 20 and 100 negatives per positive. Graph expansion (``task.expansion.neighbours`` K) gives each
+    training rating K neighbour slots of eight float32 vectors (attached for training and evaluation, transformed,
+    attended, and their gradients) and three 8-byte values, and a k × k copy of the item layer's weights and its
+    gradient: 280 bytes a slot at width 8, where ML-100K's peak grew by 255 (408 MB with K = 20)."""
     k, pseudo = _as_whole(cfg.model.get("embed_dim"), 1), min(_as_whole(cfg.task.get("pseudo_items"), 0), num_items)
     drawn = num_training * negatives
-    return 4 * 4 * k * (num_users + num_items + num_training + num_clients * pseudo + drawn) + 8 * 8 * drawn
+    slots = _as_whole((cfg.task.get("expansion") or {}).get("neighbours"), 0)
+    expansion = num_training * (slots * (8 * 4 * k + 24) + 8 * k * k) if slots else 0
+    return 4 * 4 * k * (num_users + num_items + num_training + num_clients * pseudo + drawn) + 8 * 8 * drawn + \
+        expansion
 
 
 def _as_whole(value: Any, otherwise: int) -> int:
@@ -422,6 +428,7 @@ def build_recommendation(cfg: DictConfig) -> Any:
     negatives = _as_whole(cfg.task.get("train_negatives"), 0) if implicit else 0
     check_fits(cfg, recommendation_memory_estimate(cfg, data.num_users, data.num_items, training, data.num_clients,
                                                    negatives),
+               "task.expansion.neighbours" if (cfg.task.get("expansion") or {}).get("neighbours") else
                "task.train_negatives" if negatives * training > data.num_users + data.num_items + training
                else "model.embed_dim",
                f"model.embed_dim={cfg.model.get('embed_dim')}, {data.num_users} users, {data.num_items} items, "

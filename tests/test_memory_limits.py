@@ -64,3 +64,13 @@ def test_the_users_limit_applies_to_every_kind_of_run(compose_cfg: Compose) -> N
     with pytest.raises(ConfigError, match=r"^max_memory_gb=1e-06: the run needs about .* GiB \(replicates=1, "
                                           r"env\.num_agents=3, "):
         build.build_task(compose_cfg("+experiment=gossip_synthetic_k3", "replicates=1", "max_memory_gb=1e-6"))
+
+
+def test_the_estimate_counts_graph_expansions_neighbour_slots(compose_cfg: Compose, data_dir: Path) -> None:
+    cfg = compose_cfg(*SMALL, "model.embed_dim=16", "task.expansion.neighbours=7")
+    base = 4 * 4 * 16 * (60 + 40 + 500 + 50)
+    assert build.recommendation_memory_estimate(cfg, 60, 40, 500, 10) == base + 500 * (7 * (8 * 4 * 16 + 24)
+                                                                                         + 8 * 16 * 16)
+    huge = compose_cfg("+experiment=fedgnn_ml100k", f"data_dir={data_dir}", "task.expansion.neighbours=100000000")
+    with pytest.raises(ConfigError, match="task.expansion.neighbours"):
+        build.build_task(huge)
