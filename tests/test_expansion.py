@@ -154,7 +154,7 @@ def test_the_dense_star_equals_the_flat_star() -> None:
     torch.testing.assert_close(gat.attend_dense(params, centres, dense, mask), gat.attend(params, centres, flat, owner))
     per_star = {n: p.detach().expand(len(sizes), *p.shape).clone() for n, p in params.items()}
     per_star["lin_weight"][2] *= 2.0
-    torch.testing.assert_close(gat.attend_dense(per_star, centres, dense, mask),
+    torch.testing.assert_close(gat.attend_dense(per_star, centres, dense, mask, torch.arange(len(sizes))),
                                gat.attend(per_star, centres, flat, owner))
 
 

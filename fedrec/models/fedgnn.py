@@ -69,22 +69,29 @@ class StarGAT(nn.Module):
         out = out.index_add(0, owner, (w / norm[owner]).unsqueeze(-1) * xn)
         return out + params["bias"]
 
-    def attend_dense(self, params: dict[str, Tensor], centre: Tensor, neighbours: Tensor, mask: Tensor) -> Tensor:
+    def attend_dense(self, params: dict[str, Tensor], centre: Tensor, neighbours: Tensor, mask: Tensor,
+                     owner: Tensor | None = None) -> Tensor:
         """Centre outputs ``(S, k)`` of ``S`` stars given densely: ``neighbours`` ``(S, K, k)``, of which ``mask``
-        ``(S, K)`` marks the real ones; the same layer as :meth:`attend`, ``params`` optionally with a leading
-        ``S`` (one copy per star)."""
+        ``(S, K)`` marks the real ones; the same layer as :meth:`attend`. ``params`` may carry a leading dimension
+        of copies, star ``s`` using copy ``owner[s]``.
+
+        The layer is linear in its inputs before the softmax, so it is evaluated without transforming a
+        neighbour: ``a · W x = (Wᵀ a) · x`` gives the attention logits, and ``Σ_j α_j W x_j = W Σ_j α_j x_j`` the
+        output, one k × k product per star instead of one per neighbour."""
         W, a_src, a_dst = params["lin_weight"], params["att_src"], params["att_dst"]
-        Wt = W.transpose(-1, -2)
-        xc = centre @ Wt if W.dim() == 2 else (centre.unsqueeze(1) @ Wt).squeeze(1)  # (S, k)
-        xn = neighbours @ Wt  # (S, K, k)
-        a_src_n = a_src if a_src.dim() == 1 else a_src.unsqueeze(1)
-        dst = (xc * a_dst).sum(-1)  # (S,)
-        self_logit = F.leaky_relu((xc * a_src).sum(-1) + dst, self.negative_slope)
-        logit = F.leaky_relu((xn * a_src_n).sum(-1) + dst.unsqueeze(1), self.negative_slope)
+        v_src = torch.einsum("...ij,...i->...j", W, a_src)  # Wᵀ a, per copy
+        v_dst = torch.einsum("...ij,...i->...j", W, a_dst)
+        bias = params["bias"] if params["bias"].dim() == 1 else params["bias"][owner]
+        if W.dim() == 3:
+            W, v_src, v_dst = W[owner], v_src[owner], v_dst[owner]
+        dst = (centre * v_dst).sum(-1)  # (S,)
+        self_logit = F.leaky_relu((centre * v_src).sum(-1) + dst, self.negative_slope)
+        logit = F.leaky_relu((neighbours * v_src.unsqueeze(-2)).sum(-1) + dst.unsqueeze(1), self.negative_slope)
         logits = torch.cat([self_logit.unsqueeze(1), logit.masked_fill(~mask, -math.inf)], 1)
         w = torch.softmax(logits, 1)  # the centre's own logit is finite, so every row has a weight
-        out = w[:, :1] * xc + (w[:, 1:].unsqueeze(-1) * xn).sum(1)
-        return out + params["bias"]
+        mixed = w[:, :1] * centre + (w[:, 1:].unsqueeze(-1) * neighbours).sum(1)  # (S, k)
+        out = mixed @ W.T if W.dim() == 2 else (W @ mixed.unsqueeze(-1)).squeeze(-1)
+        return out + bias
 
 
 class FedGNN(FederatedRecommender):
@@ -114,16 +121,11 @@ class FedGNN(FederatedRecommender):
                         neighbours: Neighbours | None) -> Tensor:
         """Each entry's item represented at the centre of its star: the entry's user and its expansion neighbours
         (none when ``neighbours`` is None), each entry with its user's copy of the layer's parameters."""
-        base = dict(self.item_gat.named_parameters())
-        params = {}
-        for name, p in shared.items():
-            if name.startswith("item_gat."):
-                name = name.removeprefix("item_gat.")
-                params[name] = p[entry_user] if p.dim() > base[name].dim() else p
+        params = {name.removeprefix("item_gat."): p for name, p in shared.items() if name.startswith("item_gat.")}
         own = user_vecs[entry_user].unsqueeze(1)
         if neighbours is None:
             vecs, mask = own, torch.ones(own.shape[:2], dtype=torch.bool, device=own.device)
         else:
             vecs = torch.cat([own, neighbours.vecs.to(own.dtype)], 1)
             mask = torch.cat([torch.ones_like(neighbours.mask[:, :1]), neighbours.mask], 1)
-        return self.item_gat.attend_dense(params, item_vecs, vecs, mask)
+        return self.item_gat.attend_dense(params, item_vecs, vecs, mask, entry_user)

@@ -120,6 +120,7 @@ class GraphExpansion:
         self.keys = torch.zeros(0, dtype=torch.long)  # the expanded entries, as user * num_items + item, sorted
         self.ids = torch.zeros(0, self.count, dtype=torch.long)  # their neighbours (users), -1 padded
         self.table: Tensor | None = None  # the user vectors the neighbours sent, at the last expansion
+        self._attached: tuple[RoundData, RoundData] | None = None  # the last attach (a round's data twice)
 
     @staticmethod
     def from_config(cfg: Mapping[str, Any] | None, num_users: int, num_items: int) -> GraphExpansion | None:
@@ -145,6 +146,7 @@ class GraphExpansion:
         order = np.argsort(key, kind="stable")
         self.keys, self.ids = torch.from_numpy(key[order]), torch.from_numpy(ids[order])
         self.table = user_vecs.detach().cpu().clone()
+        self._attached = None
         self._count(user, ids, client_of_user, channel, user_vecs.shape[1])
 
     def _count(self, user: np.ndarray, ids: np.ndarray, client_of_user: np.ndarray, channel: Channel,
@@ -167,6 +169,8 @@ class GraphExpansion:
         is before the first expansion (a planner's evaluation before round 0)."""
         if self.table is None:
             return data
+        if self._attached is not None and self._attached[0] is data:  # training and evaluation of one round
+            return self._attached[1]
         users, items = data.users[data.entry_user].cpu(), data.row_item[data.entry_row].cpu()
         key = users * self.num_items + items
         if len(self.keys):
@@ -176,7 +180,9 @@ class GraphExpansion:
             ids = torch.full((len(key), self.count), -1, dtype=torch.long)
         mask = ids >= 0
         vecs = self.table[ids.clamp(min=0)] * mask.unsqueeze(-1).to(self.table.dtype)
-        return dataclasses.replace(data, neighbours=Neighbours(vecs, mask))
+        out = dataclasses.replace(data, neighbours=Neighbours(vecs, mask))
+        self._attached = (data, out)
+        return out
 
     def summary(self) -> dict[str, Any]:
         return {"expansion_neighbours": self.count, "expansion_every": self.every}
@@ -187,3 +193,4 @@ class GraphExpansion:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.keys, self.ids, self.table = state["keys"], state["ids"], state["table"]
+        self._attached = None
