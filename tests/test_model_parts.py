@@ -16,6 +16,7 @@ from fedrec.cli import run
 from fedrec.errors import ConfigError
 from fedrec.models import FedGNN, MatrixFactorization, NeuMF
 from fedrec.recsys.local import local_updates
+from fedrec.recsys.objectives import OBJECTIVES
 
 QUICK = ("+experiment=fedgnn_synthetic", "task.rounds=3", "data.users=150", "data.items=80", "data.ratings=4000",
          "data.num_clients=15", "task.pseudo_items=10", "plots=false", "logger.tensorboard=false")
@@ -142,3 +143,18 @@ def test_the_task_evaluates_with_dropout_off(compose_cfg: Callable[..., DictConf
     task = build_task(compose_cfg(*QUICK, "model=neumf", "model.mlp_layers=[8,4]", "model.dropout=0.5"))
     first, again = task.evaluate_round(0), task.evaluate_round(0)
     assert first == again and task.model.training  # the same metrics, and the model back in training mode
+
+
+def test_the_mse_objective_is_the_square_of_the_rmse_one() -> None:
+    """Per client, the MSE loss is the RMSE loss squared, and its gradient 2·RMSE times the RMSE's."""
+    torch.manual_seed(4)
+    model = FedGNN(6, 24, 3).double()
+    d = tiny_round()
+    rmse = local_updates(model, d, objective=OBJECTIVES["rmse"])
+    mse = local_updates(model, d, objective=OBJECTIVES["mse"])
+    torch.testing.assert_close(mse.loss, rmse.loss ** 2)
+    scale = 2 * rmse.loss
+    torch.testing.assert_close(mse.rows, rmse.rows * scale[d.row_client].unsqueeze(1))
+    torch.testing.assert_close(mse.users, rmse.users * scale[d.user_client].unsqueeze(1))
+    for name, g in rmse.shared.items():
+        torch.testing.assert_close(mse.shared[name], g * scale.view(-1, *[1] * (g.dim() - 1)))

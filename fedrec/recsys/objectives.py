@@ -5,7 +5,9 @@ per-client ω copies (leading C, or shared), the clients' user rows ``(S, k)`` a
 (:func:`fedrec.recsys.local.local_updates` differentiates their sum). A user is represented from its local graph
 (the items of its training entries) and a pair (u, i) is scored by the model's logit ``s_ui`` (:meth:`score`).
 
-* ``rmse`` (explicit ratings): ``sqrt(mean (σ(s_ui) − y_ui)²)`` over the client's ratings (the FedGNN authors');
+* ``rmse`` (explicit ratings): ``sqrt(mean (σ(s_ui) − y_ui)²)`` over the client's ratings (BGTplanner's authors');
+* ``mse`` (explicit ratings): ``mean (σ(s_ui) − y_ui)²``, the loss of FedPerGNN's code and of matrix factorisation;
+  its gradient is ``2·rmse`` times ``rmse``'s, so clients that are already fitted well are not weighted up;
 * ``bpr`` (implicit feedback, Rendle et al. 2009, eq. 4 without its prior, which ``task.weight_decay`` plays):
   ``mean −log σ(s_ui − s_uj)`` over the client's (positive i, sampled negative j) pairs;
 * ``bce`` (implicit feedback, NCF's pointwise log loss, He et al. 2017 eq. 7): the mean binary cross-entropy of
@@ -58,12 +60,18 @@ def _client_mean(values: Tensor, client: Tensor, num_clients: int) -> Tensor:
     return total / count.clamp(min=1)
 
 
-def rmse_losses(model: FederatedRecommender, data: RoundData, shared: dict[str, Tensor], users: Tensor,
-                rows: Tensor) -> Tensor:
-    """Each client's RMSE over its ratings, ``sqrt(mean (ŷ − y)²)`` (the authors' loss)."""
+def mse_losses(model: FederatedRecommender, data: RoundData, shared: dict[str, Tensor], users: Tensor,
+               rows: Tensor) -> Tensor:
+    """Each client's mean squared error over its ratings, ``mean (ŷ − y)²``."""
     _, _, logits = _positive_logits(model, data, shared, users, rows)
     sq = (model.link(logits) - data.entry_rating.to(logits.dtype)) ** 2
-    mse = _client_mean(sq, data.entry_client, data.num_clients)
+    return _client_mean(sq, data.entry_client, data.num_clients)
+
+
+def rmse_losses(model: FederatedRecommender, data: RoundData, shared: dict[str, Tensor], users: Tensor,
+                rows: Tensor) -> Tensor:
+    """Each client's RMSE over its ratings, ``sqrt(mean (ŷ − y)²)`` (BGTplanner's authors' loss)."""
+    mse = mse_losses(model, data, shared, users, rows)
     # sqrt has an infinite slope at 0: a client predicted perfectly (sigmoid saturated at a rating of exactly
     # 1) would send inf/NaN gradients; its loss is at its minimum, so its gradient is 0
     positive = mse > 0
@@ -90,6 +98,6 @@ def bce_losses(model: FederatedRecommender, data: RoundData, shared: dict[str, T
 
 
 #: the objectives by their ``task.objective`` name
-OBJECTIVES: dict[str, Objective] = {"rmse": rmse_losses, "bpr": bpr_losses, "bce": bce_losses}
+OBJECTIVES: dict[str, Objective] = {"rmse": rmse_losses, "mse": mse_losses, "bpr": bpr_losses, "bce": bce_losses}
 #: the objectives that train on sampled negatives (implicit feedback)
 WITH_NEGATIVES = ("bpr", "bce")

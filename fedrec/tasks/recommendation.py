@@ -24,7 +24,7 @@
    on explicit ratings, top-K ranking (``task.eval``) on either kind of data; under an attack also on the benign
    users alone, with the target item's exposure.
 
-**Objectives** (``task.objective``, :mod:`fedrec.recsys.objectives`): the clients' RMSE on explicit ratings
+**Objectives** (``task.objective``, :mod:`fedrec.recsys.objectives`): the clients' RMSE (or MSE) on explicit ratings
 (:func:`fedrec.data.load_ratings`), or on implicit feedback (:func:`fedrec.data.load_implicit`) BPR (the default) or
 pointwise BCE against ``task.train_negatives`` negatives per training positive, drawn per client per round
 (:func:`fedrec.data.implicit.sample_negatives`); the negatives' item rows are uploaded, privatised and aggregated
@@ -161,7 +161,7 @@ class FedRecTask(FederatedTask):
         row_l2: λ ≥ 0 of the L2 term ``λ/2 (Σ‖p_u‖² + Σ‖q_i‖²)`` on the rows each client trains (0: none; the
             server optimiser's ``weight_decay`` acts on the aggregate instead).
         attack: malicious clients (:mod:`fedrec.recsys.attack`), or None.
-        objective: the clients' loss, ``"rmse"``, ``"bpr"`` or ``"bce"`` (module docstring); None: RMSE on ratings,
+        objective: the clients' loss, ``"rmse"``, ``"mse"``, ``"bpr"`` or ``"bce"`` (module docstring); None: RMSE on ratings,
             BPR on implicit feedback.
         train_negatives: negatives sampled per training positive per round (``bpr``, ``bce``).
         eval: the ranking evaluation (:class:`~fedrec.recsys.evaluate.RankingEval` fields: ``ranking``, ``ks``,
