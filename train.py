@@ -1,23 +1,25 @@
 """Entry point: ``python train.py +experiment=NAME [overrides]`` (``-m`` for Hydra multirun sweeps)."""
 from __future__ import annotations
 
-import logging
-import math
+import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
-import hydra
-from omegaconf import DictConfig
+from fedrec.errors import STOP_SIGNALS, Interrupted, interrupts_raise  # cheap: neither torch nor Hydra
 
-import fedrec.resolvers  # noqa: F401  (${by_conventions:...} in the configs)
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 CONF = Path(__file__).resolve().parent / "conf"
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def experiment(cfg: DictConfig) -> float:
     """Run the composed config; a bad value or a missing dataset (not downloaded) is one ``error:`` line, and an
     interrupt (SIGINT, SIGTERM) after the round's checkpoint one ``interrupted:`` line saying how to resume."""
+    import logging
+    import math
+
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -31,6 +33,7 @@ def experiment(cfg: DictConfig) -> float:
     try:
         summary = run(cfg)
     except RunInterrupted as e:  # the sweep stops too
+        ignore_interrupts()
         resume = f"; resume with: {resume_command(e.checkpoint)}" if e.checkpoint is not None else ""
         print(f"interrupted: {e}{resume}", file=sys.stderr)
         sys.exit(128 + e.signum)
@@ -46,20 +49,45 @@ def experiment(cfg: DictConfig) -> float:
     return objective(summary)
 
 
+def ignore_interrupts() -> None:
+    """The program reports why it stops: a further Ctrl-C or SIGTERM would only cut that report short."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
+def stopped(e: Interrupted) -> NoReturn:
+    """End on an interrupt outside the rounds (before the first, or a second one while the first one's round is
+    saved): one ``interrupted:`` line, the run folder removed if this process made it and it holds no result yet,
+    exit code 128 + the signal's number (130 for SIGINT, 143 for SIGTERM)."""
+    ignore_interrupts()
+    run_folder = sys.modules.get("fedrec.run_folder")  # not imported yet: no run folder was made
+    removed = run_folder.discard_failed_runs() if run_folder is not None else []
+    print(f"interrupted: {e}" + "".join(f"; its run folder {out} was removed" for out in removed), file=sys.stderr)
+    sys.exit(128 + e.signum)
+
+
 def main() -> float | None:
     """``python train.py [overrides]``: expand ``quick=true`` into the experiment's short recipe, check the command
     line against the config files' schema (one ``error:`` line, exit code 2, nothing written), then let Hydra run
-    the experiment."""
-    from fedrec.errors import run_script
-    from fedrec.presets import expand_quick
-    from fedrec.schema import check_command_line
+    the experiment. A Ctrl-C or SIGTERM before the first round is one ``interrupted:`` line (:func:`stopped`): the
+    handlers are installed first, before the slow imports (Hydra, torch), which are all made in here."""
+    with interrupts_raise("before the first round: nothing was trained"):
+        try:
+            import hydra
 
-    def checked() -> None:
-        sys.argv[1:] = expand_quick(CONF, sys.argv[1:])  # quick=true: the experiment's short recipe
-        check_command_line(CONF, sys.argv[1:])
+            import fedrec.resolvers  # noqa: F401  (${by_conventions:...} in the configs)
+            from fedrec.errors import run_script
+            from fedrec.presets import expand_quick
+            from fedrec.schema import check_command_line
 
-    run_script(checked)
-    return experiment()
+            def checked() -> None:
+                sys.argv[1:] = expand_quick(CONF, sys.argv[1:])  # quick=true: the experiment's short recipe
+                check_command_line(CONF, sys.argv[1:])
+
+            run_script(checked)
+            return hydra.main(version_base="1.3", config_path="conf", config_name="config")(experiment)()
+        except Interrupted as e:
+            stopped(e)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,11 @@ from fedrec.build import (
 from fedrec.data.integrity import recording
 from fedrec.errors import ConfigError
 from fedrec.io import atomic_write, atomic_write_json, writing
+from fedrec.jit import compile_notice
 from fedrec.run_folder import TB_EVENTS, claimed, output_errors, resumes_in_place
 from fedrec.trainer import Callback
 from fedrec.trainer.distributed import check_distribution, check_shardable, launched_as_secondary
+from fedrec.trainer.trainer import logs_of
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,11 @@ class PublicMetricsLogger:
 
     def finalize(self, status: str) -> None:
         self.logger.finalize(status)
+
+    @property
+    def log_dir(self) -> str | None:
+        """The wrapped logger's folder, which a failed write names (:func:`~fedrec.trainer.trainer.logs_of`)."""
+        return getattr(self.logger, "log_dir", None)
 
 
 def logs_private_metrics(cfg: DictConfig) -> bool:
@@ -297,7 +304,7 @@ class LoggedHyperparameters(Callback):
     def on_fit_start(self, trainer: Any, task: Any) -> None:
         for lg in trainer.loggers:
             if not takes_metrics(lg):
-                with writing(f"the logs of {type(lg).__name__}"), contextlib.suppress(NotImplementedError):
+                with writing(logs_of(lg)), contextlib.suppress(NotImplementedError):
                     lg.log_hyperparams(self.params)
 
     def on_fit_end(self, trainer: Any, task: Any) -> None:
@@ -310,7 +317,7 @@ class LoggedHyperparameters(Callback):
                    {"rounds_run": float(summary["rounds_run"]), **headline(summary)}.items()}
         for lg in trainer.loggers:
             if takes_metrics(lg):
-                with writing(f"the logs of {type(lg).__name__}"):
+                with writing(logs_of(lg)):
                     lg.log_hyperparams(self.params, metrics=metrics)
 
 
@@ -409,7 +416,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     if secondary:
         _detach_log_files()
         return _run(cfg, out, overrides, secondary)
-    with claimed(out, cfg.get("ckpt_path")):
+    with claimed(out, cfg.get("ckpt_path")), compile_notice():  # rank 0 says that a first run compiles
         return _run(cfg, out, overrides, secondary)
 
 

@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 import math
+import signal
 import sys
-from collections.abc import Callable, Collection, Iterable
+import threading
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = [
-    "ConfigError", "DatasetNotFoundError", "TrainingDiverged", "check_choice", "check_file", "check_float", "check_int",
-    "did_you_mean",
-    "run_script",
+    "ConfigError", "DatasetNotFoundError", "Interrupted", "TrainingDiverged", "check_choice", "check_file",
+    "check_float", "check_int", "did_you_mean", "interrupts_raise", "run_script",
 ]
+
+#: the signals that stop a run: Ctrl-C, and a scheduler's stop
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class ConfigError(ValueError):
@@ -25,6 +30,37 @@ class TrainingDiverged(ConfigError, FloatingPointError):
 
 class DatasetNotFoundError(FileNotFoundError):
     """A dataset file is missing; the message names the expected path and how to obtain it."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Signal ``signum`` (SIGINT or SIGTERM) stopped the program where it was, e.g. before a run's first round or
+    during the save that a first signal asked for; a KeyboardInterrupt, so code that stops on Ctrl-C stops."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum = signum
+        super().__init__(message)
+
+
+@contextmanager
+def interrupts_raise(when: str) -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM raise :class:`Interrupted` (``SIGINT {when}``) where the program is, so that
+    its clean-up runs and a script can report the stop in one line (SIGTERM's default ends the process at once). The
+    previous handlers are restored after, unless the block replaced them (e.g. ignores signals while the script
+    reports its stop and exits). Only the main thread takes signals: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Interrupted(signum, f"{signal.Signals(signum).name} {when}")
+
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            if signal.getsignal(s) is stop:
+                signal.signal(s, handler)
 
 
 def check_choice(name: str, value: object, choices: Collection[str]) -> str:

@@ -100,7 +100,16 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
-    """``torch.save`` to ``path`` atomically."""
+    """``torch.save`` to ``path`` atomically. torch reports a write that fails (a full disk) as the RuntimeError of
+    closing the half-written archive, the OSError its context: that OSError is raised, as a :class:`WriteError`."""
     import torch
 
-    return atomic_write(path, lambda f: torch.save(obj, f))
+    def save(f: Any) -> None:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as e:
+            if isinstance(e.__context__, OSError):
+                raise e.__context__ from None
+            raise
+
+    return atomic_write(path, save)

@@ -15,7 +15,8 @@ import hashlib
 import numbers
 import sys
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ForwardRef, NamedTuple, TypeVar
 
@@ -79,6 +80,37 @@ def drop_stale_caches(sources: Iterable[Path]) -> None:
         stamp.write_text(digest)
     except OSError:
         pass
+
+
+#: what a run prints once when numba compiles a kernel its cache does not hold (first use after an install or an edit)
+COMPILE_NOTICE = "fedrec: compiling numba kernels on first use (about a minute; cached afterwards)"
+
+
+@contextmanager
+def compile_notice() -> Iterator[None]:
+    """While inside, the first compilation of a function that numba caches on disk prints :data:`COMPILE_NOTICE` to
+    stderr, so that a first run's silent minute of compiling is explained. numba compiles only what its cache lacks
+    (a cold cache; a warm one loads every kernel and prints nothing), and announces each compilation as a
+    ``numba:compile`` event: watching those costs nothing until one happens. Functions numba does not cache (its own
+    helpers) compile in every process, and are not announced."""
+    if not HAVE_NUMBA:
+        yield
+        return
+    from numba.core import caching, event
+
+    class Notice(event.Listener):
+        printed = False
+
+        def on_start(self, ev: event.Event) -> None:
+            if not self.printed and isinstance(getattr(ev.data["dispatcher"], "_cache", None), caching.Cache):
+                self.printed = True
+                print(COMPILE_NOTICE, file=sys.stderr, flush=True)
+
+        def on_end(self, ev: event.Event) -> None:
+            pass
+
+    with event.install_listener("numba:compile", Notice()):
+        yield
 
 
 # ---- named kernel structures

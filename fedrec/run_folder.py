@@ -7,20 +7,23 @@ the parent of a joblib or submitit sweep, which runs no job itself (importing to
 from __future__ import annotations
 
 import fcntl
+import functools
+import logging
 import os
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback as HydraCallback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from fedrec.errors import ConfigError
-from fedrec.io import WriteError
+from fedrec.io import WriteError, atomic_write
 
 #: files of a run folder (relative paths) that show a run already wrote there
 RUN_OUTPUTS = ("summary.json", "metrics.csv", "checkpoints/last.ckpt")
@@ -32,6 +35,9 @@ LOCK = ".fedrec.lock"
 SETUP_FILES = (".hydra", LOCK, "config_resolved.yaml")
 #: folders this process created for a run (only those are ever removed)
 _CREATED: set[Path] = set()
+#: the module of TensorBoard's writer thread: a write it fails is raised again by the run's next write or flush of
+#: TensorBoard events (every logged round, and the run's end), which reports it as ``error: output: ...``
+TENSORBOARD_WRITER = "tensorboard.summary.writer.event_file_writer"
 
 
 class OutputError(ConfigError):
@@ -101,6 +107,11 @@ def claimed(out: Path, ckpt_path: Any = None) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def discard_failed_runs() -> list[Path]:
+    """:func:`discard_failed_run` on every folder this process created; the folders removed."""
+    return [out for out in sorted(_CREATED) if discard_failed_run(out)]
+
+
 def discard_failed_run(out: Path) -> bool:
     """Remove run folder ``out`` if this process created it and the run failed before writing any result (only
     :data:`SETUP_FILES` and Hydra's job log in it), so that a failed run leaves nothing that looks like a run;
@@ -117,11 +128,59 @@ def discard_failed_run(out: Path) -> bool:
 
 @contextmanager
 def output_errors() -> Iterator[None]:
-    """Report a failed write of the run's files as an :class:`OutputError` (``error: output: ...``)."""
+    """Report a failed write of the run's files as an :class:`OutputError` (``error: output: ...``), those of the log
+    files (Hydra's job log) included; a failed write of TensorBoard's writer thread prints no thread traceback
+    (the run's next write or flush of its events raises it, :data:`TENSORBOARD_WRITER`)."""
+    previous_hook = threading.excepthook
+    threading.excepthook = functools.partial(_thread_failed, previous_hook)
+    log_files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for handler in log_files:  # logging would print the error with a traceback and go on without the record
+        handler.handleError = functools.partial(_log_write_failed, handler)  # type: ignore[method-assign]
     try:
         yield
     except WriteError as e:
         raise OutputError(f"output: {e}") from e
+    finally:
+        for handler in log_files:
+            del handler.handleError
+    threading.excepthook = previous_hook  # not after a failure: the writer thread may fail as the process ends
+
+
+def _thread_failed(previous: Callable[[Any], object], args: Any) -> None:
+    """``threading.excepthook`` while a run writes: a failed write (OSError) of TensorBoard's writer thread is left to
+    the run's next write or flush of TensorBoard events, which raises it; anything else goes to ``previous``."""
+    if not (issubclass(args.exc_type, OSError) and type(args.thread).__module__ == TENSORBOARD_WRITER):
+        previous(args)
+
+
+def _log_write_failed(handler: logging.FileHandler, record: logging.LogRecord) -> None:
+    """``handleError`` of a log file while a run writes: a failed write is a :class:`WriteError` naming the file (an
+    ``error: output:`` line), not logging's traceback; other errors are logging's to report."""
+    error = sys.exc_info()[1]
+    if isinstance(error, OSError):
+        raise WriteError(f"cannot write {handler.baseFilename}: {error.strerror or error}") from error
+    logging.FileHandler.handleError(handler, record)
+
+
+def _save_hydra_config(cfg: Any, filename: str, output_dir: Path) -> None:
+    """Hydra's copy of a job's config (``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml``) written atomically,
+    in place of Hydra's own writer: a failed write is ``error: output: ...`` with exit code 2 and the run folder
+    removed if this process made it, not Hydra's traceback beside a half-written file."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        atomic_write(Path(output_dir) / filename, lambda f: f.write(OmegaConf.to_yaml(cfg).encode("utf-8")))
+    except WriteError as e:
+        print(f"error: output: {e}", file=sys.stderr)
+        discard_failed_run(Path(HydraConfig.get().runtime.output_dir))
+        raise SystemExit(2) from e
+
+
+def _write_hydra_configs_atomically() -> None:
+    """Have Hydra write its copies of a job's config with :func:`_save_hydra_config` (jobs this process runs)."""
+    import hydra.core.utils
+
+    hydra.core.utils._save_config = _save_hydra_config
 
 
 class OutputDirCheck(HydraCallback):
@@ -136,10 +195,12 @@ class OutputDirCheck(HydraCallback):
         if launched_as_secondary():
             return
         _exit_on_output_error(lambda: prepare_output_dir(Path(config.hydra.run.dir), config.get("ckpt_path")))
+        _write_hydra_configs_atomically()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Check that ``hydra.sweep.dir`` can be created and written (each job's folder is checked by its run)."""
         _exit_on_output_error(lambda: prepare_output_dir(Path(config.hydra.sweep.dir)))
+        _write_hydra_configs_atomically()
 
 
 def _exit_on_output_error(check: Callable[[], None]) -> None:

@@ -36,7 +36,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fedrec.errors import ConfigError, did_you_mean, run_script
-from fedrec.io import atomic_write
+from fedrec.io import WriteError, atomic_write
 
 #: the main result of each task kind, in order of preference (the first present is the sweep objective): on real
 #: click data the papers' metric, the reward relative to a random policy (bandit runs) or the replayed CTR relative to
@@ -98,14 +98,18 @@ class SweepSummary(HydraCallback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Write the tables from the job folders, warn of a chosen metric no job has, list the failed jobs (exit
-        code 2 when there are any)."""
+        code 2 when there are any, or when a table cannot be written: ``error: output: ...``, not Hydra's warning)."""
         sweep = Path(config.hydra.sweep.dir)
         jobs = read_jobs(sweep)
         if not jobs:
             return
         metrics = chosen_metrics(config)
-        write_summary(sweep, summary_rows(jobs, metrics))
-        write_runs(sweep, jobs)
+        try:
+            write_summary(sweep, summary_rows(jobs, metrics))
+            write_runs(sweep, jobs)
+        except WriteError as e:
+            print(f"error: output: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
         for name in missing_metrics(jobs, metrics or []):
             keys = {k for job in jobs for k in job.summary or {}}
             print(f"warning: sweep.metrics: no finished job's summary.json has a number named {name!r}"

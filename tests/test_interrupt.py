@@ -1,5 +1,6 @@
 """Interrupts that save: SIGINT or SIGTERM during a run finish the round, write the checkpoint and stop with a
-message; the resumed run equals the uninterrupted one. A second signal stops at once."""
+message; the resumed run equals the uninterrupted one. A second signal stops at once, and one before the first round
+(while ``train.py`` imports, composes, builds) stops at once too: one ``interrupted:`` line, no traceback."""
 from __future__ import annotations
 
 import os
@@ -15,8 +16,9 @@ import pytest
 from omegaconf import DictConfig
 
 from fedrec.build import build_task
-from fedrec.trainer import Callback, FederatedTrainer
-from fedrec.trainer import RunInterrupted
+from fedrec.errors import Interrupted, interrupts_raise
+from fedrec.trainer import Callback, FederatedTrainer, RunInterrupted
+from fedrec.trainer.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ("task.steps=800", "task.steps_per_round=100", "env.num_clients=20")
@@ -67,10 +69,9 @@ def test_a_signal_finishes_the_round_saves_and_the_resume_equals_the_uninterrupt
 def test_a_second_signal_stops_at_once_without_a_checkpoint(
     compose_cfg: Callable[..., DictConfig], tmp_path: Path
 ) -> None:
-    with pytest.raises(KeyboardInterrupt) as info:
+    with pytest.raises(Interrupted) as info:
         fit(compose_cfg(*QUICK), tmp_path, SignalAt(2, signal.SIGINT, signal.SIGINT))
-    assert not isinstance(info.value, RunInterrupted)
-    assert "again" in str(info.value)
+    assert str(info.value).startswith("SIGINT again: stopped at once") and info.value.signum == signal.SIGINT
     assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
 
 
@@ -107,3 +108,65 @@ def test_train_py_on_sigterm_prints_how_to_resume_and_the_resume_finishes_the_ru
     assert resumed.returncode == 0, resumed.stderr
     rows = (out / "metrics.csv").read_text().splitlines()
     assert len(rows) == 1 + 60  # the header, then every round once
+
+
+def test_interrupts_raise_turns_a_signal_into_an_exception_and_gives_the_handlers_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted) as info, interrupts_raise("before the first round"):
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert (info.value.signum, str(info.value)) == (signal.SIGTERM, "SIGTERM before the first round")
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a handler of SIGTERM (its ``SigCgt`` mask in /proc): Python has none of its own,
+    ``train.py`` installs one first thing, before its slow imports."""
+    mask = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigCgt:"))
+    return bool(int(mask.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads a process's signal mask from /proc")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("when", ["imports", "run folder"])
+def test_train_py_interrupted_before_the_first_round_says_so_in_one_line(tmp_path: Path, signum: int,
+                                                                       when: str) -> None:
+    """A signal while ``train.py`` imports (right after its handler is installed), or once Hydra has made the run
+    folder (then Hydra's copies, the imports of torch, the build): exit code 128 + the signal, one ``interrupted:``
+    line, no traceback, and no run folder left."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "quick=true", f"hydra.run.dir={out}"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = (lambda: catches_sigterm(proc.pid)) if when == "imports" else (out / ".hydra" / "config.yaml").is_file
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None and not ready():
+        time.sleep(0.005)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + signum, err
+    removed = "" if when == "imports" else f"; its run folder {out} was removed"
+    name = signal.Signals(signum).name
+    assert err == f"interrupted: {name} before the first round: nothing was trained{removed}\n"
+    assert not out.exists()
+
+
+def test_train_py_on_a_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path: Path) -> None:
+    """Two Ctrl-C in a row during a run: the second stops it during the round (or is ignored while the first one's
+    stop is reported), one ``interrupted:`` line, exit code 130, and the checkpoint written before stays whole."""
+    out = tmp_path / "run"
+    args = ["task.steps=400000", "task.steps_per_round=100", "env.num_clients=20", "plots=false",
+            "logger.tensorboard=false", "trainer.checkpoint_every=1"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={out}"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        metrics = out / "metrics.csv"
+        if metrics.is_file() and len(metrics.read_text().splitlines()) > 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("interrupted: ")] == \
+        [err.strip()], err
+    assert load_checkpoint(out / "checkpoints" / "last.ckpt")["round"] >= 3  # its digest checked

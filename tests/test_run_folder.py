@@ -1,17 +1,29 @@
-"""Run folders: one run at a time (an exclusive lock), and a run that fails before computing anything leaves no
-folder behind."""
+"""Run folders: one run at a time (an exclusive lock), a run that fails before computing anything leaves no folder
+behind, and a failed write of a log is an ``error: output:`` line, not a traceback."""
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fedrec.run_folder import LOCK, OutputError, claimed, discard_failed_run, prepare_output_dir
+from fedrec.run_folder import (
+    LOCK,
+    TENSORBOARD_WRITER,
+    OutputError,
+    claimed,
+    discard_failed_run,
+    output_errors,
+    prepare_output_dir,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,3 +73,47 @@ def test_train_py_failing_at_build_time_leaves_no_run_folder(
     assert info.value.code == 2
     assert capsys.readouterr().err.startswith("error: env")
     assert not out.exists()
+
+
+def test_a_log_file_that_cannot_be_written_is_an_output_error() -> None:
+    """A record that Hydra's job log cannot take ends the run as ``error: output:`` naming the file, instead of
+    logging's traceback and a run that goes on without its log."""
+    handler = logging.FileHandler("/dev/full")  # every write fails: no space left on device
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with pytest.raises(OutputError) as info, output_errors():
+            logging.getLogger("fedrec").warning("a record")
+    finally:
+        root.removeHandler(handler)
+        with contextlib.suppress(OSError):
+            handler.close()
+    assert str(info.value) == "output: cannot write /dev/full: No space left on device"
+    assert "handleError" not in vars(handler)  # logging's own handling again
+
+
+def test_a_failed_write_of_tensorboards_writer_thread_prints_no_thread_traceback(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorBoard raises its writer thread's error again at the run's next write or flush of events: the thread's
+    own report (a traceback) is left out while the run writes; other threads' errors are reported as before."""
+    reported: list[str] = []
+
+    def hook(args: Any) -> None:
+        reported.append(type(args.thread).__name__)
+
+    class Failing(threading.Thread):
+        def run(self) -> None:
+            raise OSError(errno.EFBIG, "File too large")
+
+    class EventWriter(Failing):
+        pass
+
+    EventWriter.__module__ = TENSORBOARD_WRITER
+    monkeypatch.setattr(threading, "excepthook", hook)
+    with output_errors():
+        for thread in (EventWriter(), Failing()):
+            thread.start()
+            thread.join()
+    assert reported == ["Failing"]
+    assert threading.excepthook is hook  # given back once the run's writes succeeded

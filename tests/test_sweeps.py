@@ -206,3 +206,23 @@ def test_runs_table_flattens_the_summary_and_names_each_override_by_its_key() ->
     overrides, results = split_runs(runs)
     assert list(overrides.columns) == ["experiment", "seed", "attack", "lr"]
     assert list(results.columns) == ["job", "status", "seed", "x.y", "v"]  # the summary's own names again
+
+
+def test_a_sweep_table_that_cannot_be_written_is_one_output_error(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Hydra turns an error of a callback into a warning (and exit code 0): the sweep's own write failure is one
+    ``error: output:`` line with exit code 2 instead."""
+    from omegaconf import OmegaConf
+
+    from fedrec.sweeps import SweepSummary
+
+    job = tmp_path / "0"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("[seed=0]\n")
+    (job / "summary.json").write_text('{"cumulative_regret": 1.0}')
+    (tmp_path / "summary.csv").mkdir()  # a folder where the table goes
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}, "sweep": {"metrics": None}})
+    with pytest.raises(SystemExit) as info:
+        SweepSummary().on_multirun_end(config)
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"error: output: cannot write {tmp_path / 'summary.csv'}: Is a directory\n"

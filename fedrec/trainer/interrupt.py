@@ -1,6 +1,6 @@
 """Interrupts that save: a SIGINT (Ctrl-C) or SIGTERM (a scheduler's stop) while :meth:`FederatedTrainer.fit` runs
 lets the current round finish, then the trainer writes its checkpoint and raises :class:`RunInterrupted`; a second
-signal stops at once, as a plain Ctrl-C would."""
+signal stops at once (:class:`~fedrec.errors.Interrupted`), as a plain Ctrl-C would."""
 from __future__ import annotations
 
 import signal
@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-#: the signals deferred to the end of the round
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from fedrec.errors import STOP_SIGNALS, Interrupted
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -33,11 +32,12 @@ def deferred_signals() -> Iterator[Callable[[], int | None]]:
     received: list[int] = []
 
     def record(signum: int, frame: object) -> None:
-        if received:  # the second signal: stop now
-            raise KeyboardInterrupt(f"{signal.Signals(signum).name} again: stopped without a checkpoint")
+        if received:  # the second signal: stop now (a checkpoint being written is an atomic write's temporary)
+            raise Interrupted(signum, f"{signal.Signals(signum).name} again: stopped at once, without saving this "
+                                      "round (a checkpoint written before is kept)")
         received.append(signum)
 
-    previous = {s: signal.signal(s, record) for s in SIGNALS}
+    previous = {s: signal.signal(s, record) for s in STOP_SIGNALS}
     try:
         yield lambda: received[0] if received else None
     finally:

@@ -19,6 +19,12 @@ from fedrec.trainer.distributed import check_distribution, check_shardable, laun
 from fedrec.trainer.interrupt import RunInterrupted, deferred_signals
 
 
+def logs_of(logger: Any) -> str:
+    """A logger's files as a failed write names them: its class, and its folder (``log_dir``) when it has one."""
+    folder = getattr(logger, "log_dir", None)
+    return f"the logs of {type(logger).__name__}" + (f" in {folder}" if folder else "")
+
+
 class FederatedTrainer:
     """Runs a :class:`FederatedTask` round by round (one loop for step-wise bandits and round-wise FL).
 
@@ -162,7 +168,7 @@ class FederatedTrainer:
         if self.root is not None:
             self.save(task)
         for lg in self.loggers:
-            with writing(f"the logs of {type(lg).__name__}"):
+            with writing(logs_of(lg)):
                 lg.finalize("success")
         return self.history
 
@@ -173,7 +179,7 @@ class FederatedTrainer:
 
     def _log(self, metrics: dict[str, float]) -> None:
         for lg in self.loggers:
-            with writing(f"the logs of {type(lg).__name__}"), warnings.catch_warnings():
+            with writing(logs_of(lg)), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Experiment logs directory")
                 lg.log_metrics({k: v for k, v in metrics.items() if k != "round"}, step=int(metrics["round"]))
                 lg.save()
