@@ -91,9 +91,13 @@ def check_group_options(line: CommandLine, options: GroupOptions) -> None:
 def first_of(overrides: Iterable[Any]) -> list[str]:
     """``overrides`` as command-line text with each sweep at its first value (the other values of a sweep are
     checked in their own jobs)."""
+    from hydra.core.override_parser.types import ValueType
+
     out = []
     for override in overrides:
-        if override.is_sweep_override() and not override.is_delete():
+        if override.value_type == ValueType.INTERVAL_SWEEP:  # an optimising sweeper's range: its lower end
+            out.append(f"{override.get_key_element()}={override.value().start}")
+        elif override.is_sweep_override() and not override.is_delete():
             first = next(iter(override.sweep_string_iterator()), None)
             if first is None:
                 continue

@@ -62,7 +62,12 @@ def headline(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def objective(summary: dict[str, Any]) -> float:
-    """The sweep objective of a run: its main result (NaN when the task reports none)."""
+    """The sweep objective of a run, the number an optimising sweeper (``hydra/sweeper=optuna``) minimises or
+    maximises: the validation metric at the selected round (``selected_<task.select_on>``) when the run has a
+    validation split, so that a search never tunes on the test set; else its main result (NaN when none)."""
+    selected = f"selected_{summary.get('selected_on')}"
+    if selected in summary:
+        return float(summary[selected])
     values = headline(summary)
     return next(iter(values.values())) if values else math.nan
 
