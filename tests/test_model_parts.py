@@ -158,3 +158,26 @@ def test_the_mse_objective_is_the_square_of_the_rmse_one() -> None:
     torch.testing.assert_close(mse.users, rmse.users * scale[d.user_client].unsqueeze(1))
     for name, g in rmse.shared.items():
         torch.testing.assert_close(mse.shared[name], g * scale.view(-1, *[1] * (g.dim() - 1)))
+
+
+@pytest.mark.parametrize("head", ["linear", "sigmoid"])
+def test_mean_init_starts_mu_at_the_mean_training_rating(compose_cfg: Callable[..., DictConfig], head: str) -> None:
+    task = build_task(compose_cfg(*QUICK, "+model.bias=true", f"+model.head={head}", "task.mean_init=true"))
+    mean = float(task.data.training_until(0).rating.astype("float64").mean())
+    before = task.channel.ledger.totals()["comm_upload_messages"].item()
+    task.run_round(0)
+    holding = len(set(task.data.client_of_user[task.data.training_until(0).user].tolist()))
+    assert task.channel.ledger.totals()["comm_upload_messages"].item() - before == 2 * holding  # + the gradients
+    # round 0 then moved μ by one optimiser step of size about task.lr
+    start = mean if head == "linear" else float(torch.logit(torch.tensor(mean, dtype=torch.float64)))
+    assert abs(float(task.model.global_bias.detach()) - start) <= 1.01 * task.server_step.lr
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ((), "task.mean_init=true sets the model's global bias: add it with \\+model.bias=true"),
+    (("+model.bias=true", "privacy=gaussian"), "clients would send the server without noise"),
+])
+def test_mean_init_is_refused_where_it_cannot_apply(compose_cfg: Callable[..., DictConfig], extra: tuple,
+                                                    says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        build_task(compose_cfg(*QUICK, "task.mean_init=true", *extra))

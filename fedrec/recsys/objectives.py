@@ -8,6 +8,9 @@ per-client ω copies (leading C, or shared), the clients' user rows ``(S, k)`` a
 * ``rmse`` (explicit ratings): ``sqrt(mean (σ(s_ui) − y_ui)²)`` over the client's ratings (BGTplanner's authors');
 * ``mse`` (explicit ratings): ``mean (σ(s_ui) − y_ui)²``, the loss of FedPerGNN's code and of matrix factorisation;
   its gradient is ``2·rmse`` times ``rmse``'s, so clients that are already fitted well are not weighted up;
+* ``sse`` (explicit ratings): ``Σ (σ(s_ui) − y_ui)²``, the client's share of matrix factorisation's summed loss:
+  with ``aggregator.item_mean=sum aggregator.weighting=uniform`` the clients' updates add up to the gradient of
+  the loss over all ratings, and the server's and clients' ``task.weight_decay`` is then MF's L2 on every row;
 * ``bpr`` (implicit feedback, Rendle et al. 2009, eq. 4 without its prior, which ``task.weight_decay`` plays):
   ``mean −log σ(s_ui − s_uj)`` over the client's (positive i, sampled negative j) pairs;
 * ``bce`` (implicit feedback, NCF's pointwise log loss, He et al. 2017 eq. 7): the mean binary cross-entropy of
@@ -68,6 +71,14 @@ def mse_losses(model: FederatedRecommender, data: RoundData, shared: dict[str, T
     return _client_mean(sq, data.entry_client, data.num_clients)
 
 
+def sse_losses(model: FederatedRecommender, data: RoundData, shared: dict[str, Tensor], users: Tensor,
+               rows: Tensor) -> Tensor:
+    """Each client's sum of squared errors over its ratings, ``Σ (ŷ − y)²``."""
+    _, _, logits = _positive_logits(model, data, shared, users, rows)
+    sq = (model.link(logits) - data.entry_rating.to(logits.dtype)) ** 2
+    return client_sums(sq, data.entry_client, data.num_clients)
+
+
 def rmse_losses(model: FederatedRecommender, data: RoundData, shared: dict[str, Tensor], users: Tensor,
                 rows: Tensor) -> Tensor:
     """Each client's RMSE over its ratings, ``sqrt(mean (ŷ − y)²)`` (BGTplanner's authors' loss)."""
@@ -98,6 +109,7 @@ def bce_losses(model: FederatedRecommender, data: RoundData, shared: dict[str, T
 
 
 #: the objectives by their ``task.objective`` name
-OBJECTIVES: dict[str, Objective] = {"rmse": rmse_losses, "mse": mse_losses, "bpr": bpr_losses, "bce": bce_losses}
+OBJECTIVES: dict[str, Objective] = {"rmse": rmse_losses, "mse": mse_losses, "sse": sse_losses, "bpr": bpr_losses,
+                                    "bce": bce_losses}
 #: the objectives that train on sampled negatives (implicit feedback)
 WITH_NEGATIVES = ("bpr", "bce")

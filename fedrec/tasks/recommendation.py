@@ -175,6 +175,9 @@ class FedRecTask(FederatedTask):
             ``val_ndcg@10`` on implicit feedback. Needs a validation split when given.
         expansion: FedGNN's graph expansion (:mod:`fedrec.recsys.expansion`), ``neighbours`` per item and user
             (0: none) every ``every`` rounds; the model must be built with ``expansion=True`` (the builder does).
+        mean_init: before round 0, set the model's global bias μ so that it predicts the mean training rating
+            (through the inverse of its head): each client sends the server the sum and the count of its training
+            ratings once. Needs ``model.bias``, explicit ratings and no privacy (the sums are not noised).
     """
 
     kind = "recommendation"
@@ -208,6 +211,7 @@ class FedRecTask(FederatedTask):
         strategy: Strategy | None = None,
         select_on: str | None = None,
         expansion: Mapping[str, Any] | None = None,
+        mean_init: bool = False,
     ) -> None:
         self.num_rounds = check_int("task.rounds", rounds)
         self.implicit = isinstance(data, ImplicitData)
@@ -276,6 +280,15 @@ class FedRecTask(FederatedTask):
         self.server, self.attack = server, attack
         if attack is not None:
             attack.setup(data, self.seed)
+        if not isinstance(mean_init, bool):
+            raise ConfigError(f"task.mean_init must be true or false, got {mean_init!r}")
+        if mean_init and not getattr(model, "bias", False):
+            raise ConfigError("task.mean_init=true sets the model's global bias: add it with +model.bias=true")
+        if mean_init and (self.implicit or privacy is not None):
+            raise ConfigError("task.mean_init=true starts at the mean training rating, which " + (
+                "implicit feedback has not (every positive is 1)" if self.implicit else
+                "clients would send the server without noise: set privacy=none or task.mean_init=false"))
+        self.mean_init = mean_init
         self.expansion = GraphExpansion.from_config(expansion, data.num_users, data.num_items)
         endpoints = {"client": data.num_clients, "server": 1}
         if self.expansion is not None:
@@ -380,6 +393,8 @@ class FedRecTask(FederatedTask):
 
     def run_round(self, round_idx: int) -> dict[str, float]:
         prep = self._prepare(round_idx)  # ① the round's data, pseudo items and X^t
+        if self.mean_init and round_idx == 0:
+            self._start_at_the_mean(prep)
         if self.expansion is not None and self.expansion.due(round_idx):
             self._expand(round_idx, prep)
         plan = self._plan(round_idx, prep)  # who the strategy selects, and who fails
@@ -408,6 +423,18 @@ class FedRecTask(FederatedTask):
         metrics.update({k: float(v.sum()) for k, v in self.channel.ledger.totals().items()
                         if k in ("comm_upload_scalars", "comm_download_scalars", "comm_messages")})
         return metrics
+
+    def _start_at_the_mean(self, prep: _Prepared) -> None:
+        """``task.mean_init``: μ from the clients' rating sums and counts (one message of 2 scalars each)."""
+        tr, model = prep.training, self.model
+        mean = float(np.asarray(tr.rating, dtype=np.float64).mean())
+        if model.head == "sigmoid":  # σ(μ) = mean, kept off the sigmoid's flat ends
+            p = min(max(mean, 1e-3), 1 - 1e-3)
+            mean = math.log(p / (1 - p))
+        with torch.no_grad():
+            model.global_bias.fill_(mean)
+        clients = torch.from_numpy(np.unique(self.data.client_of_user[tr.user]))
+        self.channel.send("upload", ("client", clients), ("server", 0), None, 2)
 
     def _expand(self, round_idx: int, prep: _Prepared) -> None:
         """Graph expansion over every client holding ratings, with the users' current vectors."""
