@@ -1,7 +1,7 @@
 """The round as matrix factorisation's summed loss (issue 40): with ``task.objective=sse``,
-``aggregator.weighting=uniform`` and ``aggregator.item_mean=sum`` the aggregated item update is the gradient of
+``aggregator.weighting=uniform`` and ``aggregator.reduce=sum`` the aggregated item update is the gradient of
 the squared error summed over every rating of the round, computed here in one central backward pass; with the
-authors' ``item_mean=uploaders`` it is not (each item's sum is divided by its uploaders)."""
+authors' ``reduce=mean`` it is not (each item's sum is divided by its uploaders)."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ import torch
 from test_neumf import tiny_round
 
 from fedrec.errors import ConfigError
-from fedrec.models import MatrixFactorization
+from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.recsys.aggregate import FedSGD, Uploads
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.objectives import OBJECTIVES
@@ -38,7 +38,7 @@ def test_summed_item_updates_are_the_central_gradient_of_the_summed_loss(objecti
     model = MatrixFactorization(6, 24, 3).double()
     d = tiny_round()
     upd = local_updates(model, d, objective=OBJECTIVES[objective])
-    _, items, rows = FedSGD(weighting=weighting, item_mean="sum")(_uploads(upd, d))
+    _, items, rows = FedSGD(weighting=weighting, reduce="sum")(_uploads(upd, d))
     central = _central_item_gradient(model, d)
     torch.testing.assert_close(rows.double(), central[items])
     assert set(items.tolist()) == set(d.row_item.tolist())
@@ -48,12 +48,29 @@ def test_summed_item_updates_are_the_central_gradient_of_the_summed_loss(objecti
     assert not torch.allclose(rows_m[shared].double(), central[items_m][shared])
 
 
-def test_the_sse_loss_is_the_sum_and_a_bad_item_mean_is_refused() -> None:
+def test_the_sse_loss_is_the_sum_and_a_bad_reduction_is_refused() -> None:
     torch.manual_seed(6)
     model = MatrixFactorization(6, 24, 3).double()
     d = tiny_round()
     sse = local_updates(model, d, objective=OBJECTIVES["sse"])
     mse = local_updates(model, d, objective=OBJECTIVES["mse"])
     torch.testing.assert_close(sse.loss, mse.loss * d.ratings_per_client().double())
-    with pytest.raises(ConfigError, match="aggregator.item_mean must be one of"):
-        FedSGD(item_mean="clients")
+    with pytest.raises(ConfigError, match="aggregator.reduce must be one of"):
+        FedSGD(reduce="median")
+
+
+def test_summed_omega_is_the_central_gradient_of_the_summed_loss() -> None:
+    """FedGNN's ω: the clients' gradients of their own copies add up to the gradient of the loss over all ratings
+    with respect to the one shared ω (each user represented from its own ratings)."""
+    torch.manual_seed(7)
+    model = FedGNN(6, 24, 3).double()
+    d = tiny_round()
+    upd = local_updates(model, d, objective=OBJECTIVES["sse"])
+    shared, _, _ = FedSGD(weighting="uniform", reduce="sum")(_uploads(upd, d))
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in model.shared_parameters().items()}
+    users, items = model.user_emb.detach()[d.users], model.item_emb.detach()[d.row_item]
+    h = model.user_states(params, users, items[d.entry_row], d.entry_user)
+    pred = model.link(model.pair_logits(params, h, items[d.entry_row], d.entry_user))
+    loss = ((pred - d.entry_rating.double()) ** 2).sum()
+    central = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(params.values()))])
+    torch.testing.assert_close(shared.double(), central)

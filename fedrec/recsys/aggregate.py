@@ -49,8 +49,8 @@ from fedrec.aggregation import (
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
 
 WEIGHTINGS = ("uploaded_items", "ratings", "uniform")
-#: ``aggregator.item_mean``: what an item row's weighted sum is divided by
-ITEM_MEANS = ("uploaders", "sum")
+#: ``aggregator.reduce``: weighted means (the authors') or weighted sums of the uploads
+REDUCTIONS = ("mean", "sum")
 
 
 @dataclass
@@ -110,18 +110,18 @@ class Aggregator:
     Args:
         weighting: client weights: ``"uploaded_items"`` (|real ∪ pseudo items|, the authors' n_u),
             ``"ratings"`` (local data size, McMahan et al.'s FedAvg) or ``"uniform"``.
-        item_mean: ``"uploaders"`` divides an item row's weighted sum by its uploaders' weight (the authors');
-            ``"sum"`` keeps the weighted sum, so that an item's update grows with the clients that rated it, as the
-            gradient of a loss summed over clients does: with ``task.objective=sse`` and ``weighting="uniform"``
-            the round's update is the gradient of matrix factorisation's loss summed over all ratings.
+        reduce: ``"mean"`` takes ω's weighted mean over clients and each item row's over its uploaders (the
+            authors'); ``"sum"`` keeps the weighted sums, so that an item's update grows with the clients that
+            rated it, as the gradient of a loss summed over clients does: with ``task.objective=sse`` and
+            ``weighting="uniform"`` the round's update is the gradient of the squared error summed over all ratings.
     """
 
     #: local SGD steps per client when ``strategy.local_steps`` is unset (1: clients upload their gradients)
     default_local_steps = 1
 
-    def __init__(self, weighting: str = "uploaded_items", item_mean: str = "uploaders") -> None:
+    def __init__(self, weighting: str = "uploaded_items", reduce: str = "mean") -> None:
         self.weighting = check_choice("aggregator.weighting", weighting, WEIGHTINGS)
-        self.item_mean = check_choice("aggregator.item_mean", item_mean, ITEM_MEANS)
+        self.reduce = check_choice("aggregator.reduce", reduce, REDUCTIONS)
 
     def validate(self, num_clients: int) -> None:
         """Check the rule's settings against the run's number of clients (nothing to check for a mean)."""
@@ -161,9 +161,9 @@ class Aggregator:
     def finish(self, sums: AggregateSums, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
         """The weighted means of all clients' summed uploads: ``(ω update, item ids, item-row updates)``."""
         items = torch.nonzero(sums.row_count > 0).reshape(-1)
-        rows = sums.rows[items]
-        if self.item_mean == "uploaders":
-            rows = rows / sums.row_weight[items].unsqueeze(1)
+        if self.reduce == "sum":
+            return sums.shared.to(dtype), items, sums.rows[items].to(dtype)
+        rows = sums.rows[items] / sums.row_weight[items].unsqueeze(1)
         return (sums.shared / sums.weight).to(dtype), items, rows.to(dtype)
 
 

@@ -9,7 +9,7 @@ per-client ω copies (leading C, or shared), the clients' user rows ``(S, k)`` a
 * ``mse`` (explicit ratings): ``mean (σ(s_ui) − y_ui)²``, the loss of FedPerGNN's code and of matrix factorisation;
   its gradient is ``2·rmse`` times ``rmse``'s, so clients that are already fitted well are not weighted up;
 * ``sse`` (explicit ratings): ``Σ (σ(s_ui) − y_ui)²``, the client's share of matrix factorisation's summed loss:
-  with ``aggregator.item_mean=sum aggregator.weighting=uniform`` the clients' updates add up to the gradient of
+  with ``aggregator.reduce=sum aggregator.weighting=uniform`` the clients' updates add up to the gradient of
   the loss over all ratings, and the server's and clients' ``task.weight_decay`` is then MF's L2 on every row;
 * ``bpr`` (implicit feedback, Rendle et al. 2009, eq. 4 without its prior, which ``task.weight_decay`` plays):
   ``mean −log σ(s_ui − s_uj)`` over the client's (positive i, sampled negative j) pairs;
