@@ -258,3 +258,19 @@ def test_bad_expansion_settings_are_refused(compose_cfg: Compose, tmp_path: Path
     extra = () if override.startswith("task.expansion.neighbours") else ("task.expansion.neighbours=3",)
     with pytest.raises(ConfigError, match=says or "task.expansion.neighbours must be an integer >= 0"):
         _summary(compose_cfg, tmp_path, "bad", *extra, override)
+
+
+def test_the_residual_adds_each_layers_centre() -> None:
+    torch.manual_seed(3)
+    plain = FedGNN(4, 9, 3, expansion=True)
+    res = FedGNN(4, 9, 3, expansion=True, residual=True)
+    res.load_state_dict(plain.state_dict())
+    users, items = torch.randn(2, 3), torch.randn(5, 3)
+    owner = torch.tensor([0, 0, 1, 1, 1])
+    nb = Neighbours(torch.randn(5, 2, 3), torch.rand(5, 2) < 0.5)
+    shared = plain.shared_parameters()
+    items_plain = plain._expanded_items(shared, users, items, owner, nb)
+    torch.testing.assert_close(res._expanded_items(shared, users, items, owner, nb), items_plain + items)
+    expected = plain.gat.attend({n.removeprefix("gat."): p for n, p in shared.items() if n.startswith("gat.")},
+                                users, items_plain + items, owner) + users
+    torch.testing.assert_close(res.represent(shared, users, items, owner, nb), expected)

@@ -96,26 +96,31 @@ class StarGAT(nn.Module):
 
 class FedGNN(FederatedRecommender):
     """FedGNN: ``h_u = GAT(star of u)[u]``, without graph expansion the authors' ``wo_neighbour`` setting; with
-    ``expansion=True`` the star's items are first represented from their expansion neighbours (module docstring)."""
+    ``expansion=True`` the star's items are first represented from their expansion neighbours (module docstring).
+    ``residual=True`` adds each layer's centre vector to its output (``h_u = GAT(...) + p_u``, an item's likewise):
+    FedPerGNN's model joins the user's own embedding to the attended items (and an item's to its attended
+    neighbours) before a dense layer, where a GAT's centre competes with all of its neighbours in one softmax."""
 
     reads_neighbours = True
 
     def __init__(self, num_users: int, num_items: int, embed_dim: int = 8, negative_slope: float = 0.2,
-                 expansion: bool = False, **parts: Any) -> None:
+                 expansion: bool = False, residual: bool = False, **parts: Any) -> None:
         super().__init__(num_users, num_items, embed_dim, **parts)
         self.gat = StarGAT(self.embed_dim, negative_slope)
-        if not isinstance(expansion, bool):
-            raise ConfigError(f"model.expansion must be true or false, got {expansion!r}")
-        self.expansion = expansion
+        for name, value in (("expansion", expansion), ("residual", residual)):
+            if not isinstance(value, bool):
+                raise ConfigError(f"model.{name} must be true or false, got {value!r}")
+        self.expansion, self.residual = expansion, residual
         if expansion:  # after the user layer, so the default model draws its initial values as before
             self.item_gat = StarGAT(self.embed_dim, negative_slope)
 
     def represent(self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor,
                   neighbours: Neighbours | None = None) -> Tensor:
         params = {name.removeprefix("gat."): p for name, p in shared.items() if name.startswith("gat.")}
-        if self.expansion:
-            item_vecs = self._expanded_items(shared, user_vecs, item_vecs, entry_user, neighbours)
-        return self.gat.attend(params, user_vecs, item_vecs, entry_user)
+        items = self._expanded_items(shared, user_vecs, item_vecs, entry_user, neighbours) if self.expansion \
+            else item_vecs
+        h = self.gat.attend(params, user_vecs, items, entry_user)
+        return h + user_vecs if self.residual else h
 
     def _expanded_items(self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor,
                         neighbours: Neighbours | None) -> Tensor:
@@ -128,4 +133,5 @@ class FedGNN(FederatedRecommender):
         else:
             vecs = torch.cat([own, neighbours.vecs.to(own.dtype)], 1)
             mask = torch.cat([torch.ones_like(neighbours.mask[:, :1]), neighbours.mask], 1)
-        return self.item_gat.attend_dense(params, item_vecs, vecs, mask, entry_user)
+        out = self.item_gat.attend_dense(params, item_vecs, vecs, mask, entry_user)
+        return out + item_vecs if self.residual else out
