@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 ALL_EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 #: federated recommendation experiments (tested in test_fedrec_cli.py); the others are bandit runs
-FEDREC_PREFIXES = ("fedgnn_", "bgtplanner_", "mf_", "neumf_", "lightgcn_")
+FEDREC_PREFIXES = ("fedgnn_", "fedpergnn_", "bgtplanner_", "mf_", "neumf_", "lightgcn_")
 #: experiments on data that is not in the data directory (tested on files the tests write: test_criteo.py)
 NEEDS_FILE = ("vfl_criteo",)
 EXPERIMENTS = [e for e in ALL_EXPERIMENTS if not e.startswith(FEDREC_PREFIXES) and e not in NEEDS_FILE]
