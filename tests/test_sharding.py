@@ -9,6 +9,7 @@ across process counts.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from fedrec.errors import ConfigError
 from fedrec.federation.collective import Collective
 from fedrec.metrics import metrics_from_sums, rating_metrics, rating_sums
 from fedrec.models import FedGNN, MatrixFactorization
+from fedrec.models.recommender import Neighbours
 from fedrec.privacy import ClientDP
 from fedrec.recsys import AggregateSums, FedAvg, FedSGD, Uploads
 from fedrec.recsys.data import _unique_inverse, round_data
@@ -198,7 +200,16 @@ def test_a_shard_equals_round_data_of_its_clients(seed: int, a: int, b: int) -> 
     want = round_data(user, item, rating, client_of_user, 30, keep)
     got = d.select(lo, hi)
     for field in want.__dataclass_fields__:
-        assert torch.equal(getattr(got, field), getattr(want, field)), field
+        if field != "neighbours":  # None on both: round_data attaches no expansion
+            assert torch.equal(getattr(got, field), getattr(want, field)), field
+    assert got.neighbours is None and want.neighbours is None
+    # an expansion's neighbours follow their entries into the shard
+    E = len(d.entry_user)
+    vecs = torch.arange(E * 2 * 3, dtype=torch.float32).view(E, 2, 3)
+    expanded = dataclasses.replace(d, neighbours=Neighbours(vecs, vecs[..., 0] % 2 == 0))
+    mine = ((d.entry_client >= lo) & (d.entry_client < hi)).numpy()
+    shard_nb = expanded.select(lo, hi).neighbours
+    assert torch.equal(shard_nb.vecs, vecs[mine]) and torch.equal(shard_nb.mask, vecs[mine][..., 0] % 2 == 0)
 
 
 @settings(max_examples=30, deadline=None)
