@@ -87,14 +87,7 @@ def test_train_py_on_sigterm_prints_how_to_resume_and_the_resume_finishes_the_ru
     out = tmp_path / "run"
     args = ["task.steps=400000", "task.steps_per_round=100", "env.num_clients=20", "plots=false",
             "logger.tensorboard=false"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={out}"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        metrics = out / "metrics.csv"
-        if metrics.is_file() and len(metrics.read_text().splitlines()) > 3:
-            break
-        time.sleep(0.05)
+    proc = _started_run(tmp_path, out, args)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 128 + signal.SIGTERM, err
@@ -155,6 +148,18 @@ def test_train_py_on_a_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path:
     out = tmp_path / "run"
     args = ["task.steps=400000", "task.steps_per_round=100", "env.num_clients=20", "plots=false",
             "logger.tensorboard=false", "trainer.checkpoint_every=1"]
+    proc = _started_run(tmp_path, out, args)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("interrupted: ")] == \
+        [err.strip()], err
+    assert load_checkpoint(out / "checkpoints" / "last.ckpt")["round"] >= 3  # its digest checked
+
+
+def _started_run(tmp_path: Path, out: Path, args: list[str]) -> subprocess.Popen:
+    """``train.py`` with ``args`` writing into ``out``, returned once it has logged three rounds (or ended)."""
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={out}"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
@@ -163,10 +168,4 @@ def test_train_py_on_a_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path:
         if metrics.is_file() and len(metrics.read_text().splitlines()) > 3:
             break
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=240)
-    assert proc.returncode == 128 + signal.SIGINT, err
-    assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("interrupted: ")] == \
-        [err.strip()], err
-    assert load_checkpoint(out / "checkpoints" / "last.ckpt")["round"] >= 3  # its digest checked
+    return proc
