@@ -170,7 +170,7 @@ def test_mean_init_starts_mu_at_the_mean_training_rating(compose_cfg: Callable[.
     assert task.channel.ledger.totals()["comm_upload_messages"].item() - before == 2 * holding  # + the gradients
     # round 0 then moved μ by one optimiser step of size about task.lr
     start = mean if head == "linear" else float(torch.logit(torch.tensor(mean, dtype=torch.float64)))
-    assert abs(float(task.model.global_bias.detach()) - start) <= 1.01 * task.server_step.lr
+    assert abs(float(task.model.global_bias.detach()) - start) <= 1.01 * task.strategy.server_step.lr
 
 
 @pytest.mark.parametrize(("extra", "says"), [

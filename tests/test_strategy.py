@@ -288,12 +288,12 @@ def test_server_placement_adds_one_noise_draw_of_the_stated_scale_to_the_clipped
     dp = _server_dp(tiny, clip=0.05)
     task = _task(tiny, dp, FedSGD(weighting="uniform"), strategy=Strategy("poisson", sample_rate=0.6))
     got = {}
-    step = task.server_step
+    step = task.strategy.server_step
 
     def record(model, g_shared, items, g_items):
         got.update(shared=g_shared.clone(), items=items.clone(), rows=g_items.clone())
         step(model, g_shared, items, g_items)
-    task.server_step = record
+    task.strategy.server_step = record
     m = task.run_round(1)
     up = task.last_uploads
     assert 0 < m["clients"] < tiny.num_clients
@@ -370,3 +370,29 @@ def test_strategy_runs_from_the_command_line(tmp_path: Path) -> None:
     assert summary["adjacency"] == "add_remove" and summary["sensitivity"] == summary["clip"]
     assert 0 < summary["clients_per_round_mean"] < summary["clients"]
     assert summary["epsilon_spent"] <= summary["epsilon_total"]
+
+
+# ------------------------------------------------------------------------------------------------ a seam overridden
+class _HalfStep(Strategy):
+    """A user's strategy that overrides one seam: the server applies half the aggregate."""
+
+    def aggregate(self, *args, **kwargs):
+        g_shared, items, g_items = super().aggregate(*args, **kwargs)
+        return g_shared / 2, items, g_items / 2
+
+
+def test_a_strategy_subclass_overriding_aggregate_changes_only_the_server_step(tiny: RatingData) -> None:
+    """With server SGD and no weight decay, halving the aggregate is the server's step at half the rate: after one
+    round ω and the item table equal a default run's at lr/2, while the clients' own rows (stepped at lr in both)
+    equal the default run's at lr."""
+    sgd = {"optimizer": "sgd", "weight_decay": 0.0}
+    half = _task(tiny, strategy=_HalfStep(), lr=0.2, **sgd)
+    slow, plain = _task(tiny, lr=0.1, **sgd), _task(tiny, lr=0.2, **sgd)
+    for task in (half, slow, plain):
+        task.run_round(0)
+    shared = half.model.shared_parameters()
+    for name, p in slow.model.shared_parameters().items():
+        torch.testing.assert_close(shared[name], p, rtol=0, atol=1e-7)
+    torch.testing.assert_close(half.model.item_emb, slow.model.item_emb, rtol=0, atol=1e-7)
+    torch.testing.assert_close(half.model.user_emb, plain.model.user_emb, rtol=0, atol=0)
+    assert not torch.equal(half.model.item_emb, plain.model.item_emb)

@@ -186,7 +186,7 @@ def audit_one_run(build: Callable[[Attack], Any], canaries: int, *, guesses: int
     attack.draw_vectors(P, I, k, norm)
     unit = attack.value / norm
     scores = torch.zeros(canaries, dtype=torch.float64)
-    step = task.server_step
+    step = task.strategy.server_step
 
     def observe(model: FederatedRecommender, g_shared: Tensor, items: Tensor, g_items: Tensor) -> None:
         table = torch.zeros(I, k, dtype=torch.float64).index_copy(0, items.cpu(), g_items.detach().cpu().double())
@@ -194,12 +194,12 @@ def audit_one_run(build: Callable[[Attack], Any], canaries: int, *, guesses: int
         scores.add_((flat[attack.index] * unit).sum(1))
         step(model, g_shared, items, g_items)
 
-    task.server_step = observe
+    task.strategy.server_step = observe
     try:
         for t in range(task.num_rounds):
             task.run_round(t)
     finally:
-        task.server_step = step
+        task.strategy.server_step = step
     correct = correct_guesses(scores, attack.included, r)
     what = (f"{canaries} canary clients (add/remove, each included with probability 1/2; c_i on {coordinates} "
             f"coordinate{'s' * (coordinates > 1)} of its own at 10·clip), Poisson sampling at q={dp.sample_rate:g}, "

@@ -27,18 +27,35 @@ Local work
     ``local_steps`` SGD steps of size ``local_lr`` per client (:func:`fedrec.recsys.local.local_updates`); unset,
     the aggregator's own (:attr:`fedrec.recsys.aggregate.Aggregator.default_local_steps`: 5 for FedAvg, 1 for the
     rest).
+The server's side
+    Bound to the run's aggregator, privacy and optimiser steps by :meth:`Strategy.setup`, the strategy admits the
+    clients the privacy budget allows (:meth:`~Strategy.admit`), privatises client-placed uploads
+    (:meth:`~Strategy.privatize`), screens what the server received (:meth:`~Strategy.screen`), combines the used
+    uploads (:meth:`~Strategy.aggregate`: the aggregator's rule, or under ``privacy.placement=server`` one noise
+    draw on their clipped sum), steps the server and the clients' user rows (:meth:`~Strategy.step`) and accounts
+    the round (:meth:`~Strategy.record`). Local training, upload assembly and evaluation are the task's, which
+    knows the data.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedrec.errors import ConfigError, check_choice, check_float, check_int
-from fedrec.recsys.aggregate import Aggregator, FedSGD, Uploads
+from fedrec.errors import ConfigError, TrainingDiverged, check_choice, check_float, check_int
+from fedrec.federation.collective import Collective
+from fedrec.models.recommender import FederatedRecommender
+from fedrec.privacy.central import ClippedSums, clipped_sums
+from fedrec.privacy.client_dp import ClientDP
+from fedrec.recsys.aggregate import AggregateSums, Aggregator, FedSGD, Uploads
+from fedrec.recsys.data import RoundData
+from fedrec.recsys.privatize import privatize_uploads, record_round, round_budget
+from fedrec.recsys.server import AdaptiveServerStep, ServerStep, UserStep
 from fedrec.rng import KeyedRows
 
 PARTICIPATIONS = ("all", "fixed", "poisson")
@@ -102,15 +119,23 @@ class Strategy:
         self._local_steps = None if local_steps is None else check_int("strategy.local_steps", local_steps)
         self.local_lr = check_float("strategy.local_lr", local_lr, low=0.0, low_open=True)
         self.local_steps = self._local_steps or 1
+        self.aggregator: Aggregator | None = None  # the run's, bound by setup
+        self.privacy: ClientDP | None = None
+        self.server_step: ServerStep | AdaptiveServerStep = ServerStep()
+        self.user_step: UserStep = UserStep()
 
     @property
     def is_default(self) -> bool:
         """Whether every client holding ratings takes part and none fails (the round before strategies)."""
         return self.participation == "all" and self.dropout == 0.0 and self.deadline is None
 
-    def setup(self, aggregator: Aggregator, num_clients: int) -> None:
-        """Resolve the local steps against the aggregator and check the participation against the run's
-        clients."""
+    def setup(self, aggregator: Aggregator, num_clients: int, num_rounds: int = 1, privacy: ClientDP | None = None,
+              server_step: ServerStep | AdaptiveServerStep | None = None, user_step: UserStep | None = None) -> None:
+        """Bind the run's aggregator, privacy and optimiser steps, resolve the local steps against the aggregator,
+        and check them against each other and the run's ``num_clients`` clients over ``num_rounds`` rounds (server
+        placement calibrates its noise for the sampling rate here)."""
+        self.aggregator, self.privacy = aggregator, privacy
+        self.server_step, self.user_step = server_step or ServerStep(), user_step or UserStep()
         self.local_steps = self._local_steps or aggregator.default_local_steps
         if isinstance(aggregator, FedSGD) and self.local_steps > 1:
             raise ConfigError(f"strategy.local_steps={self.local_steps}: FedSGD uploads one gradient per client; "
@@ -121,6 +146,34 @@ class Strategy:
         if self.min_clients > num_clients:
             raise ConfigError(f"strategy.min_clients={self.min_clients} is more than the run's {num_clients} "
                               "clients: no round would run")
+        if privacy is None:
+            return
+        if privacy.accountant.num_clients != num_clients:
+            raise ConfigError(f"privacy is set up for {privacy.accountant.num_clients} clients, the data has "
+                              f"{num_clients}")
+        if aggregator.weighting == "ratings":  # the server sees only each client's set of uploaded item ids
+            raise ConfigError("aggregator.weighting=ratings weights by the clients' private rating counts, "
+                              "which DP does not cover: use uploaded_items or uniform with privacy on")
+        if self.server_placed:
+            plain = type(aggregator).partial is Aggregator.partial and type(aggregator).__call__ is Aggregator.__call__
+            if not plain or aggregator.weighting != "uniform":
+                raise ConfigError(f"privacy.placement=server noises the plain sum of clipped uploads: it needs a "
+                                  f"mean aggregator with uniform weights (aggregator=fedsgd|fedavg, "
+                                  f"aggregator.weighting=uniform), got {type(aggregator).__name__} with "
+                                  f"weighting={aggregator.weighting}")
+            privacy.setup_server(num_rounds, self.sampling_rate(num_clients), self.expected_clients(num_clients))
+
+    def check_processes(self, world_size: int) -> None:
+        """Refuse an aggregator that cannot be summed over ``world_size`` > 1 processes (``trainer.devices``)."""
+        if world_size > 1 and type(self.aggregator).__call__ is not Aggregator.__call__:
+            raise ConfigError(f"trainer.devices={world_size}: {type(self.aggregator).__name__} combines uploads in "
+                              "its own __call__, which cannot be summed over processes; run it in one process or "
+                              "implement Aggregator.partial/finish")
+
+    @property
+    def server_placed(self) -> bool:
+        """Whether the DP noise is the server's, one draw on the clipped sum (``privacy.placement=server``)."""
+        return self.privacy is not None and self.privacy.placement == "server"
 
     def sampling_rate(self, holding: int) -> float:
         """q: the probability that a client holding ratings is selected in a round of ``holding`` such clients."""
@@ -183,6 +236,109 @@ class Strategy:
                 0, up.row_client.to(device), up.rows.double().pow(2).reshape(up.rows.shape[0], -1).sum(1))
             bad |= sq.sqrt() > self.max_update_norm
         return bad
+
+
+    # ------------------------------------------------------------------------------------------ the server's side
+    def admit(self, run: Tensor, budget: Tensor | None, num_rounds: int) -> tuple[Tensor, Tensor | None]:
+        """Step ②: of the clients set to ``run`` (``(num_clients,)`` bool), those the privacy budget admits, and
+        the round's per-client budgets of client-placed noise (``budget``, a planner's, or else the uniform split
+        over ``num_rounds``; None without client noise). A server-placed round past ε admits no one."""
+        if self.server_placed:
+            return (run if self.privacy.server_round_affordable() else torch.zeros_like(run)), None
+        if self.privacy is None:
+            return run, None
+        budget = round_budget(self.privacy, budget, run.numel(), num_rounds)
+        return self.privacy.admissible(budget, run), budget
+
+    def privatize(self, shared: Tensor, sizes: list[int], rows: Tensor, data: RoundData, budget: Tensor | None,
+                  key: int) -> tuple[Tensor, Tensor]:
+        """Step ③'s noise under ``privacy.placement=client``: every client of ``data`` clips and noises its ω (of
+        tensors of ``sizes`` values) and real item rows at its ``budget``, drawing under ``key``
+        (:func:`~fedrec.recsys.privatize.privatize_uploads`); otherwise the uploads go as they are."""
+        if self.privacy is None or self.server_placed:
+            return shared, rows
+        return privatize_uploads(self.privacy, shared, sizes, rows, data.row_client.to(rows.device),
+                                 budget[data.clients], data.clients, key)
+
+    def screen(self, bad: Tensor, late: Tensor, diverged: Callable[[], str]) -> Tensor:
+        """``(num_clients,)`` bool: the uploads the server does not use, the ``late`` ones and the ``bad``
+        (non-zero) ones; under ``on_bad_update=abort`` a bad one stops the run with ``diverged()``'s message."""
+        if self.on_bad_update == "abort" and bool((bad > 0).any()):
+            raise TrainingDiverged(diverged())
+        return late | (bad > 0)
+
+    def diverged(self, round_idx: int, prox_mu: float) -> str:
+        """Why round ``round_idx`` aborts on a bad update, naming first the setting to change (FedProx's
+        ``prox_mu`` first, then the local steps' rate, else the optimiser's)."""
+        if self.max_update_norm is not None:
+            return (f"strategy.max_update_norm: round {round_idx}: a client's update is not finite or exceeds "
+                    f"strategy.max_update_norm={self.max_update_norm:g} (raise it, or set "
+                    "strategy.on_bad_update=drop to leave such updates out)")
+        settings = []
+        if prox_mu:
+            settings.append(("task.prox_mu", prox_mu))
+        if self.local_steps > 1:
+            settings.append(("strategy.local_lr", self.local_lr))
+        if not prox_mu:
+            settings.append(("task.lr", self.user_step.lr))
+        lower = " or ".join(f"{name} ({value:g})" for name, value in settings)
+        return (f"{settings[0][0]}: round {round_idx}: a client's update is not finite (training diverged); "
+                f"lower {lower}")
+
+    def aggregate(self, uploads: Uploads | None, model: FederatedRecommender, together: list[Tensor],
+                  collective: Collective, holding: int, key: Callable[[str], int]) -> tuple[Tensor, Tensor, Tensor]:
+        """The server's update ``(ω, item ids, item rows)`` of ``model`` from this process's used ``uploads``
+        (None: it has none): the aggregator's, or under server placement the noised sum of the clipped uploads over
+        the expected clients of a round of ``holding`` clients (every item's row), drawn under
+        ``key("server_noise")``. In a run of several processes the sums, and the ``together`` tensors with them,
+        are added up over processes."""
+        device, dtype = model.user_emb.device, model.item_emb.dtype
+        num_shared, num_items, dim = sum(p.numel() for p in model.shared_parameters().values()), model.num_items, \
+            model.row_dim
+        single = collective.world_size == 1
+        if self.server_placed:
+            dp = self.privacy
+            sums = clipped_sums(dp.mechanism, uploads.shared, uploads.rows, uploads.row_client, uploads.row_item,
+                                num_items) if uploads is not None and uploads.clients.numel() else \
+                ClippedSums.zeros(num_shared, num_items, dim, device)
+            if not single:
+                collective.all_reduce([*sums.tensors(), *together])
+            g_shared, g_rows = dp.server.noised(sums, self.expected_clients(holding), key("server_noise"))
+            return g_shared.to(dtype), torch.arange(num_items, device=g_rows.device), g_rows.to(dtype)
+        if single:
+            return self.aggregator(uploads)
+        sums = self.aggregator.partial(uploads, num_items) if uploads is not None else AggregateSums.zeros(
+            num_shared, num_items, dim, device)
+        collective.all_reduce([*sums.tensors(), *together])
+        return self.aggregator.finish(sums, dtype)
+
+    def step(self, model: FederatedRecommender, update: tuple[Tensor, Tensor, Tensor], users: Tensor,
+             user_grads: Tensor) -> None:
+        """Step ④'s close: the server's optimiser on ω and the item table from ``update`` ``(ω, item ids, item
+        rows)``; the ``users`` whose uploads were used update their own rows from ``user_grads``."""
+        self.server_step(model, *update)
+        self.user_step(model, users, user_grads)
+
+    def record(self, budget: Tensor | None, data: RoundData | None, num_clients: int, num_tensors: int) -> None:
+        """Account the round: client placement charges the clients of ``data`` (None: no one trained) at their
+        ``budget`` for ``num_tensors`` ω tensors and their rows; server placement records one sampled round, also
+        one in which no one was sampled (while the budget lasts)."""
+        if self.privacy is None:
+            return
+        if self.server_placed:
+            if data is not None or self.privacy.server_round_affordable():
+                self.privacy.record_server_round()
+        elif data is not None:
+            record_round(self.privacy, budget, data, num_clients, num_tensors)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The server's and the clients' optimiser states."""
+        return {"server_opt": self.server_step.state_dict(), "user_opt": self.user_step.state_dict()}
+
+    def load_state_dict(self, model: FederatedRecommender, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into the optimisers of ``model``."""
+        self.server_step.load_state_dict(model, state["server_opt"])
+        self.user_step.load_state_dict(model, state["user_opt"])
 
 
 def _standard_normal(u: Tensor) -> Tensor:

@@ -1,25 +1,27 @@
-"""Round-based federated recommendation with client-level DP (the DPFR of BGTplanner spec §1.3).
+"""Round-based federated recommendation with client-level or central DP (BGTplanner's DPFR setting).
 
-:class:`FedRecTask` sequences one round ``t`` (paper Fig. 1, steps ①–⑤); each concern is a module of
-:mod:`fedrec.recsys`:
+:class:`FedRecTask` sequences one round ``t`` (paper Fig. 1, steps ①–⑤). The round's seams that a federated-learning
+researcher sets belong to its :class:`~fedrec.recsys.strategy.Strategy` (as in Flower); the task prepares the data,
+trains the clients, assembles the uploads and evaluates, each concern a module of :mod:`fedrec.recsys`:
 
 1. the clients that hold training ratings (initial half plus the stream so far) group them
    (:mod:`~fedrec.recsys.data`), sample pseudo items and announce their item ids X^t
    (:mod:`~fedrec.recsys.upload`, :meth:`FedRecTask.upload_items`); with ``task.expansion``, every few rounds they
    first expand their local graphs through a third-party server (:mod:`~fedrec.recsys.expansion`);
-2. the round's strategy (:mod:`~fedrec.recsys.strategy`) selects the clients that take part (all by default, or a
-   fixed number or a Poisson sample) and simulates dropouts and stragglers; each client gets the round's budget,
-   set by a callback through :meth:`FedRecTask.set_round_budget` (the planner hook) or else the uniform split;
-   clients it would take past their total sit the round out (:mod:`~fedrec.recsys.privatize`);
+2. the strategy selects the clients that take part (all by default, or a fixed number or a Poisson sample) and
+   simulates dropouts and stragglers (``Strategy.plan``); each client gets the round's budget, set by a callback
+   through :meth:`FedRecTask.set_round_budget` (the planner hook) or else the uniform split, and clients it would
+   take past their total sit the round out (``Strategy.admit``);
 3. all clients compute their updates together (:mod:`~fedrec.recsys.local`), clip and noise ω and their real
-   item rows (:mod:`~fedrec.recsys.privatize`), append FedGNN's synthesised pseudo rows and shuffle their rows
-   (:mod:`~fedrec.recsys.upload`), so that neither position nor order tells real items from pseudo ones; user rows
-   stay on the client;
-   Under an attack, the malicious clients transform their uploads (:mod:`~fedrec.recsys.attack`);
-4. the channel counts the uploads, the server sets aside stragglers' and bad ones (the strategy's policy), the
-   aggregator combines the rest (:mod:`~fedrec.recsys.aggregate`) or, under ``privacy.placement=server``, the server
-   adds one noise draw to their clipped sum (:mod:`fedrec.privacy.central`), the server optimiser steps and
-   broadcasts, and the clients whose uploads were used update their own user rows (:mod:`~fedrec.recsys.server`);
+   item rows under client placement (``Strategy.privatize``), append FedGNN's synthesised pseudo rows and shuffle
+   their rows (:mod:`~fedrec.recsys.upload`), so that neither position nor order tells real items from pseudo ones;
+   user rows stay on the client. Under an attack, the malicious clients transform their uploads
+   (:mod:`~fedrec.recsys.attack`);
+4. the channel counts the uploads; the strategy sets aside stragglers' and bad ones (``Strategy.screen``), combines
+   the rest with the aggregator (:mod:`~fedrec.recsys.aggregate`) or, under ``privacy.placement=server``, adds one
+   noise draw to their clipped sum (:mod:`fedrec.privacy.central`) (``Strategy.aggregate``), steps the server's
+   optimiser and the used clients' user rows (``Strategy.step``, :mod:`~fedrec.recsys.server`) and accounts the
+   round (``Strategy.record``); the server broadcasts;
 5. the model is evaluated on the test (and validation) ratings (:mod:`~fedrec.recsys.evaluate`): RMSE, MAE and F1
    on explicit ratings, top-K ranking (``task.eval``) on either kind of data; under an attack also on the benign
    users alone, with the target item's exposure.
@@ -69,13 +71,12 @@ from torch import Tensor
 from fedrec.aggregation import ServerOptimizer
 from fedrec.data.implicit import ImplicitData, sample_negatives
 from fedrec.data.ratings import RatingData, Ratings
-from fedrec.errors import ConfigError, TrainingDiverged, check_choice, check_float, check_int
+from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.collective import Collective
 from fedrec.models.recommender import FederatedRecommender
-from fedrec.privacy.central import ClippedSums, clipped_sums
 from fedrec.privacy.client_dp import ClientDP
-from fedrec.recsys.aggregate import AggregateSums, Aggregator, Uploads
+from fedrec.recsys.aggregate import Aggregator, Uploads
 from fedrec.recsys.attack import Attack
 from fedrec.recsys.data import RoundData, round_data, shard, shard_bounds
 from fedrec.recsys.evaluate import (
@@ -92,12 +93,7 @@ from fedrec.recsys.expansion import ROLE as EXPANSION_ROLE
 from fedrec.recsys.expansion import GraphExpansion
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.objectives import OBJECTIVES, WITH_NEGATIVES
-from fedrec.recsys.privatize import (
-    privatize_uploads,
-    record_round,
-    round_budget,
-    round_key,
-)
+from fedrec.recsys.privatize import round_key
 from fedrec.recsys.ranking import UserItems, negatives_key, save_topk
 from fedrec.recsys.selection import ValidationSelection
 from fedrec.recsys.server import AdaptiveServerStep, ServerStep, UserStep
@@ -242,28 +238,10 @@ class FedRecTask(FederatedTask):
                               f"has {data.num_users} and {data.num_items}")
         aggregator.validate(data.num_clients)
         self.strategy = strategy or Strategy()
-        self.strategy.setup(aggregator, data.num_clients)
-        self.server_step = ServerStep(optimizer, lr, weight_decay, optimizer_state) if server is None else \
+        server_step = ServerStep(optimizer, lr, weight_decay, optimizer_state) if server is None else \
             AdaptiveServerStep(server, self.strategy.local_lr)
-        self.user_step = UserStep(optimizer, lr, weight_decay, optimizer_state)
-        if privacy is not None:
-            if privacy.accountant.num_clients != data.num_clients:
-                raise ConfigError(f"privacy is set up for {privacy.accountant.num_clients} clients, the data has "
-                                  f"{data.num_clients}")
-            if aggregator.weighting == "ratings":  # the server sees only each client's set of uploaded item ids
-                raise ConfigError("aggregator.weighting=ratings weights by the clients' private rating counts, "
-                                  "which DP does not cover: use uploaded_items or uniform with privacy on")
-            if privacy.placement == "server":
-                plain = type(aggregator).partial is Aggregator.partial and \
-                    type(aggregator).__call__ is Aggregator.__call__
-                if not plain or aggregator.weighting != "uniform":
-                    raise ConfigError(f"privacy.placement=server noises the plain sum of clipped uploads: it needs a "
-                                      f"mean aggregator with uniform weights (aggregator=fedsgd|fedavg, "
-                                      f"aggregator.weighting=uniform), got {type(aggregator).__name__} with "
-                                      f"weighting={aggregator.weighting}")
-                N = data.num_clients
-                privacy.setup_server(self.num_rounds, self.strategy.sampling_rate(N),
-                                     self.strategy.expected_clients(N))
+        self.strategy.setup(aggregator, data.num_clients, self.num_rounds, privacy, server_step,
+                            UserStep(optimizer, lr, weight_decay, optimizer_state))
         self.data, self.model, self.aggregator, self.privacy = data, model, aggregator, privacy
         self.pseudo_items = check_int("task.pseudo_items", pseudo_items, minimum=0)
         if self.pseudo_items > data.num_items:  # sample_pseudo_items draws all a client has not rated: say so
@@ -320,17 +298,14 @@ class FedRecTask(FederatedTask):
     @property
     def server_placed(self) -> bool:
         """Whether the run's DP noise is added by the server to the clipped sum (``privacy.placement=server``)."""
-        return self.privacy is not None and self.privacy.placement == "server"
+        return self.strategy.server_placed
 
     # ------------------------------------------------------------------------------------------------ hooks
     def setup(self, trainer: Any) -> None:
         self.trainer = trainer
         self.collective = getattr(trainer, "collective", None) or Collective()
         self.model.to(self.collective.device)  # the trainer's accelerator; round data is moved where it is used
-        if self.collective.world_size > 1 and type(self.aggregator).__call__ is not Aggregator.__call__:
-            raise ConfigError(f"trainer.devices={self.collective.world_size}: {type(self.aggregator).__name__} "
-                              "combines uploads in its own __call__, which cannot be summed over processes; run it "
-                              "in one process or implement Aggregator.partial/finish")
+        self.strategy.check_processes(self.collective.world_size)
         if self.collective.world_size > 1 and self.attack is not None:
             raise ConfigError(f"trainer.devices={self.collective.world_size}: attacks run in one process (attack="
                               f"{type(self.attack).__name__}); set trainer.devices=1")
@@ -374,23 +349,6 @@ class FedRecTask(FederatedTask):
         return base.startswith(PRIVATE_METRIC_PREFIXES)
 
     # ------------------------------------------------------------------------------------------------ round
-    def _diverged(self, round_idx: int) -> str:
-        """Why round ``round_idx`` aborts on a bad update, naming first the setting to change."""
-        if self.strategy.max_update_norm is not None:
-            return (f"strategy.max_update_norm: round {round_idx}: a client's update is not finite or exceeds "
-                    f"strategy.max_update_norm={self.strategy.max_update_norm:g} (raise it, or set "
-                    "strategy.on_bad_update=drop to leave such updates out)")
-        settings = []  # FedProx's term first; the local steps move by strategy.local_lr; else the optimiser's rate
-        if self.prox_mu:
-            settings.append(("task.prox_mu", self.prox_mu))
-        if self.strategy.local_steps > 1:
-            settings.append(("strategy.local_lr", self.strategy.local_lr))
-        if not self.prox_mu:
-            settings.append(("task.lr", self.user_step.lr))
-        lower = " or ".join(f"{name} ({value:g})" for name, value in settings)
-        return (f"{settings[0][0]}: round {round_idx}: a client's update is not finite (training diverged); "
-                f"lower {lower}")
-
     def run_round(self, round_idx: int) -> dict[str, float]:
         prep = self._prepare(round_idx)  # ① the round's data, pseudo items and X^t
         if self.mean_init and round_idx == 0:
@@ -404,8 +362,7 @@ class FedRecTask(FederatedTask):
             if bool(plan.training.any()) and self.trainer is not None:  # the privacy budget left no one
                 self.trainer.should_stop = True
             metrics.update(clients=0.0, train_loss=math.nan)
-            if self.server_placed and self.privacy.server_round_affordable():  # a round no one was sampled in
-                self.privacy.record_server_round()
+            self.strategy.record(None, None, self.data.num_clients, 0)  # server placement: a round no one was in
         else:
             metrics.update(self._train(round_idx, d, pseudo, valid, budget, plan.late))  # ③ and ④
         if not self.strategy.is_default:
@@ -489,14 +446,9 @@ class FedRecTask(FederatedTask):
                ) -> tuple[RoundData, Tensor, Tensor, Tensor | None]:
         """Step ②: the round's budget; the data, pseudo items and per-client budgets of the clients that train (the
         strategy's, which the privacy budget admits)."""
-        d, run, budget = prep.data, plan.training, None
-        if self.server_placed:
-            if not self.privacy.server_round_affordable():
-                run = torch.zeros_like(run)
-        elif self.privacy is not None:
-            budget = round_budget(self.privacy, self._budget, self.data.num_clients, self.num_rounds)
-            self._budget = None
-            run = self.privacy.admissible(budget, run)
+        d = prep.data
+        run, budget = self.strategy.admit(plan.training, self._budget, self.num_rounds)
+        self._budget = None
         if not bool(run[d.clients].all()):
             keep = run[d.clients]
             tr = prep.training
@@ -510,9 +462,8 @@ class FedRecTask(FederatedTask):
         """Steps ③ and ④: this process computes, privatises and assembles its shard's uploads (every client, in a
         one-process run); the server drops late and bad uploads (the strategy's), the sums are added up over
         processes, and every process takes the same server and user steps, so all hold the same model."""
-        model, k, I = self.model, self.model.row_dim, self.data.num_items
+        model, k, s = self.model, self.model.row_dim, self.strategy
         sizes = [p.numel() for p in model.shared_parameters().values()]
-        client_noise = self.privacy is not None and not self.server_placed
         privacy_key = self._key("privacy", round_idx) if self.privacy is not None else 0
         rows_key, order_key = self._key("pseudo_rows", round_idx), self._key("upload_order", round_idx)
         full = self._graphs(full)
@@ -524,16 +475,14 @@ class FedRecTask(FederatedTask):
         single = self.collective.world_size == 1
         if d.num_clients:
             # ③ local training, privatisation of ω and the real item rows, upload assembly
-            upd = local_updates(model, d.to(device), self.strategy.local_steps, self.strategy.local_lr,
-                                self.prox_mu, OBJECTIVES[self.objective], self.row_l2)
+            upd = local_updates(model, d.to(device), s.local_steps, s.local_lr, self.prox_mu,
+                                OBJECTIVES[self.objective], self.row_l2)
             shared, rows = upd.flat_shared(), upd.rows
-            broken = self.strategy.nonfinite(shared, rows, d.row_client)
+            broken = s.nonfinite(shared, rows, d.row_client)
             if bool(broken.any()):  # the noise cannot hide a non-finite value: the upload is dropped (or aborts)
                 shared, rows = shared.masked_fill(broken.unsqueeze(1), 0.0), rows.masked_fill(
                     broken.to(device)[d.row_client.to(device)].unsqueeze(1), 0.0)
-            if client_noise:
-                shared, rows = privatize_uploads(self.privacy, shared, sizes, rows, d.row_client.to(device),
-                                                 budget[d.clients], d.clients, privacy_key)
+            shared, rows = s.privatize(shared, sizes, rows, d, budget, privacy_key)
             uploads = assemble_uploads(d, shared, rows, pseudo[lo:hi], valid[lo:hi], rows_key, order_key,
                                        private=self.privacy is not None)
             if self.attack is not None:  # one process: the shard is the whole round
@@ -542,8 +491,8 @@ class FedRecTask(FederatedTask):
                 extra_rows = torch.bincount(uploads.row_client, minlength=d.num_clients) - torch.bincount(
                     honest_rows, minlength=d.num_clients)
             self.last_uploads = uploads
-            if self.attack is not None or self.strategy.max_update_norm is not None:  # what the server receives
-                broken = broken | self.strategy.bad_uploads(uploads)
+            if self.attack is not None or s.max_update_norm is not None:  # what the server receives
+                broken = broken | s.bad_uploads(uploads)
             bad[d.clients] = broken.cpu().double()
             user_grad.index_put_((d.users,), upd.users)
             loss_sum[0] = upd.loss.double().sum()
@@ -557,25 +506,19 @@ class FedRecTask(FederatedTask):
         uploads = self.channel.send("upload", ("client", full.clients), ("server", 0), uploads, scalars)
         if not single:
             self.collective.all_reduce([bad])
-        unused = late | (bad > 0)
-        if self.strategy.on_bad_update == "abort" and bool((bad > 0).any()):
-            raise TrainingDiverged(self._diverged(round_idx))
+        unused = s.screen(bad, late, lambda: s.diverged(round_idx, self.prox_mu))
         used = ~unused[full.clients]
         n = int(used.sum())
         if uploads is not None and bool(unused[d.clients].any()):
             uploads = uploads.keep(~unused[d.clients])
             loss_sum[0] = upd.loss.double()[~unused[d.clients].to(upd.loss.device)].sum()
         if n:
-            g_shared, items, g_items = self._aggregate(round_idx, uploads, sum(sizes), I, k, user_grad, loss_sum,
-                                                       single)
-            self.server_step(model, g_shared, items, g_items)
+            update = s.aggregate(uploads, model, [user_grad, loss_sum], self.collective,
+                                 int(self._prepare(round_idx).data.num_clients), lambda name: self._key(name, round_idx))
             users = full.users if n == full.num_clients else full.users[used[full.user_client]]
-            self.user_step(model, users, user_grad[users])
-        if client_noise:
-            record_round(self.privacy, budget, full, self.data.num_clients, len(sizes))
-        elif self.server_placed:
-            self.privacy.record_server_round()
-        broadcast = sum(sizes) + I * k
+            s.step(model, update, users, user_grad[users])
+        s.record(budget, full, self.data.num_clients, len(sizes))
+        broadcast = sum(sizes) + self.data.num_items * k
         self.channel.send("download", ("server", 0), ("client", full.clients), None, broadcast)
         self.used["scalars"] += int(scalars[used].sum())
         self.used["messages"] += n
@@ -583,29 +526,6 @@ class FedRecTask(FederatedTask):
         if self.strategy.on_bad_update == "drop":
             out["clients_bad"] = float((bad > 0).sum())
         return out
-
-    def _aggregate(self, round_idx: int, uploads: Uploads | None, num_shared: int, I: int, k: int, user_grad: Tensor,
-                   loss_sum: Tensor, single: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """The server's update ``(ω, item ids, item rows)`` from the used uploads: the aggregator's, or under
-        server-placed DP the noised sum of clipped uploads over the expected clients (every item's row); the
-        clients' user gradients and losses are added up over processes alongside."""
-        device, dtype = self.model.user_emb.device, self.model.item_emb.dtype
-        if self.server_placed:
-            dp = self.privacy
-            sums = clipped_sums(dp.mechanism, uploads.shared, uploads.rows, uploads.row_client, uploads.row_item, I) \
-                if uploads is not None and uploads.clients.numel() else ClippedSums.zeros(num_shared, I, k, device)
-            if not single:
-                self.collective.all_reduce([*sums.tensors(), user_grad, loss_sum])
-            holding = int(self._prepare(round_idx).data.num_clients)
-            g_shared, g_rows = dp.server.noised(sums, self.strategy.expected_clients(holding),
-                                                self._key("server_noise", round_idx))
-            return g_shared.to(dtype), torch.arange(I, device=g_rows.device), g_rows.to(dtype)
-        if single:
-            return self.aggregator(uploads)
-        sums = self.aggregator.partial(uploads, I) if uploads is not None else AggregateSums.zeros(
-            num_shared, I, k, device)
-        self.collective.all_reduce([*sums.tensors(), user_grad, loss_sum])
-        return self.aggregator.finish(sums, dtype)
 
     # ------------------------------------------------------------------------------------------------ metrics
     def evaluate(self, prep: _Prepared) -> dict[str, float]:
@@ -668,8 +588,7 @@ class FedRecTask(FederatedTask):
     def state_dict(self) -> dict[str, Any]:
         return {
             "model": {k: v.clone() for k, v in self.model.state_dict().items()},
-            "server_opt": self.server_step.state_dict(),
-            "user_opt": self.user_step.state_dict(),
+            **self.strategy.state_dict(),
             "privacy": None if self.privacy is None else self.privacy.state_dict(),
             "ledger": {k: v.clone() for k, v in self.channel.ledger.state_dict().items()},
             "best": dict(self.best),
@@ -681,8 +600,7 @@ class FedRecTask(FederatedTask):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
-        self.server_step.load_state_dict(self.model, state["server_opt"])
-        self.user_step.load_state_dict(self.model, state["user_opt"])
+        self.strategy.load_state_dict(self.model, state)
         if (state["privacy"] is None) != (self.privacy is None):
             raise ConfigError("cannot resume: the checkpoint's privacy setting differs from this run's")
         if self.privacy is not None:
