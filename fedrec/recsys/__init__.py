@@ -5,8 +5,11 @@ Fig. 1, steps ①–⑤).
 * ``objectives.py``: the clients' losses: RMSE of ratings, BPR or pointwise BCE of implicit feedback;
 * ``local.py``: the clients' local updates, all clients in one backward pass;
 * ``upload.py``: upload assembly: pseudo items, the item ids X^t, synthesised pseudo rows, the upload order;
-* ``strategy.py``: the round's strategy: participation (all, fixed, Poisson), simulated dropouts and stragglers,
-  the bad-update policy, the clients' local work (``Strategy``);
+* ``strategy.py``: the round's strategy (``Strategy``): participation (all, fixed, Poisson), simulated dropouts and
+  stragglers, the clients' local work, and the server's side: admission by the privacy budget, client-placed
+  noise, the bad-update policy, aggregation or server-placed noise, the optimiser steps, the accounting;
+* ``expansion.py``: FedGNN's graph expansion through a third-party server (``task.expansion``);
+* ``side_graphs.py``: the data's user and item graphs as graph regularisation (``task.side_graphs``);
 * ``privatize.py``: the round's budget and draw keys, clipping and noising of the uploads, the accounting;
 * ``attack.py``: malicious clients that poison their uploads (``ScaledUpdates``, ``GaussianNoise``,
   ``ItemPromotion``);

@@ -97,6 +97,7 @@ from fedrec.recsys.privatize import round_key
 from fedrec.recsys.ranking import UserItems, negatives_key, save_topk
 from fedrec.recsys.selection import ValidationSelection
 from fedrec.recsys.server import AdaptiveServerStep, ServerStep, UserStep
+from fedrec.recsys.side_graphs import SideGraphs
 from fedrec.recsys.strategy import RoundPlan, Strategy
 from fedrec.recsys.upload import (
     assemble_uploads,
@@ -174,6 +175,8 @@ class FedRecTask(FederatedTask):
         mean_init: before round 0, set the model's global bias μ so that it predicts the mean training rating
             (through the inverse of its head): each client sends the server the sum and the count of its training
             ratings once. Needs ``model.bias``, explicit ratings and no privacy (the sums are not noised).
+        side_graphs: graph regularisation by the data's user and item graphs (:mod:`fedrec.recsys.side_graphs`),
+            weights ``users`` and ``items`` (0: off).
     """
 
     kind = "recommendation"
@@ -208,6 +211,7 @@ class FedRecTask(FederatedTask):
         select_on: str | None = None,
         expansion: Mapping[str, Any] | None = None,
         mean_init: bool = False,
+        side_graphs: Mapping[str, Any] | None = None,
     ) -> None:
         self.num_rounds = check_int("task.rounds", rounds)
         self.implicit = isinstance(data, ImplicitData)
@@ -268,6 +272,8 @@ class FedRecTask(FederatedTask):
                 "clients would send the server without noise: set privacy=none or task.mean_init=false"))
         self.mean_init = mean_init
         self.expansion = GraphExpansion.from_config(expansion, data.num_users, data.num_items)
+        self.side_graphs = SideGraphs.from_config(side_graphs, getattr(data, "user_graph", None),
+                                                  getattr(data, "item_graph", None), data.name, privacy is not None)
         endpoints = {"client": data.num_clients, "server": 1}
         if self.expansion is not None:
             if not getattr(model, "expansion", False):
@@ -516,7 +522,12 @@ class FedRecTask(FederatedTask):
             update = s.aggregate(uploads, model, [user_grad, loss_sum], self.collective,
                                  int(self._prepare(round_idx).data.num_clients), lambda name: self._key(name, round_idx))
             users = full.users if n == full.num_clients else full.users[used[full.user_client]]
-            s.step(model, update, users, user_grad[users])
+            user_grads = user_grad[users]
+            if self.side_graphs is not None:  # the graphs' terms (the server's on items, the clients' on users)
+                update = self.side_graphs.add_item_term(model, update)
+                term = self.side_graphs.user_term(model, users, self.data.client_of_user, self.channel)
+                user_grads = user_grads if term is None else user_grads + term
+            s.step(model, update, users, user_grads)
         s.record(budget, full, self.data.num_clients, len(sizes))
         broadcast = sum(sizes) + self.data.num_items * k
         self.channel.send("download", ("server", 0), ("client", full.clients), None, broadcast)
@@ -636,6 +647,8 @@ class FedRecTask(FederatedTask):
             out["server_optimizer"] = type(self.server).__name__
         if self.expansion is not None:
             out.update(self.expansion.summary())
+        if self.side_graphs is not None:
+            out.update(self.side_graphs.summary())
         if self.attack is not None:
             out.update(self.attack.summary())
         for name in sorted(self.latest):
