@@ -4,8 +4,10 @@ A run's schema is the config that its group selections (``protocol=sync``, ``+ex
 compose to before any value override: every field the selected files declare, typed by its value there. A value
 override must name one of those fields (a ``+key=value`` that adds a field no file of the run declares would be
 read by nothing, so it is refused), and a field a file declares ``true``/``false`` takes only ``true`` or ``false``
-(Hydra reads ``flase`` as the text "flase", which Python would take as true). Errors are :class:`ConfigError`
-naming the field as typed, with the close matches.
+(Hydra reads ``flase`` as the text "flase", which Python would take as true), and a field of fixed choices (an
+enum: ``task.optimizer``, ``privacy.placement``, ...; :mod:`fedrec.enums` says where each one's choices live in the
+code) takes only one of them, each value of a sweep alike. Errors are :class:`ConfigError` naming the field as
+typed, with the close matches.
 """
 from __future__ import annotations
 
@@ -118,39 +120,89 @@ def _describe(key: str, schema: DictConfig) -> str:
     return "the run's config"
 
 
-def _constructor_takes(key: str, schema: DictConfig, line: CommandLine) -> bool:
-    """Whether the class that builds ``key``'s parent node (its ``_target_``, as the command line may set it) takes
-    ``key``'s last part as a keyword argument: a user's own model's argument is read although no option file
-    declares it."""
-    import inspect
-
-    from hydra.utils import get_object
-
-    parent, _, leaf = key.rpartition(".")
+def _target_of(key: str, schema: DictConfig, line: CommandLine) -> str | None:
+    """The ``_target_`` of ``key``'s parent node, as the command line may set it (None if the node has none)."""
+    parent = key.rpartition(".")[0]
     node = OmegaConf.select(schema, parent, default=None) if parent else None
     if not isinstance(node, DictConfig) or "_target_" not in node:
-        return False
+        return None
     target = node.get("_target_")
     for override in line.values:
         if override.key_or_group == f"{parent}._target_" and not override.is_sweep_override():
             target = override.value()
+    return None if target is None else str(target)
+
+
+def _parameter(key: str, schema: DictConfig, line: CommandLine) -> Any:
+    """The keyword parameter (an ``inspect.Parameter``) named by ``key``'s last part of the class that builds
+    ``key``'s parent node (:func:`_target_of`), or None if it takes none or cannot be found."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    target = _target_of(key, schema, line)
+    if target is None:
+        return None
+    leaf = key.rpartition(".")[2]
     try:
-        built = get_object(str(target))
+        built = get_object(target)
         callables = [c.__init__ for c in built.__mro__ if "__init__" in vars(c)] if inspect.isclass(built) else [built]
         for f in callables:  # a class whose **kwargs pass on to its base: the base's named arguments too
             params = inspect.signature(f).parameters.values()
-            if any(p.name == leaf and p.kind not in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL, p.VAR_KEYWORD)
-                   for p in params):
-                return True
+            for p in params:
+                if p.name == leaf and p.kind not in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                    return p
             if not any(p.kind is p.VAR_KEYWORD for p in params):
-                return False
+                return None
     except (ImportError, AttributeError, ValueError, TypeError):
         pass  # the build names a target it cannot find
-    return False
+    return None
+
+
+def _constructor_takes(key: str, schema: DictConfig, line: CommandLine) -> bool:
+    """Whether the class that builds ``key``'s parent node (its ``_target_``, as the command line may set it) takes
+    ``key``'s last part as a keyword argument: a user's own model's argument is read although no option file
+    declares it."""
+    return _parameter(key, schema, line) is not None
+
+
+def _takes_null(key: str, schema: DictConfig, line: CommandLine) -> bool:
+    """Whether ``key`` may be null: the run's config declares it null (or as an interpolation that is null or
+    cannot be resolved here), or the class that builds its node defaults it to None (or cannot be told: the built
+    object checks it)."""
+    if OmegaConf.select(schema, key, default=None, throw_on_resolution_failure=False) is None:
+        return True
+    param = _parameter(key, schema, line)
+    return param is None or param.default is None
+
+
+def check_choices(override: Any, schema: DictConfig, line: CommandLine) -> None:
+    """A field of fixed choices (:mod:`fedrec.enums`) set to one of them, each value of a sweep alike; an
+    interpolation (``${...}``) is left to the run, null to where the field may be null."""
+    key = override.key_or_group
+    options = None if override.is_delete() else choices(key, schema, line)
+    if options is None:
+        return
+    for value in elements(override):
+        if isinstance(value, str) and (value in options or "${" in value):
+            continue
+        if value is None and _takes_null(key, schema, line):
+            continue
+        got = "null" if value is None else repr(value)
+        raise ConfigError(f"{key}: must be one of {list(options)}, got {got}{did_you_mean(str(value), options)}")
+
+
+def choices(key: str, schema: DictConfig, line: CommandLine = CommandLine((), ())) -> tuple[str, ...] | None:
+    """The choices of field ``key`` of ``schema`` (:mod:`fedrec.enums`, for the class that builds its node as the
+    command line ``line`` may set it), or None if it is not a field of fixed choices."""
+    from fedrec import enums
+
+    return enums.choices_of(key, _target_of(key, schema, line))
 
 
 def check_values(line: CommandLine, schema: DictConfig) -> None:
-    """Every value override names a field of ``schema`` and keeps a declared boolean a boolean."""
+    """Every value override names a field of ``schema``, keeps a declared boolean a boolean and a field of fixed
+    choices one of its choices."""
     for override in line.values:
         key = override.key_or_group
         declared = OmegaConf.select(schema, key, default=_MISSING)
@@ -158,6 +210,7 @@ def check_values(line: CommandLine, schema: DictConfig) -> None:
             if not (override.is_add() or override.is_force_add()):
                 raise ConfigError(f"{key}: {_describe(key, schema)} does not declare it, but its class takes it: add "
                                   f"it with +{override.input_line.lstrip('+')}")
+            check_choices(override, schema, line)
             continue
         if declared is _MISSING:
             parts = key.split(".")
@@ -178,6 +231,7 @@ def check_values(line: CommandLine, schema: DictConfig) -> None:
             for value in elements(override):
                 if not isinstance(value, bool):
                     raise ConfigError(f"{key}: must be true or false, got {value!r}")
+        check_choices(override, schema, line)
 
 
 def schemas(line: CommandLine) -> Iterator[list[str]]:

@@ -17,6 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fedrec.cli", "fedrec.audit"),  # app: the command lines (train.py's run, python -m fedrec.audit)
     ("fedrec.presets",),  # app: quick=true expanded into the experiment's recipe, then checked like any override
     ("fedrec.schema",),  # app: a command line checked against the config files before anything is built
+    ("fedrec.enums",),  # app: where the config's fixed-choice fields find their choices (imported by name, lazily)
     ("fedrec.build", "fedrec.sweeps", "fedrec.run_folder", "fedrec.plots"),  # app: what the command line runs on
     ("fedrec.trainer", "fedrec.planners"),  # the round loop, and the budget planners that steer it
     ("fedrec.trainer.callbacks",),  # the hooks the trainer calls and planners implement

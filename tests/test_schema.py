@@ -1,8 +1,8 @@
 """The command line checked against the config files' schema (:mod:`fedrec.schema`), before Hydra composes it.
 
 The battery runs several hundred bad command lines, generated from every experiment's own composed config (each of
-its yes/no fields given a typo, each of its fields misspelt, a field added with ``+`` that no file declares, an
-option no group has), in-process through :func:`fedrec.schema.check`, the function ``train.py`` calls, with the
+its yes/no fields given a typo, each of its fields of fixed choices (:mod:`fedrec.enums`) given a typo, each of its
+fields misspelt, a field added with ``+`` that no file declares, an option no group has), in-process through :func:`fedrec.schema.check`, the function ``train.py`` calls, with the
 schema composed once per experiment; a sample runs end to end through ``train.py`` in ``test_schema_cli.py``.
 """
 from __future__ import annotations
@@ -38,23 +38,53 @@ def lookups() -> Iterator[tuple[schema.GroupOptions, schema.Compose]]:
         yield functools.lru_cache(maxsize=None)(options), lambda groups: cached(tuple(groups))
 
 
-def fields(cfg: DictConfig) -> Iterator[tuple[str, Any]]:
-    """Every (dotted key, value) leaf of the perturbed groups of ``cfg`` (interpolations unresolved)."""
+def fields(cfg: DictConfig, groups: tuple[str, ...] = GROUPS) -> Iterator[tuple[str, Any]]:
+    """Every (dotted key, value) leaf of the perturbed ``groups`` of ``cfg`` (interpolations unresolved)."""
     def walk(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
         for key, value in node.items():
             if isinstance(value, dict):
                 yield from walk(value, f"{prefix}.{key}")
             elif not str(key).startswith("_"):
                 yield f"{prefix}.{key}", value
-    for group in GROUPS:
+    for group in groups:
         if OmegaConf.is_dict(cfg.get(group)):
             yield from walk(OmegaConf.to_container(cfg[group], resolve=False), group)
 
 
+def _configs() -> dict[str, DictConfig]:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return {e: compose("config", overrides=[f"+experiment={e}"]) for e in EXPERIMENTS}
+
+
+CONFIGS = _configs()
+
+
+def typo(value: str, choices: tuple[str, ...]) -> str:
+    """``value`` with its second and third letters swapped (``adam`` -> ``aadm``), or ``bogus`` if that is a choice
+    or no change."""
+    wrong = value[:1] + value[2:3] + value[1:2] + value[3:]
+    return wrong if wrong != value and wrong not in choices else "bogus"
+
+
+def enum_battery() -> list[tuple[str, list[str], str, tuple[str, ...]]]:
+    """(case id, command line, the field, its choices): a typo of every field of fixed choices of every
+    experiment's composed config (of its value there, else of its first choice: a null or interpolated default)."""
+    cases = []
+    for exp, cfg in CONFIGS.items():
+        for key, value in fields(cfg, (*GROUPS, "strategy", "trainer")):
+            choices = schema.choices(key, cfg)
+            if choices is None:
+                continue
+            assert value is None or "${" in str(value) or value in choices, f"{exp}: {key}={value} is no choice"
+            good = value if isinstance(value, str) and "${" not in value else choices[0]
+            wrong = typo(good, choices)
+            cases.append((f"{exp}:{key}={wrong}", [f"+experiment={exp}", f"{key}={wrong}"], key, choices))
+    return cases
+
+
 def battery() -> list[tuple[str, list[str], str]]:
     """(case id, command line, the field the error must name), from every experiment's composed config."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        configs = {e: compose("config", overrides=[f"+experiment={e}"]) for e in EXPERIMENTS}
+    configs = CONFIGS
     cases = []
     for exp, cfg in configs.items():
         base = [f"+experiment={exp}"]
@@ -77,12 +107,34 @@ def battery() -> list[tuple[str, list[str], str]]:
 
 
 CASES = battery()
+ENUM_CASES = enum_battery()
 
 
 def test_the_battery_covers_every_experiment_with_many_lines() -> None:
     assert len(CASES) >= 150
     assert {case.split(":")[0] for case, _, _ in CASES} == set(EXPERIMENTS)
     assert sum("=flase" in case for case, _, _ in CASES) >= 20  # yes/no fields of several families
+
+
+def test_the_enum_battery_covers_every_experiment_and_many_fields() -> None:
+    assert {case.split(":")[0] for case, *_ in ENUM_CASES} == set(EXPERIMENTS)
+    fields = {field for _, _, field, _ in ENUM_CASES}
+    assert {"task.optimizer", "strategy.participation", "privacy.placement", "aggregator.weighting", "data.normalize",
+            "model.head", "task.eval.ranking", "protocol.backend", "protocol.mode", "env.theta",
+            "trainer.accelerator"} <= fields, sorted(fields)
+    assert len(ENUM_CASES) >= 150
+
+
+@pytest.mark.parametrize("argv, field, choices", [(a, f, c) for _, a, f, c in ENUM_CASES],
+                         ids=[c for c, *_ in ENUM_CASES])
+def test_a_typo_of_a_fixed_choice_is_one_error_naming_the_field_and_its_choices(
+    lookups: Any, argv: list[str], field: str, choices: tuple[str, ...]
+) -> None:
+    options, composer = lookups
+    with pytest.raises(ConfigError) as info:
+        schema.check(argv, options, composer)
+    message = str(info.value)
+    assert message.startswith(f"{field}: must be one of {list(choices)}, got ") and "\n" not in message, message
 
 
 @pytest.mark.parametrize("argv, field", [(a, f) for _, a, f in CASES], ids=[c for c, _, _ in CASES])
@@ -124,6 +176,14 @@ def test_good_command_lines_pass(lookups: Any, argv: list[str]) -> None:
     (["~protocol.prerigester"], "nothing to remove"),
     (["seed=[1,2"], "seed=[1,2: not an override Hydra can read"),
     (["hydra.run.dir="], "hydra.run.dir: empty"),
+    (["+experiment=fedgnn_ml100k", "task.optimizer=adma"],
+     "task.optimizer: must be one of ['adam', 'sgd'], got 'adma' (did you mean 'adam'?)"),
+    (["+experiment=fedgnn_ml100k", "strategy.participation=posson"],
+     "strategy.participation: must be one of ['all', 'fixed', 'poisson'], got 'posson' (did you mean 'poisson'?)"),
+    (["+experiment=fedgnn_ml100k", "task.optimizer=null"], "task.optimizer: must be one of ['adam', 'sgd'], got null"),
+    (["+experiment=fedgnn_ml100k", "task.optimizer=1"], "task.optimizer: must be one of ['adam', 'sgd'], got 1"),
+    (["+experiment=vfl_synthetic", "protocol.mode=centrl"], "protocol.mode: must be one of ['vertical', 'central', "
+                                                            "'partial'], got 'centrl' (did you mean 'central'?)"),
 ])
 def test_messages_say_what_to_type(lookups: Any, argv: list[str], needle: str) -> None:
     options, composer = lookups
@@ -153,3 +213,40 @@ def test_groups_the_run_uses_pass(lookups: Any) -> None:
     for argv in (["protocol=sync", "policy=lints"], ["+experiment=fedgnn_ml100k", "server=fedadam", "attack=noise"]):
         line = schema.check(argv, options, composer)
         check_used(composer(argv), schema.touched_groups(line))
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["+experiment=fedgnn_ml100k", "task.optimizer=adam,adma"], "task.optimizer"),  # one bad value of a sweep
+    (["+experiment=fedgnn_ml100k", "task.optimizer=choice(sgd,adma)"], "task.optimizer"),
+    (["+experiment=fedgnn_ml100k", "seed=0,1", "privacy=gaussian", "privacy.placement=client,sever"],
+     "privacy.placement"),
+    (["+experiment=fedgnn_ml100k", "aggregator=fedavg,krum", "aggregator.weighting=uniform,unifrom"],
+     "aggregator.weighting"),
+    (["+experiment=fedgnn_ml100k", "privacy=gaussian", "privacy.adjacency=null"], "privacy.adjacency"),  # interpolated
+    (["env=mab_synthetic", "env.noise=std"], "env.noise"),  # the choices of the class that reads it
+    (["protocol=gossip_ucb", "protocol._target_=fedrec.protocols.GossipBandit", "+protocol.mode=lcal"],
+     "protocol.mode"),  # a field added with + that the class takes: checked too
+])
+def test_a_bad_fixed_choice_is_refused_before_any_job(lookups: Any, argv: list[str], field: str) -> None:
+    options, composer = lookups
+    with pytest.raises(ConfigError, match=rf"^{field}: must be one of \["):
+        schema.check(argv, options, composer)
+
+
+@pytest.mark.parametrize("argv", [
+    ["+experiment=fedgnn_ml100k", "task.optimizer=adam,sgd", "task.optimizer_state=reset"],
+    ["+experiment=fedgnn_ml100k", "strategy.participation=all,fixed,poisson", "strategy.on_bad_update=drop"],
+    ["+experiment=fedgnn_ml100k", "privacy=gaussian", "privacy.placement=client,server", "privacy.rng=secure",
+     "privacy.conventions=authors", "privacy.adjacency=add_remove", "privacy.accountant=prv"],
+    ["+experiment=fedgnn_ml100k", "data.normalize=minmax", "data.split=u1", "task.eval.ranking=sampled"],
+    ["+experiment=fedgnn_ml100k", "task.optimizer=${oc.env:FEDREC_OPTIMIZER,adam}"],  # an interpolation: the run's
+    ["+experiment=fedgnn_ml100k", "task.objective=null", "task.eval.ranking=null"],  # null where the default is null
+    ["+experiment=fedpergnn_ml100k", "task.objective=null"],  # declared sse here, but the task defaults it to None
+    ["+experiment=vfl_synthetic", "protocol.mode=vertical,central,partial", "protocol.mask=gaussian"],
+    ["+experiment=fclub_synthetic", "protocol.conventions=authors", "protocol.bonus=squared", "env.theta=ortho_cap"],
+    ["env.noise=variance"],  # LinearEnv's noise: not in the table, left to the environment
+    ["protocol.backend=torch", "protocol.layout=sparse", "protocol.preregister=false"],
+])
+def test_good_fixed_choices_pass(lookups: Any, argv: list[str]) -> None:
+    options, composer = lookups
+    schema.check(argv, options, composer)

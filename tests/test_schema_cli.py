@@ -22,6 +22,8 @@ import pytest
     (["+experiment=gossip_synthetic_k3", "protocol=async"], "protocol"),
     (["+experiment=fedgnn_synthetic", "privacy=tree_laplace", "task.rounds=1"], "privacy"),  # refused by the build
     (["replicates=100000"], "replicates"),  # about 1.6 TiB: refused before allocating
+    (["+experiment=fedgnn_synthetic", "task.optimizer=adma"], "task.optimizer"),  # a field of fixed choices
+    (["+experiment=vfl_synthetic", "protocol.mode=centrl"], "protocol.mode"),
 ])
 def test_train_py_exits_2_with_one_line_and_no_run_folder(
     train_py: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], field: str
@@ -63,3 +65,18 @@ def test_a_sweep_job_that_sets_a_group_its_protocol_does_not_use_fails_alone(
     assert info.value.code == 2
     assert "error: policy: VerticalLinearBandit carries its own policy node" in capsys.readouterr().err
     assert (out / "0" / "summary.json").is_file() and not (out / "1" / "summary.json").exists()
+
+
+def test_a_sweep_with_one_bad_choice_is_refused_before_its_first_job(
+    train_py: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``-m task.optimizer=adam,adma``: the second job's value is no optimizer, so no job runs (each job would
+    otherwise learn it only when its server is built)."""
+    out = tmp_path / "sweep"
+    with pytest.raises(SystemExit) as info:
+        train_py("-m", "+experiment=fedgnn_synthetic", "task.optimizer=adam,adma", "task.rounds=2", "plots=false",
+                 "logger.tensorboard=false", f"hydra.sweep.dir={out}")
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: task.optimizer: must be one of ['adam', 'sgd'], got 'adma' (did you mean 'adam'?)"]
+    assert not out.exists()
