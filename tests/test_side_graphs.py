@@ -62,15 +62,16 @@ def test_the_laplacian_is_networkx_s_without_self_loops(seed: int) -> None:
     np.testing.assert_array_equal(laplacian(graph).to_dense().numpy(), want)
 
 
-def test_one_round_adds_both_terms_to_the_plain_round_s_step(tiny: RatingData) -> None:
+@pytest.mark.parametrize("biases", [False, True])
+def test_one_round_adds_both_terms_to_the_plain_round_s_step(tiny: RatingData, biases: bool) -> None:
     """Server SGD, no weight decay: the item table moves by −lr·(aggregate + ∂(½λ_i Σ‖q_i − q_j‖²)), the used users'
-    rows by −lr·(their gradient + ∂(½λ_u Σ‖p_u − p_v‖²)); biases by the data alone."""
+    rows by −lr·(their gradient + ∂(½λ_u Σ‖p_u − p_v‖²)); the biases by the data alone, or smoothed too."""
     lam_u, lam_i, lr = 0.7, 1.3, 0.05
-    plain, side = _task(tiny, None), _task(tiny, {"users": lam_u, "items": lam_i})
+    plain, side = _task(tiny, None), _task(tiny, {"users": lam_u, "items": lam_i, "biases": biases})
     u0, v0 = side.model.user_emb.detach().clone(), side.model.item_emb.detach().clone()
     plain.run_round(0)
     side.run_round(0)
-    k = side.model.embed_dim
+    k = side.model.row_dim if biases else side.model.embed_dim
     d_items = torch.zeros_like(v0, dtype=torch.float64)
     d_items[:, :k] = _edge_sum_grad(v0, tiny.item_graph, lam_i, k)
     torch.testing.assert_close(side.model.item_emb.detach().double(),
@@ -137,6 +138,13 @@ def test_a_graph_the_data_lacks_is_refused_with_the_datasets_that_have_it(tiny: 
     asym = sp.csr_matrix(([1.0], ([0], [1])), shape=(30, 30))
     with pytest.raises(ConfigError, match="user graph .* is not symmetric"):
         _task(dataclasses.replace(tiny, user_graph=asym), {"users": 1.0})
+
+
+def test_smoothing_biases_needs_a_model_with_biases(tiny: RatingData) -> None:
+    torch.manual_seed(0)
+    with pytest.raises(ConfigError, match=r"task.side_graphs.biases=true .* \+model.bias=true"):
+        FedRecTask(tiny, MatrixFactorization(tiny.num_users, tiny.num_items, 4), FedSGD(), rounds=tiny.rounds,
+                   pseudo_items=0, side_graphs={"items": 1.0, "biases": True})
 
 
 def test_zero_weights_build_nothing(tiny: RatingData) -> None:

@@ -4,8 +4,8 @@ model's vectors, the way GRALS (Rao et al. 2015), one of Monti et al.'s baseline
     ½ λ_u tr(Uᵀ L_u U) + ½ λ_i tr(Vᵀ L_i V) = ½ λ_u Σ_{(u,v) ∈ E_u} ‖p_u − p_v‖² + ½ λ_i Σ_{(i,j) ∈ E_i} ‖q_i − q_j‖²,
 
 with L = D − A each graph's Laplacian (A the file's symmetric 0/1 adjacency without self-loops, each undirected
-edge once in the sums) and p_u, q_i the users' and items' vectors (the first ``model.embed_dim`` columns of their
-rows; the biases are not smoothed).
+edge once in the sums) and p_u, q_i the users' and items' vectors: the first ``model.embed_dim`` columns of their
+rows, as GRALS smooths factors, or with ``biases`` (a model with ``model.bias``) the bias column too.
 
 * The item term is the server's: the item graph is public side information (Flixster's and YahooMusic's are
   built from item features), so the server adds its gradient λ_i L_i V to the aggregate's item rows, over the
@@ -53,12 +53,16 @@ class SideGraphs:
         user_graph, item_graph: the data's adjacency matrices (None where it has none).
         users, items: λ_u and λ_i ≥ 0 (0: that term off; a graph is needed for a positive weight).
         dataset: the data's name, for messages.
+        biases: smooth the user and item biases too (the rows' last column, with ``model.bias``).
     """
 
     def __init__(self, user_graph: sp.spmatrix | None, item_graph: sp.spmatrix | None, users: float = 0.0,
-                 items: float = 0.0, dataset: str = "the data") -> None:
+                 items: float = 0.0, dataset: str = "the data", biases: bool = False) -> None:
         self.user_weight = check_float("task.side_graphs.users", users, low=0.0)
         self.item_weight = check_float("task.side_graphs.items", items, low=0.0)
+        if not isinstance(biases, bool):
+            raise ConfigError(f"task.side_graphs.biases must be true or false, got {biases!r}")
+        self.biases = biases
         self.graphs: dict[str, sp.csr_matrix] = {}
         self.laplacians: dict[str, Tensor] = {}
         for side, weight, graph in (("users", self.user_weight, user_graph), ("items", self.item_weight, item_graph)):
@@ -79,15 +83,23 @@ class SideGraphs:
         """The regularisation ``task.side_graphs`` asks for (a positive weight), or None; the user term is refused
         when ``private``."""
         cfg = dict(cfg or {})
-        unknown = sorted(set(cfg) - {"users", "items"})
+        unknown = sorted(set(cfg) - {"users", "items", "biases"})
         if unknown:
-            raise ConfigError(f"task.side_graphs has no field {unknown[0]!r} (it has users, items)")
-        graphs = SideGraphs(user_graph, item_graph, cfg.get("users", 0.0), cfg.get("items", 0.0), dataset)
+            raise ConfigError(f"task.side_graphs has no field {unknown[0]!r} (it has users, items, biases)")
+        graphs = SideGraphs(user_graph, item_graph, cfg.get("users", 0.0), cfg.get("items", 0.0), dataset,
+                            cfg.get("biases", False))
         if graphs.user_weight and private:
             raise ConfigError(f"task.side_graphs.users={graphs.user_weight:g} sends users' vectors to their "
                               "friends, which client DP does not cover: set it to 0 with privacy on (the item "
                               "term, the server's, is allowed)")
         return graphs if graphs.user_weight or graphs.item_weight else None
+
+    def width(self, model: FederatedRecommender) -> int:
+        """The columns of a row the terms smooth: the vector, and the bias with ``biases``."""
+        if self.biases and not getattr(model, "bias", False):
+            raise ConfigError("task.side_graphs.biases=true smooths the biases, and the model has none: add "
+                              "+model.bias=true")
+        return model.row_dim if self.biases else model.embed_dim
 
     def _smooth(self, side: str, table: Tensor, width: int) -> Tensor:
         """L · table[:, :width] (float64), on the table's device."""
@@ -104,7 +116,7 @@ class SideGraphs:
         g_shared, items, g_items = update
         table = model.item_emb
         full = torch.zeros_like(table.detach()).index_put_((items.to(table.device),), g_items.to(table.dtype))
-        k = model.embed_dim
+        k = self.width(model)
         full[:, :k] += (self.item_weight * self._smooth("items", table, k)).to(table.dtype)
         return g_shared, torch.arange(table.shape[0], device=table.device), full
 
@@ -114,7 +126,7 @@ class SideGraphs:
         friends' vectors from other clients (counted in ``channel``); None without the user term."""
         if not self.user_weight:
             return None
-        table, k = model.user_emb, model.embed_dim
+        table, k = model.user_emb, self.width(model)
         ids = users.cpu().numpy()
         friends = self.graphs["users"][ids]
         rows = np.repeat(ids, np.diff(friends.indptr))
@@ -129,4 +141,5 @@ class SideGraphs:
         return out
 
     def summary(self) -> dict[str, float]:
-        return {"side_graph_users": self.user_weight, "side_graph_items": self.item_weight}
+        return {"side_graph_users": self.user_weight, "side_graph_items": self.item_weight,
+                "side_graph_biases": self.biases}

@@ -274,6 +274,8 @@ class FedRecTask(FederatedTask):
         self.expansion = GraphExpansion.from_config(expansion, data.num_users, data.num_items)
         self.side_graphs = SideGraphs.from_config(side_graphs, getattr(data, "user_graph", None),
                                                   getattr(data, "item_graph", None), data.name, privacy is not None)
+        if self.side_graphs is not None:
+            self.side_graphs.width(model)  # refuses smoothing biases the model has not
         endpoints = {"client": data.num_clients, "server": 1}
         if self.expansion is not None:
             if not getattr(model, "expansion", False):
