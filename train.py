@@ -25,12 +25,14 @@ def experiment(cfg: DictConfig) -> float:
 
     from fedrec.cli import resume_command, run
     from fedrec.errors import ConfigError, DatasetNotFoundError
+    from fedrec.presets import job_recipe
     from fedrec.run_folder import discard_failed_run
     from fedrec.sweeps import describe, objective
     from fedrec.trainer import RunInterrupted
     from fedrec.trainer.distributed import launched_as_secondary
 
     try:
+        job_recipe(cfg)  # quick=true in a sweep: what this job's options take of the recipe
         summary = run(cfg)
     except RunInterrupted as e:  # the sweep stops too
         ignore_interrupts()

@@ -131,11 +131,17 @@ def main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    """``python -m fedrec.audit +experiment=NAME [overrides]``: the command line checked against the config files'
-    schema first (one ``error:`` line, exit code 2), as ``train.py`` does."""
+    """``python -m fedrec.audit +experiment=NAME [overrides]``: ``quick=true`` expanded into the experiment's short
+    recipe and the command line checked against the config files' schema first (one ``error:`` line, exit code 2),
+    as ``train.py`` does."""
+    from fedrec.presets import expand_quick
     from fedrec.schema import check_command_line
 
-    run_script(lambda: check_command_line(CONF, sys.argv[1:], config_name="audit"))
+    def checked() -> None:
+        sys.argv[1:] = expand_quick(CONF, sys.argv[1:], config_name="audit")
+        check_command_line(CONF, sys.argv[1:], config_name="audit")
+
+    run_script(checked)
     main()
 
 
