@@ -16,7 +16,9 @@ CONF = Path(__file__).resolve().parent / "conf"
 
 def experiment(cfg: DictConfig) -> float:
     """Run the composed config; a bad value or a missing dataset (not downloaded) is one ``error:`` line, and an
-    interrupt (SIGINT, SIGTERM) after the round's checkpoint one ``interrupted:`` line saying how to resume."""
+    interrupt (SIGINT, SIGTERM) after the round's checkpoint one ``interrupted:`` line saying how to resume. In a
+    sweep, an interrupted job asks the sweep to stop (:class:`~fedrec.sweeps.StopOnSignal`) and a job of a sweep
+    asked to stop does not start: the sweep's end says how to continue it."""
     import logging
     import math
 
@@ -27,27 +29,42 @@ def experiment(cfg: DictConfig) -> float:
     from fedrec.errors import ConfigError, DatasetNotFoundError
     from fedrec.presets import job_recipe
     from fedrec.run_folder import discard_failed_run
-    from fedrec.sweeps import describe, objective
+    from fedrec.stop_request import STOP_FILE, request_stop, requested_stop
+    from fedrec.sweeps import StopOnSignal, describe, objective
     from fedrec.trainer import RunInterrupted
     from fedrec.trainer.distributed import launched_as_secondary
 
+    hydra = HydraConfig.get()
+    stop_file = Path(hydra.sweep.dir) / STOP_FILE if hydra.mode == RunMode.MULTIRUN else None
+    if stop_file is not None:
+        StopOnSignal.install(stop_file.parent)  # in a worker process of the sweep's launcher
+        if requested_stop(stop_file) is not None:
+            logging.getLogger("fedrec").info("the sweep is stopping: job %s does not start", hydra.job.num)
+            return math.nan
     try:
         job_recipe(cfg)  # quick=true in a sweep: what this job's options take of the recipe
         summary = run(cfg)
-    except RunInterrupted as e:  # the sweep stops too
+    except (RunInterrupted, Interrupted) as e:
+        if stop_file is not None:  # the other jobs save or do not start; the sweep's end says how to continue it
+            print(f"interrupted: job {hydra.job.num}: {e}", file=sys.stderr)
+            logging.getLogger("fedrec").warning("interrupted: %s", e)
+            request_stop(stop_file, e.signum)
+            return math.nan
+        if not isinstance(e, RunInterrupted):
+            raise
         ignore_interrupts()
         resume = f"; resume with: {resume_command(e.checkpoint)}" if e.checkpoint is not None else ""
         print(f"interrupted: {e}{resume}", file=sys.stderr)
         sys.exit(128 + e.signum)
     except (ConfigError, DatasetNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:  # the other jobs go on; the sweep summary lists this one
+        if stop_file is not None:  # the other jobs go on; the sweep summary lists this one
             logging.getLogger("fedrec").error("error: %s", e)
             return math.nan
-        discard_failed_run(Path(HydraConfig.get().runtime.output_dir))  # nothing that looks like a run is left
+        discard_failed_run(Path(hydra.runtime.output_dir))  # nothing that looks like a run is left
         sys.exit(2)
     if not launched_as_secondary():  # rank 0 of a multi-process run reports it
-        print(describe(Path(HydraConfig.get().runtime.output_dir), summary))
+        print(describe(Path(hydra.runtime.output_dir), summary))
     return objective(summary)
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 import os
 import re
-import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
 from fedrec.build import (
     build_task_fetching_data,
@@ -23,12 +23,23 @@ from fedrec.build import (
     instantiate_group,
     one_line,
 )
+from fedrec.commands import python_command
 from fedrec.data.integrity import recording
 from fedrec.errors import ConfigError
 from fedrec.io import atomic_write, atomic_write_json, writing
 from fedrec.jit import compile_notice
-from fedrec.run_folder import TB_EVENTS, claimed, output_errors, resumes_in_place
+from fedrec.run_folder import (
+    RUN_OUTPUTS,
+    TB_EVENTS,
+    OutputError,
+    claimed,
+    output_errors,
+    resumes_in_place,
+    run_outputs,
+)
+from fedrec.stop_request import STOP_FILE
 from fedrec.trainer import Callback
+from fedrec.trainer.checkpoint import config_differences, listed
 from fedrec.trainer.distributed import check_distribution, check_shardable, launched_as_secondary
 from fedrec.trainer.trainer import logs_of
 
@@ -374,14 +385,52 @@ def check_sweep_job(cfg: DictConfig, overrides: Sequence[str]) -> None:
     check_ignored(cfg, [str(o.key_or_group) for o in line.values])
 
 
+def continue_sweep_job(cfg: DictConfig, out: Path) -> dict[str, Any] | None:
+    """A sweep job whose folder holds a run of this job's configuration, as a rerun of an interrupted sweep finds
+    it: the finished run's summary (kept, the job is not run again), or None after pointing ``ckpt_path`` at the
+    run's checkpoint (the job continues from it) or, for a run stopped before its first checkpoint, after removing
+    its logs (the job starts over). A run of another configuration is refused (:class:`OutputError` naming the
+    fields); an empty folder is None."""
+    found = run_outputs(out)
+    if not found or cfg.get("ckpt_path") is not None:
+        return None
+    recorded = out / "config_resolved.yaml"
+    if not recorded.is_file():
+        raise OutputError(f"output: {out} holds a run ({', '.join(found)}) without its {recorded.name}, so it "
+                          "cannot be told to be this job's; write this sweep to a new folder (hydra.sweep.dir=...)")
+    differences = config_differences(identity_config(OmegaConf.load(recorded)), identity_config(cfg), recorded.name)
+    if differences:
+        raise OutputError(f"output: {out} holds a run of another configuration, differing in {listed(differences)}; "
+                          "a rerun of a sweep continues only its own jobs: write this sweep to a new folder "
+                          "(hydra.sweep.dir=...)")
+    if "summary.json" in found:
+        log.info("%s: finished before, its summary.json is kept (the job is not run again)", out)
+        return json.loads((out / "summary.json").read_text())
+    checkpoint = RUN_OUTPUTS[2]
+    if checkpoint not in found:
+        log.info("%s: starting the job over (its earlier run stopped before its first checkpoint)", out)
+        with writing(f"{out} (removing the logs of the run that stopped before its first checkpoint)"):
+            for f in [out / "metrics.csv", *out.glob(TB_EVENTS)]:
+                f.unlink(missing_ok=True)
+        return None
+    from hydra.core.hydra_config import HydraConfig
+
+    log.info("%s: continuing the job from its %s", out, checkpoint)
+    with open_dict(cfg):
+        cfg.ckpt_path = str(out / checkpoint)
+    hydra = HydraConfig.get()
+    with read_write(hydra.overrides):  # the command line of the run's other processes (trainer.devices >= 2)
+        hydra.overrides.task.append(f"ckpt_path={cfg.ckpt_path}")
+    return None
+
+
 def resume_command(checkpoint: Path) -> str:
     """The command that resumes the Hydra job running now from ``checkpoint``, in its own folder."""
     from hydra.core.hydra_config import HydraConfig
 
     hydra = HydraConfig.get()
     kept = [o for o in hydra.overrides.task if not o.startswith(("ckpt_path=", "hydra.run.dir="))]
-    return shlex.join(["python", "train.py", *kept, f"ckpt_path={checkpoint}",
-                       f"hydra.run.dir={hydra.runtime.output_dir}"])
+    return python_command("train.py", *kept, f"ckpt_path={checkpoint}", f"hydra.run.dir={hydra.runtime.output_dir}")
 
 
 def run_title(name: str, overrides: Sequence[str]) -> str:
@@ -407,20 +456,28 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
 
     check_run_fields(cfg)
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []  # none without Hydra's CLI
+    sweep = None
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         check_sweep_job(cfg, overrides)
+        sweep = Path(HydraConfig.get().sweep.dir)
     if output_dir is None:
         output_dir = HydraConfig.get().runtime.output_dir
     out = Path(output_dir)
+    stop_file = None if sweep is None else sweep / STOP_FILE  # an interrupted sweep stops its running jobs
     secondary = launched_as_secondary()  # a secondary rank of a multi-process run writes nothing
     if secondary:
         _detach_log_files()
-        return _run(cfg, out, overrides, secondary)
+        return _run(cfg, out, overrides, secondary, stop_file)
+    if sweep is not None:
+        kept = continue_sweep_job(cfg, out)
+        if kept is not None:
+            return kept
     with claimed(out, cfg.get("ckpt_path")), compile_notice():  # rank 0 says that a first run compiles
-        return _run(cfg, out, overrides, secondary)
+        return _run(cfg, out, overrides, secondary, stop_file)
 
 
-def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool) -> dict[str, Any]:
+def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool,
+         stop_file: Path | None) -> dict[str, Any]:
     """:func:`run` once the run folder is claimed (or, on a secondary rank, not written at all)."""
     ckpt_path = cfg.get("ckpt_path")
     from fedrec.threads import torch_threads
@@ -444,7 +501,7 @@ def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool) 
         callbacks=[*([planner] if planner else []), *callbacks, results,
                    LoggedHyperparameters(hyperparameters(cfg), results)],
         run_config={**identity_config(cfg), "data_files": dict(sorted(data_files.items()))},
-        allow_changes=allowed_changes(cfg), num_threads=cfg.get("num_threads"),
+        allow_changes=allowed_changes(cfg), num_threads=cfg.get("num_threads"), stop_file=stop_file,
         **OmegaConf.to_container(cfg.trainer),
     )
     try:

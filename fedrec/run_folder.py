@@ -71,8 +71,13 @@ def _create(out: Path) -> None:
         raise OutputError(f"output: cannot write the run folder {out}: {e.strerror or e}") from e
 
 
+def run_outputs(out: Path) -> list[str]:
+    """The files (:data:`RUN_OUTPUTS`, and ``tb/`` for TensorBoard events) that show a run wrote into ``out``."""
+    return [name for name in RUN_OUTPUTS if (out / name).exists()] + (["tb/"] if any(out.glob(TB_EVENTS)) else [])
+
+
 def _check_holds_no_other_run(out: Path, ckpt_path: Any) -> None:
-    found = [name for name in RUN_OUTPUTS if (out / name).exists()] + (["tb/"] if any(out.glob(TB_EVENTS)) else [])
+    found = run_outputs(out)
     if found and not resumes_in_place(out, ckpt_path):
         hint = f" or continue that run (ckpt_path={out / RUN_OUTPUTS[2]})" if RUN_OUTPUTS[2] in found else ""
         raise OutputError(f"output: {out} already holds a run ({', '.join(found)}); refusing to mix two runs in "
@@ -198,9 +203,37 @@ class OutputDirCheck(HydraCallback):
         _write_hydra_configs_atomically()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Check that ``hydra.sweep.dir`` can be created and written (each job's folder is checked by its run)."""
+        """Check that ``hydra.sweep.dir`` can be created and written, and that the job folders it holds from an
+        earlier run of the sweep are this sweep's jobs (each job's folder is checked again by its run)."""
         _exit_on_output_error(lambda: prepare_output_dir(Path(config.hydra.sweep.dir)))
+        _exit_on_output_error(lambda: _check_same_jobs(config))
         _write_hydra_configs_atomically()
+
+
+def _check_same_jobs(config: DictConfig) -> None:
+    """Refuse a sweep whose folder holds, in a job folder that holds a run, another command line's job of that
+    number (its ``.hydra/overrides.yaml``), before Hydra writes over that folder's copies: a rerun continues only its
+    own jobs (and may add jobs, e.g. seeds). Only the jobs of Hydra's basic sweeper are known beforehand; other
+    sweepers' are checked by their runs alone (``fedrec.cli.continue_sweep_job``)."""
+    sweeper = config.hydra.sweeper
+    if not str(sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+        return
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    line = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()] + list(config.hydra.overrides.task)
+    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(line), sweeper.max_batch_size)
+    jobs = [job for batch in batches for job in batch]
+    sweep = Path(config.hydra.sweep.dir)
+    for recorded in sorted(sweep.glob("*/.hydra/overrides.yaml")):
+        folder = recorded.parent.parent
+        if not folder.name.isdigit() or not run_outputs(folder):
+            continue
+        theirs, number = [str(o) for o in OmegaConf.load(recorded)], int(folder.name)
+        if number < len(jobs) and theirs != jobs[number]:  # a job folder beyond this sweep's jobs is left alone
+            raise OutputError(f"output: {folder} holds a run of another sweep's job ({' '.join(theirs)}; this "
+                              f"sweep's is {' '.join(jobs[number])}): a rerun of a sweep continues only its own jobs: "
+                              "write this sweep to a new folder (hydra.sweep.dir=...)")
 
 
 def _exit_on_output_error(check: Callable[[], None]) -> None:

@@ -15,6 +15,10 @@ every job folder of a multirun when it ends, whatever launcher ran the jobs, and
 * ``rounds.csv``: the ``metrics.csv`` of every finished job (one row per logged round) behind its ``job`` and
   override columns.
 
+A sweep stops on SIGINT or SIGTERM (:class:`StopOnSignal`): each running job saves its checkpoint after its round, no
+other job starts, and the sweep ends with the command that continues it; run again into its folder, a sweep keeps its
+finished jobs, continues the interrupted ones from their checkpoints and runs the others (``fedrec.cli.run``).
+
 ``python -m fedrec.sweeps SWEEP_DIR --metric M --rows KEY --columns KEY`` pivots ``runs.csv`` into a table of mean ±
 std over seeds (:func:`pivot`); a swept key on neither rows nor columns is refused rather than pooled as seeds.
 """
@@ -23,8 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import statistics
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +41,10 @@ import yaml
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from fedrec.errors import ConfigError, did_you_mean, run_script
+from fedrec.commands import python_command
+from fedrec.errors import STOP_SIGNALS, ConfigError, Interrupted, did_you_mean, run_script
 from fedrec.io import WriteError, atomic_write
+from fedrec.stop_request import STOP_FILE, request_stop, requested_stop
 
 #: the main result of each task kind, in order of preference (the first present is the sweep objective): on real
 #: click data the papers' metric, the reward relative to a random policy (bandit runs) or the replayed CTR relative to
@@ -90,22 +98,85 @@ class Job:
     status: str
 
 
+class StopOnSignal:
+    """The SIGINT and SIGTERM handler of a sweep's processes outside its jobs' rounds (the trainer takes them there,
+    then the job asks the same): the first signal asks every job of the sweep to stop (its stop file,
+    :mod:`fedrec.stop_request`), so that a running job saves after its round and a job not started does not start.
+    In the process that launched the sweep (given the ``command`` that continues it) a second signal stops it at
+    once (:class:`~fedrec.errors.Interrupted`: a launcher ends its worker processes without their round); in a
+    worker process nothing raises, as an exception there would end the sweep at once."""
+
+    def __init__(self, sweep: Path, command: str | None) -> None:
+        self.sweep, self.command, self.received = sweep, command, False
+        self.previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.received and self.command is not None:
+            raise Interrupted(signum, f"{signal.Signals(signum).name} again: the sweep stopped at once, its running "
+                                      "jobs without saving their round (the checkpoints written before are kept); "
+                                      f"continue it with: {self.command}")
+        self.received = True
+        request_stop(self.sweep / STOP_FILE, signum)
+
+    @classmethod
+    def install(cls, sweep: Path, command: str | None = None) -> None:
+        """Take SIGINT and SIGTERM in this process for sweep folder ``sweep``, unless it already does (a job that
+        runs in the process that launched its sweep); only the main thread can."""
+        taken = isinstance(signal.getsignal(STOP_SIGNALS[0]), cls)
+        if not taken and threading.current_thread() is threading.main_thread():
+            handler = cls(sweep, command)
+            for s in STOP_SIGNALS:
+                signal.signal(s, handler)
+
+    @classmethod
+    def uninstall(cls) -> None:
+        """Give SIGINT and SIGTERM back to the handlers they had before :meth:`install`."""
+        handler = signal.getsignal(STOP_SIGNALS[0])
+        if isinstance(handler, cls) and threading.current_thread() is threading.main_thread():
+            for s, previous in handler.previous.items():
+                signal.signal(s, previous)
+
+
+def continue_command(config: DictConfig) -> str:
+    """The command that continues the sweep of ``config`` in its folder: its command line, ``hydra.sweep.dir``
+    set."""
+    hydra = config.hydra
+    own = [o for o in hydra.overrides.hydra if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
+    return python_command("train.py", "-m", *hydra.overrides.task, *own, f"hydra.sweep.dir={hydra.sweep.dir}")
+
+
 class SweepSummary(HydraCallback):
-    """Hydra callback (``hydra.callbacks`` in conf/config.yaml): after a multirun, write the sweep's tables."""
+    """Hydra callback (``hydra.callbacks`` in conf/config.yaml): while a multirun runs, stop it on a signal
+    (:class:`StopOnSignal`); after it, write the sweep's tables, or say how to continue a stopped one."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Check ``sweep.metrics`` before any job runs: a bad value is ``error: sweep.metrics ...`` (exit code 2)."""
+        """Check ``sweep.metrics`` before any job runs: a bad value is ``error: sweep.metrics ...`` (exit code 2);
+        then remove the stop request of an earlier run of the sweep and take the signals."""
         try:
             chosen_metrics(config)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
+        sweep = Path(config.hydra.sweep.dir)
+        (sweep / STOP_FILE).unlink(missing_ok=True)
+        StopOnSignal.install(sweep, continue_command(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Write the tables from the job folders, warn of a chosen metric no job has, list the failed jobs (exit
-        code 2 when there are any, or when a table cannot be written: ``error: output: ...``, not Hydra's warning)."""
+        code 2 when there are any, or when a table cannot be written: ``error: output: ...``, not Hydra's warning).
+        A sweep that was asked to stop is one ``interrupted:`` line with the command that continues it (exit code
+        128 + the signal's number)."""
+        StopOnSignal.uninstall()
         sweep = Path(config.hydra.sweep.dir)
         jobs = read_jobs(sweep)
+        signum = requested_stop(sweep / STOP_FILE)
+        if signum is not None:
+            (sweep / STOP_FILE).unlink()
+            done = sum(job.status == "ok" for job in jobs)
+            print(f"interrupted: {signal.Signals(signum).name}: the sweep stopped with {done} of {len(jobs)} jobs "
+                  "finished (each job that was running saved its checkpoint); continue it with: "
+                  f"{continue_command(config)}", file=sys.stderr)
+            raise SystemExit(128 + signum)
         if not jobs:
             return
         metrics = chosen_metrics(config)

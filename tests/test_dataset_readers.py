@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedrec.commands import python_command
 from fedrec.data import load_ratings
 from fedrec.data.download import REGISTRY
 from fedrec.data.integrity import write_sums
@@ -87,7 +88,7 @@ def test_a_missing_rating_file_is_one_message_from_every_reader(tmp_path: Path) 
     assert len(set(messages.values())) == 1, messages
     message = messages["load_ratings"]
     assert message.startswith(f"dataset file not found: {tmp_path / 'ml-100k' / 'u.data'}\n")
-    assert f"`python -m fedrec.data download ml-100k --data-dir {tmp_path}`" in message
+    assert f"`{python_command('-m', 'fedrec.data', 'download', 'ml-100k', '--data-dir', str(tmp_path))}`" in message
     assert "FEDREC_DATA_DIR" in message and REGISTRY["ml-100k"].page in message
 
 

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fedrec.data",),  # dataset files, splits and downloads, read by environments and tasks
     # utilities
     ("fedrec.rng", "fedrec.tables", "fedrec.threads", "fedrec.blocks", "fedrec.metrics", "fedrec.resolvers",
-     "fedrec._exports"),
+     "fedrec._exports", "fedrec.stop_request", "fedrec.commands"),
     ("fedrec.errors", "fedrec.io", "fedrec.jit", "fedrec.seeding"),  # what the utilities build on
     ("fedrec",),  # the package itself (it imports nothing)
 )

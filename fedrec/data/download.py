@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from fedrec.commands import python_command
 from fedrec.data.integrity import checked_file, write_sums
 from fedrec.errors import DatasetNotFoundError, check_choice
 
@@ -148,7 +149,7 @@ def missing_files(name: str, data_dir: str | Path) -> list[Path]:
 
 def download_command(name: str, data_dir: str | Path) -> str:
     """The shell command that installs dataset ``name`` into ``data_dir``."""
-    return f"python -m fedrec.data download {name} --data-dir {data_dir}"
+    return python_command("-m", "fedrec.data", "download", name, "--data-dir", str(data_dir))
 
 
 def install_help(name: str, data_dir: str | Path) -> str:

@@ -158,8 +158,25 @@ def identity_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
         found += _differences(*configs, "")
     found += _differences(saved.get("sizes"), current["sizes"], "sizes")
     found += _differences(saved.get("fedrec_version"), current["fedrec_version"], "fedrec_version")
-    return [f"{name} ({_show(old)} in the checkpoint, {_show(new)} here)" for name, old, new in found
-            if not any(name == a or name.startswith(f"{a}.") for a in allowed)]
+    return _described([d for d in found if not any(d[0] == a or d[0].startswith(f"{a}.") for a in allowed)],
+                      "the checkpoint")
+
+
+def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], where: str) -> list[str]:
+    """The fields in which config ``old`` (the one ``where`` holds) and ``new`` differ, as ``name (value in
+    WHERE, value here)``."""
+    return _described(_differences(old, new, ""), where)
+
+
+def _described(found: list[tuple[str, Any, Any]], where: str) -> list[str]:
+    """``(name, old, new)`` differences as ``name (old in WHERE, new here)``."""
+    return [f"{name} ({_show(old)} in {where}, {_show(new)} here)" for name, old, new in found]
+
+
+def listed(differences: Sequence[str]) -> str:
+    """Differences as an error lists them: the first :data:`LISTED_DIFFERENCES`, then how many more."""
+    more = len(differences) - LISTED_DIFFERENCES
+    return "; ".join(differences[:LISTED_DIFFERENCES]) + (f"; and {more} more" if more > 0 else "")
 
 
 def check_same_run(path: str | Path, saved: Mapping[str, Any], current: Mapping[str, Any],
@@ -167,10 +184,8 @@ def check_same_run(path: str | Path, saved: Mapping[str, Any], current: Mapping[
     """Refuse, with one line naming the differing fields, to resume checkpoint ``path`` of another run."""
     diffs = identity_differences(saved, current, allowed)
     if diffs:
-        more = len(diffs) - LISTED_DIFFERENCES
-        listed = "; ".join(diffs[:LISTED_DIFFERENCES]) + (f"; and {more} more" if more > 0 else "")
-        raise ConfigError(f"ckpt_path: {path} is a checkpoint of another run, differing in {listed}. Resume it with "
-                          "its run's settings, or name the fields meant to change in resume_allow_changes")
+        raise ConfigError(f"ckpt_path: {path} is a checkpoint of another run, differing in {listed(diffs)}. Resume "
+                          "it with its run's settings, or name the fields meant to change in resume_allow_changes")
 
 
 def _differences(old: Any, new: Any, name: str) -> list[tuple[str, Any, Any]]:

@@ -8,9 +8,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedrec.errors import ConfigError, check_int
+from fedrec.errors import ConfigError, check_float, check_int
 from fedrec.federation.collective import Collective
 from fedrec.io import writing
+from fedrec.stop_request import requested_stop
 from fedrec.tasks.base import FederatedTask
 from fedrec.threads import check_num_threads, torch_threads
 from fedrec.trainer.callbacks import Callback, ProgressBar, progress_enabled
@@ -37,6 +38,12 @@ class FederatedTrainer:
         log_every: log metrics every this many rounds (the last round is always logged).
         checkpoint_every: write ``last.ckpt`` every this many rounds (0: only at the end); needs a
             ``default_root_dir``.
+        checkpoint_minutes: also write it after the first round that ends this many minutes (wall time) after the
+            last checkpoint or the start of :meth:`fit` (0, the default: only by rounds), so that a killed long run
+            loses little; needs a ``default_root_dir``. A checkpoint changes nothing in the run's results.
+        stop_file: a file whose appearance stops the run after its round as a signal would (checkpoint, then
+            :class:`~fedrec.trainer.interrupt.RunInterrupted`); it holds the signal's number. An interrupted sweep
+            stops its jobs in other processes this way (:mod:`fedrec.stop_request`).
         enable_progress_bar: None shows a bar only on an interactive terminal outside CI.
         run_config: the settings that change the run's results (e.g. the resolved config without logging and
             output options); checkpoints record it, and a resume under different settings is refused.
@@ -67,6 +74,8 @@ class FederatedTrainer:
         loggers: Iterable[Any] = (),
         log_every: int = 1,
         checkpoint_every: int = 0,
+        checkpoint_minutes: float = 0,
+        stop_file: str | Path | None = None,
         enable_progress_bar: bool | None = None,
         run_config: Mapping[str, Any] | None = None,
         allow_changes: Sequence[str] = (),
@@ -82,8 +91,11 @@ class FederatedTrainer:
         self.max_rounds = None if max_rounds is None else check_int("trainer.max_rounds", max_rounds)
         self.log_every = check_int("trainer.log_every", log_every)
         self.checkpoint_every = check_int("trainer.checkpoint_every", checkpoint_every, minimum=0)
-        if self.checkpoint_every and self.root is None:
-            raise ConfigError("trainer.checkpoint_every > 0 needs a default_root_dir to write checkpoints to")
+        self.checkpoint_minutes = check_float("trainer.checkpoint_minutes", checkpoint_minutes, low=0)
+        for name in ("checkpoint_every", "checkpoint_minutes"):
+            if getattr(self, name) and self.root is None:
+                raise ConfigError(f"trainer.{name} > 0 needs a default_root_dir to write checkpoints to")
+        self.stop_file = None if stop_file is None else Path(stop_file)
         if enable_progress_bar is not None and not isinstance(enable_progress_bar, bool):
             raise ConfigError(f"trainer.enable_progress_bar must be true, false or null (on an interactive terminal "
                               f"outside CI), got {enable_progress_bar!r}")
@@ -142,6 +154,7 @@ class FederatedTrainer:
         self._hook("on_fit_start", task)
         started = time.perf_counter()
         elapsed_before = self.wall_seconds
+        saved_at = time.monotonic()  # of the last checkpoint: checkpoint_minutes counts from there
         while self.round < total and not self.should_stop:
             r = self.round
             self._hook("on_round_start", task, r)
@@ -157,9 +170,13 @@ class FederatedTrainer:
             if self.round % self.log_every == 0 or self.round == total or self.should_stop:
                 self._log(metrics)
             saved = None
-            if self.checkpoint_every and self.round % self.checkpoint_every == 0:
+            if (self.checkpoint_every and self.round % self.checkpoint_every == 0
+                    or self.checkpoint_minutes and time.monotonic() - saved_at >= 60 * self.checkpoint_minutes):
                 saved = self.save(task)
+                saved_at = time.monotonic()
             signum = interrupted()
+            if signum is None:
+                signum = requested_stop(self.stop_file)
             if signum is not None and self.round < total and not self.should_stop:
                 if saved is None and self.root is not None:
                     saved = self.save(task)
