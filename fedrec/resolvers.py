@@ -3,8 +3,8 @@ every builder resolves them).
 
 ``${by_conventions:PAPER,AUTHORS}`` is ``PAPER``, or ``AUTHORS`` when the run's ``privacy.conventions`` is
 ``authors``: the one switch ``privacy.conventions=authors`` thereby also sets the fields that go with the authors'
-accounting (the planner's reward split, the optimiser's state, the validation split; BGTplanner spec §1.4, §5).
-An explicit value of such a field overrides the switch.
+accounting (the planner's reward split, the optimiser's state, the validation split, as in
+BGTplanner's released code, where the paper is silent). An explicit value of such a field overrides the switch.
 
 ``${by_placement:CLIENT,SERVER}`` is ``CLIENT``, or ``SERVER`` when ``privacy.placement`` is ``server``: the fields
 whose right value depends on where the noise is added (the adjacency and sensitivity that server placement's sampled

@@ -1,7 +1,7 @@
 """Throughput of fedrec's Gossip_UCB / Fed_UCB against the per-agent Python reference (tests/reference/gossip.py), which
 draws every random number through the same keyed helpers, so the benchmark is also an equivalence check.
 
-Cases (issue 10 item 6):
+Cases:
   a  Fig. 2(a) setting: N = 3, M = 5, triangle K3, ε ∈ {1, ∞}, one trial. The reference plays --ref-steps rounds;
      ours plays the same prefix (decisions and regret compared) and a longer run of --long-steps rounds.
   b  the same for Fig. 2(b): N = 10, M = 10, ring C10.

@@ -1,4 +1,4 @@
-"""Central ranking baselines beside a reference library (issue 40, item 7): fedrec's central MF/BPR, NeuMF and
+"""Central ranking baselines beside a reference library: fedrec's central MF/BPR, NeuMF and
 LightGCN and RecBole's BPR, NeuMF and LightGCN, trained on one leave-one-out split of MovieLens-100K and scored by
 one full-ranking protocol, side by side (docs/papers/ranking_reference.md has the measured table).
 
@@ -60,7 +60,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 K = 10
-#: the target of issue 40 item 7: fedrec's HR@10 at least this share of the reference's
+#: the target: fedrec's HR@10 at least this share of the reference's
 TARGET = 0.95
 MODELS = ("mf", "neumf", "lightgcn")
 NAMES = {"mf": "MF (BPR)", "neumf": "NeuMF", "lightgcn": "LightGCN"}

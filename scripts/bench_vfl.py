@@ -1,11 +1,11 @@
 """Cost of vertical federation (Cao et al. Fig. 5 and Table 1) and fedrec's VFUCB against a straightforward one.
 
-Cases (issue 11 items 5–6; every case prints JSON lines, nothing is asserted):
+Cases (every case prints JSON lines, nothing is asserted):
   ref    fedrec's VFUCB against a per-party numpy implementation (party objects, one mask product per party and arm,
          the AP summing the shares and inverting Λ̃ every round, as Appendix C counts it) on the same stream:
          decisions compared, time ratio printed.
   over   measured overhead VFUCB / LinUCB and VFTS / LinTS of fedrec (masking, channel and all) against d for
-         K ∈ {100, 500, 1000}, beside the op-count model of vfl spec §4.3; and the d = 100, K = 10 setting of §5.1.
+         K ∈ {100, 500, 1000}, beside the op-count model of Appendix C; and the d = 100, K = 10 setting of §5.1.
   comm   the AP's communication per round: the paper's K·M·d·8 bytes (its upper bound counts the AP's own share)
          and what fedrec's ledger counts (K·(M − 1) d-vectors); d = 1000 and 5000 at K = 1000 (Fig. 5(c)).
 With --figure PATH the model and measured overheads are drawn (Fig. 5(a, b)). One torch thread.
@@ -51,7 +51,7 @@ def emit(record: dict) -> None:
 
 # ---------------------------------------------------------------------------------------- op-count model
 def model_cost(d: int, K: int, ts: bool, vertical: bool) -> float:
-    """Operations per round under Appendix C's cost model (vfl spec §4.3 [PROP])."""
+    """Operations per round under Appendix C's cost model (our operation counts of it)."""
     if ts:
         base = d * d + d ** 3 + K * d + K + d + d ** 3 + d + d * d
     else:

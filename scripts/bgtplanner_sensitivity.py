@@ -1,4 +1,4 @@
-"""Why BGTplanner plays like a near-uniform random planner (issue 14, item 3; spec bgtplanner.md §2.1, §2.4).
+"""Why BGTplanner plays like a near-uniform random planner (its context, paper §V-A, and allocator, §V-C).
 
 Runs BGTplanner on one dataset and mechanism under settings that each remove one suspected cause — scaled GP
 features (a/(A−1), x/‖x‖), rewards scaled ×1000 to the order of the dual penalty Λ⟨ρ − C(a), λ̃⟩, a large IGW γ

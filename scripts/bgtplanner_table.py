@@ -22,7 +22,7 @@ DATASETS = {"filmtrust": "FT", "ml-100k": "100K", "ml-1m": "1M"}
 MECHANISMS = {"gaussian": "GM", "laplace": "LM"}
 METHODS = {"fedsgd": "FedSGD (no DP)", "bgtplanner": "BGTplanner", "adpml": "ADPML", "adap": "ADAP",
            "uniform": "Uniform (DPSGD for GM)"}
-#: paper Table II (spec bgtplanner.md §6); FedSGD spans both mechanisms; DPSGD has no LM column
+#: paper Table II; FedSGD spans both mechanisms; DPSGD has no LM column
 PAPER = {
     "rmse": {
         "fedsgd": {"filmtrust": 0.2905, "ml-100k": 0.2017, "ml-1m": 0.2006},

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The parameter studies of Liu et al. §6 (Fig. 3; spec fclub.md §4.4, §8.12) on clean one-factor grids:
+# The parameter studies of Liu et al. §5 (Fig. 3, App. E.2) on clean one-factor grids:
 # CDP-FCLUB-DC on the synthetic world, one factor varied at a time, the others at the defaults n = 40, m = 4, L = 5,
 # d = 10, U = D = 1.01, ε = 1 (δ = 0.1, K = 10):
 #   n in {20, 40, 80} (env.num_clients)        m in {2, 4, 8} (env.num_clusters)   L in {1, 2, 5, 10} (env.num_servers)

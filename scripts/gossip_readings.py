@@ -1,4 +1,4 @@
-"""Fed_UCB's ratio R(1) : R(2) : R(5) under each alternative reading of the gossip spec (issue 29 item 2), for the
+"""Fed_UCB's ratio R(1) : R(2) : R(5) under each alternative reading of the paper where it is ambiguous, for the
 Fig. 2(a) and 2(b) settings (the experiments gossip_synthetic_k3 / _n10: seed 0, T = 10^6, K3 and the ring C10):
 one Markdown table row per (figure, reading) with the mean regret (over trials and agents) at t = 6·10^5 and 10^6
 and the ratios, the paper claiming about 1 : 1/2 : 1/5 at 6·10^5. All readings run in one process, one protocol
@@ -20,7 +20,8 @@ from fedrec.protocols.gossip import FedUCB
 
 #: figure → (N, M, topology)
 FIGURES = {"a": (3, 5, complete), "b": (10, 10, ring)}
-#: reading → (env, privacy, protocol) keyword overrides, each a flag of the spec's AMBIG readings
+#: reading → (env, privacy, protocol) keyword overrides, each flag one alternative reading of an ambiguous point
+#: of the paper (reward kind, log base, ε split, empty nodes, which ñ the consistency rule tests)
 READINGS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     "default": ({}, {}, {}),
     "bernoulli": ({"noise": "bernoulli"}, {}, {}),

@@ -351,7 +351,7 @@ class LinTS(LinearBandit):
 
     ``sampler`` is the square root S (S Sᵀ = (V+λI)^{-1}) that shapes the draw: ``cholesky`` (the paper's, and
     the compiled kernels') or ``symmetric`` (the symmetric root, torch only), with which a rotated problem draws
-    the rotated sample — VFTS and LinTS then agree path by path (vfl spec §3.2).
+    the rotated sample — VFTS and LinTS then agree path by path (Cao et al., Theorem A.1).
     """
 
     state_keys = LinearBandit.state_keys + ("draws",)

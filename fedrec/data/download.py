@@ -50,7 +50,7 @@ class Source:
 
 #: One entry per downloadable dataset. ml-100k, ml-1m and lastfm checksums: archive SHA-256s published in
 #: several unrelated public projects that verify these archives (ml-100k's together with the SHA-256 of its
-#: u.data, which matches shared/data/SHA256SUMS). FilmTrust's and UCI Diabetes' are not recorded yet. The Monti
+#: u.data, which matches the u.data we verified). FilmTrust's and UCI Diabetes' are not recorded yet. The Monti
 #: et al. matrices (douban, flixster, yahoo_music) are published as one bare ``.mat`` file each in the authors'
 #: repository (fmonti/mgcnn, ``Data/<name>/``; flixster's and yahoo_music's named ``training_test_dataset_10_NNs.mat``
 #: there) and, under the name the loaders read, in IGMC's (muhanzhang/IGMC, ``raw_data/<name>/``), with no archive to

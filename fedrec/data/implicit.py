@@ -1,4 +1,4 @@
-"""Implicit-feedback datasets for top-K recommendation (issue 27, item 3): which interactions count as positives,
+"""Implicit-feedback datasets for top-K recommendation: which interactions count as positives,
 how each user's positives are held out for validation and test, and the negatives BPR trains against.
 
 Datasets are those of :mod:`fedrec.data.ratings` (``ml-100k``, ``ml-1m``, ``filmtrust``), read by its one reader

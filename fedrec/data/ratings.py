@@ -1,4 +1,4 @@
-"""Explicit-rating datasets for federated recommendation (BGTplanner spec §1.1 and §5; paper §VII-A).
+"""Explicit-rating datasets for federated recommendation (BGTplanner paper §VII-A).
 
 Datasets (files under ``data_dir``):
 
@@ -34,7 +34,7 @@ Normalisation (the paper only says "all rating scores are normalized to the rang
 
 * ``"max"`` (default): ``r / r_max`` with ``r_max`` the largest rating in the file. ML 1..5 -> 0.2..1,
   FilmTrust 0.5..4 -> 0.125..1. It is the default because the metrics binarise ratings and predictions at 0.5
-  (spec §5): with ``"max"`` an ML rating is positive iff it is >= 3 (0.6; a 2 is 0.4), so no rating sits on the
+  (paper §VII-A2): with ``"max"`` an ML rating is positive iff it is >= 3 (0.6; a 2 is 0.4), so no rating sits on the
   threshold, and FilmTrust ratings >= 2 are positive. It also matches the paper's RMSE scale: ML-100K's 0.2017
   is a raw-scale RMSE of about 1.0 under ``r / 5`` (plausible for a private FedGNN) but 0.81 under min-max.
 * ``"minmax"``: ``(r - r_min) / (r_max - r_min)``, exactly [0, 1]. ML rating 3 then maps to exactly 0.5.
@@ -48,9 +48,9 @@ Splits (all random numbers come from :func:`fedrec.seeding.numpy_generator`, so 
 2. ``val``: a random ``val_fraction`` of the remaining (training) ratings, held out of training; empty by
    default. A planner can take its reward from it instead of from the test set.
 3. The rest is split at random into two halves: ``initial`` (available from round 0; it gets the odd rating)
-   and ``stream`` (spec §5: "randomly and evenly sampled and added" as training proceeds).
+   and ``stream`` (paper §VII-A: "randomly and evenly sampled and added" as training proceeds).
 
-Streaming rule (spec §5, from the authors' code): for each client, its ``n`` streamed ratings arrive in a
+Streaming rule (from the authors' code; the paper gives none): for each client, its ``n`` streamed ratings arrive in a
 random order over the ``T = rounds`` rounds 0..T-1: if ``n >= T``, ``floor(n/T)`` per round plus one more in
 each of the first ``n mod T`` rounds; if ``n < T``, one every ``floor(T/n)`` rounds starting at round 0.
 Clients are users on ML-100K and FilmTrust, so there the rule is per user; on ML-1M it is per client (the

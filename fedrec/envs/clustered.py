@@ -1,21 +1,21 @@
-"""Clustered linear bandits of FCLUB (Liu et al., UAI 2022; fclub spec §1, §4.2, §4.3, §8.1–8.2).
+"""Clustered linear bandits of FCLUB (Liu et al., UAI 2022, §5 and App. E, and the authors' code).
 
-n users sit on L local servers in contiguous blocks of n/L and belong to m true clusters in contiguous blocks
-of n/m (§8.2); the users of a cluster share one θ. Every step one user arrives uniformly at random, K fresh items
-x = [z/‖z‖/√2, 1/√2] with z ~ N(0, I_{d−1}) are drawn (‖x‖ = 1, the authors' code, §4.2), and every arm gets a
-reward y ~ Bernoulli(θ_iᵀx); the regret uses the expected rewards θ_iᵀx. The arrivals, the items and the
-uniforms behind the Bernoulli draws come from three generators keyed by (seed, replicate, chunk) only, so every
-method of a seed sees the same stream (common random numbers, §8.13), whatever θ it is run on.
+n users sit on L local servers in contiguous blocks of n/L and belong to m true clusters in contiguous blocks of n/m
+(as in the authors' code); the users of a cluster share one θ. Every step one user arrives uniformly at random, K
+fresh items x = [z/‖z‖/√2, 1/√2] with z ~ N(0, I_{d−1}) are drawn (‖x‖ = 1, the authors' code), and every arm gets a
+reward y ~ Bernoulli(θ_iᵀx); the regret uses the expected rewards θ_iᵀx. The arrivals, the items and the uniforms
+behind the Bernoulli draws come from three generators keyed by (seed, replicate, chunk) only, so every method of a
+seed sees the same stream (common random numbers), whatever θ it is run on.
 
 θ sources (``theta=``):
 
-- ``authors``: the authors' ``fclub-authors/10_theta.npy`` (§8.1a), 40 users with 4 distinct unit-norm θ in
+- ``authors``: the authors' ``fclub-authors/10_theta.npy``, 40 users with 4 distinct unit-norm θ in
   blocks of 10, last coordinate 1/√2, pairwise gaps 0.81–1.14. The paper's "orthogonal θ, gap √2" is not what
   the authors ran: with these items orthogonal θ give negative means for about half the items.
-- ``ortho_cap``: θ_j = [q_j/√2, 1/√2] with q_1..q_m orthonormal in R^{d−1} (§8.1b): unit norm, gap exactly 1,
-  means in [0, 1]. Needs m ≤ d − 1.
+- ``ortho_cap``: θ_j = [q_j/√2, 1/√2] with q_1..q_m orthonormal in R^{d−1} (our choice): unit norm, gap
+  exactly 1, means in [0, 1]. Needs m ≤ d − 1.
 - ``file``: a user-vector ``.npy`` (e.g. the authors' ``ml_1000user_d10.npy`` or ``yelp_1000user_d10.npy``).
-- ``ml100k``: user vectors derived here from MovieLens-100K as the authors derived theirs from MovieLens-1M (§4.3):
+- ``ml100k``: user vectors derived here from MovieLens-100K as the authors derived theirs from MovieLens-1M (paper §5):
   binary user×item "rated" matrix; keep the 3N most active users, then the M most rated items among them, then
   the N most active users on those items; SVD; first d − 1 left singular vectors; rows to unit ℓ2 norm; append 1;
   divide by √2. The authors used N = M = 1000 of ML-1M's 6040 users and 3706 items; scaled to ML-100K's 943 users
@@ -25,7 +25,7 @@ For ``file`` and ``ml100k`` the m clusters come from k-means (scikit-learn, seed
 and θ_i is the centre of user i's cluster, so the truth has exactly m distinct θ. The n users are n/m users drawn
 at random from each k-means cluster, placed cluster after cluster so the contiguous layout holds. A balanced pick
 is needed because the source's own order is not balanced: the first 40 rows of ``ml_1000user_d10.npy`` hold 6
-distinct θ with sizes 31/3/2/2/1/1 (§4.3). The θ, the k-means fit and the user pick depend on the seed only, so
+distinct θ with sizes 31/3/2/2/1/1. The θ, the k-means fit and the user pick depend on the seed only, so
 replicates share one world and differ in their streams.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ from fedrec.seeding import numpy_generator
 
 THETA_SOURCES = ("authors", "ortho_cap", "file", "ml100k")
 
-#: the authors' synthetic θ file, relative to data_dir (§8.1a)
+#: the authors' synthetic θ file, relative to data_dir
 AUTHORS_THETA = "fclub-authors/10_theta.npy"
 
 #: slack on the [0, 1] mean-reward check: the authors' θ reach 0 and 1 exactly, up to rounding (≈ 6e-17)
@@ -52,7 +52,7 @@ MEAN_TOLERANCE = 1e-9
 
 
 class ClusteredLinearEnv(BanditEnv):
-    """FCLUB's clustered users, per-server layout and Bernoulli rewards on unit items (spec §4.2, §4.3, §8.1–8.2).
+    """FCLUB's clustered users, per-server layout and Bernoulli rewards on unit items (paper §5, authors' code).
 
     Args:
         num_clients, num_clusters, num_servers: n users, m true clusters, L local servers; m and L must divide n.
@@ -127,12 +127,12 @@ class ClusteredLinearEnv(BanditEnv):
 
     @property
     def local_clusters(self) -> list[np.ndarray]:
-        """The true local clusters (users of one server and one true cluster), by server then cluster (§1.1, §8.2)."""
+        """The true local clusters (users of one server and one true cluster), by server then cluster."""
         key = self.servers * self.num_clusters + self.clusters
         return [np.flatnonzero(key == k) for k in np.unique(key)]
 
     def _ortho_cap(self) -> np.ndarray:
-        """θ_j = [q_j/√2, 1/√2] with q_j orthonormal in R^{d−1}, drawn from the seed (§8.1b)."""
+        """θ_j = [q_j/√2, 1/√2] with q_j orthonormal in R^{d−1}, drawn from the seed."""
         m, d = self.num_clusters, self.dim
         if m > d - 1:
             raise ConfigError(f"num_clusters ({m}) must be <= dim - 1 ({d - 1}) for theta=ortho_cap")
@@ -141,7 +141,7 @@ class ClusteredLinearEnv(BanditEnv):
         return centres[self.clusters]
 
     def _authors(self, rows: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
-        """(θ, rows used): the first n rows, checked to hold m distinct θ in blocks of n/m (§8.1a, §8.2)."""
+        """(θ, rows used): the first n rows, checked to hold m distinct θ in blocks of n/m."""
         n, m = self.num_clients, self.num_clusters
         if len(rows) < n:
             raise ConfigError(f"{where}: has {len(rows)} rows, num_clients needs {n}")
@@ -155,7 +155,7 @@ class ClusteredLinearEnv(BanditEnv):
 
     def _kmeans_users(self, vectors: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
         """(θ, rows picked): n/m rows per k-means cluster of ``vectors``, cluster after cluster, each θ its
-        cluster's centre (§4.3)."""
+        cluster's centre (paper §5)."""
         n, m = self.num_clients, self.num_clusters
         if len(vectors) < n:
             raise ConfigError(f"{where}: has {len(vectors)} user vectors, num_clients needs {n}")
@@ -176,7 +176,7 @@ class ClusteredLinearEnv(BanditEnv):
         return fit.cluster_centers_[self.clusters], np.concatenate(picks)
 
     def _ml100k(self, root: Path) -> tuple[np.ndarray, str]:
-        """(vectors, description): user vectors from ML-100K by the authors' recipe (§4.3); sets ``ml100k_ids``."""
+        """(vectors, description): user vectors from ML-100K by the authors' recipe (paper §5); sets ``ml100k_ids``."""
         ratings = read_raw_ratings("ml-100k", root)
         where = f"ml100k vectors from {ratings.attrs['path']}"
         users, u = np.unique(ratings["user"].to_numpy(), return_inverse=True)
@@ -195,7 +195,7 @@ class ClusteredLinearEnv(BanditEnv):
         return _check_vectors(vectors, self.dim, where), where  # names a dim beyond the matrix's rank bound
 
     def chunk(self, replicate: int, index: int) -> Chunk:
-        """Steps of chunk ``index``: uniform arrivals, unit items, a Bernoulli reward per arm (§1.2, §4.2, §8.1)."""
+        """Steps of chunk ``index``: uniform arrivals, unit items, a Bernoulli reward per arm."""
         S, K, d = self.chunk_size, self.num_arms, self.dim
         clients = numpy_generator(self.seed, "clustered-arrivals", replicate, index).integers(0, self.num_clients, S)
         z = numpy_generator(self.seed, "clustered-items", replicate, index).standard_normal((S, K, d - 1))
@@ -234,7 +234,7 @@ def _load_vectors(path: Path, dim: int) -> np.ndarray:
 
 
 def _check_means(theta: np.ndarray, where: str) -> None:
-    """ConfigError naming ``where`` unless θᵀx ∈ [0, 1] for every item x = [z/‖z‖/√2, 1/√2] (§8.1).
+    """ConfigError naming ``where`` unless θᵀx ∈ [0, 1] for every item x = [z/‖z‖/√2, 1/√2].
 
     Over such items θᵀx ranges exactly over θ_d/√2 ± ‖θ_{1:d−1}‖/√2, so both ends are checked.
     """

@@ -1,4 +1,4 @@
-"""The Criteo display-advertising log as a replay stream (Cao et al. §5.1, App. D.3; spec vfl.md §4.2).
+"""The Criteo display-advertising log as a replay stream (Cao et al. §5.1, App. D.3).
 
 Input: the Kaggle "Criteo Display Advertising Challenge" ``train.txt``, tab-separated, no header, 40 fields per
 line: the click label, 13 integer columns I1..I13 and 26 categorical columns C1..C26 (8 hex digits); any field
@@ -18,7 +18,7 @@ silent this loader takes the choices of their P2B code (``create_datasets.ipynb`
    ``num_arms`` most frequent labels are the items (ties to the smaller label) and rows of other labels are
    dropped. An item's features g are its 3 counts, min-max scaled per component over the kept items.
 4. Events: every kept row in file order is one event of its own user (U = number of kept rows), reward = the
-   click label. Unlike P2B, which keeps only clicked rows, non-clicks are kept: replay needs them (spec [PROP]).
+   click label. Unlike P2B, which keeps only clicked rows, non-clicks are kept: replay needs them (our choice).
 5. Parties: the d_u user columns are split into ``num_user_groups`` contiguous, near-equal groups (larger
    first), one per passive party; the platform holds the item block (see :mod:`fedrec.envs.replay`).
 

@@ -1,4 +1,4 @@
-"""UCI Diabetes 130-US hospitals as a multi-agent bandit (Zhu et al. 2021, Fig. 2(c); gossip spec §4.3).
+"""UCI Diabetes 130-US hospitals as a multi-agent bandit (Zhu et al. 2021, §5, Fig. 2(c)).
 
 Each record (an inpatient encounter of ``diabetic_data.csv``, 101,766 rows) becomes an arm from its 23 medication
 columns, with the five arms of the paper:
@@ -6,18 +6,20 @@ columns, with the five arms of the paper:
 1. steady insulin; 2. steady metformin; 3. steady repaglinide, glipizide, rosiglitazone, acarbose, miglitol or
 troglitazone; 4. steady nateglinide, chlorpropamide, glyburide, examide, glimepiride, acetohexamide, tolbutamide,
 pioglitazone, sitagliptin (the column ``citoglipton``), glyburide-metformin, glipizide-metformin,
-glimepiride-pioglitazone, metformin-rosiglitazone, metformin-pioglitazone, and tolazamide (spec [PROP]: the
+glimepiride-pioglitazone, metformin-rosiglitazone, metformin-pioglitazone, and tolazamide (our choice: the
 paper lists glyburide twice and tolazamide nowhere); 5. no medication Steady.
 
-Spec §4.3 [PROP]: a record with any Up/Down is dropped; a record goes to arm g if all its Steady medications are
-in group g, to arm 5 if none is, and is dropped if they span several groups. The reward is 1 iff
+Our rule (the paper does not say how records with several Steady medications map to arms): a record with any
+Up/Down is dropped; a record goes to arm g if all its Steady medications are in group g, to arm 5 if none is,
+and is dropped if they span several groups. The reward is 1 iff
 ``readmitted == ">30"`` (NO and <30 are 0). The N = 3 hospitals are contiguous equal thirds of the raw rows in
 file order (``split="random"``: a seeded uniformly random partition). Agent i pulling arm k draws one of its
 records of arm k uniformly with replacement (the ``RECORDS`` reward kind of :mod:`fedrec.envs.rewards`); μ_{i,k}
 is the mean of that pool and μ_k = (1/N) Σ_i μ_{i,k}, the paper's global mean (not the pooled mean).
 
-``SOURCES.md`` warns that ``max_glu_serum`` and ``A1Cresult`` hold the text ``None`` ("not measured"): every
-column is read as text with NA detection off (:func:`fedrec.tables.read_table`), so ``None`` stays a string.
+``max_glu_serum`` and ``A1Cresult`` hold the text ``None`` ("not measured"), which a default CSV reader turns
+into NaN: every column is read as text with NA detection off (:func:`fedrec.tables.read_table`), so ``None``
+stays a string.
 """
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ def read_diabetes(path: Path) -> pd.DataFrame:
 
 
 def diabetes_arms(frame: pd.DataFrame, source: Path | str = "diabetes") -> DiabetesRecords:
-    """The arm and reward of every record of ``frame`` by the rule of spec §4.3 (module docstring); ``source``
+    """The arm and reward of every record of ``frame`` by the rule of the module docstring; ``source``
     names the file in errors about values outside {No, Steady, Up, Down} or {NO, >30, <30}."""
     for column, allowed in (*((m, MEDICATION_VALUES) for m in MEDICATIONS), ("readmitted", READMITTED_VALUES)):
         bad = ~frame[column].isin(allowed).to_numpy()
@@ -108,8 +110,9 @@ class DiabetesMAB(MultiAgentMAB):
         data_dir: the folder holding ``uci-diabetes-130/diabetic_data.csv``.
         replicates, seed: R and the run seed (it keys the reward stream; the pools are the same for all replicates).
         num_agents: N hospitals (the paper: 3).
-        split: ``"contiguous"`` (default, spec §4.3: equal blocks of raw rows in file order, the split that shows
-            local bias) or ``"random"`` (a uniformly random partition into equal parts, drawn from ``split_seed``).
+        split: ``"contiguous"`` (default: equal blocks of raw rows in file order, the split that the paper says
+            shows local bias; it also says "randomly divide", so the choice is ours) or ``"random"`` (a uniformly
+            random partition into equal parts, drawn from ``split_seed``).
         split_seed: the seed of the random split, kept apart from ``seed`` so that trials share one partition.
 
     Attributes besides :class:`MultiAgentMAB`'s: ``path``, ``records`` (:class:`DiabetesRecords`), ``agent`` (rows,)

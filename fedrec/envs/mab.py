@@ -1,5 +1,5 @@
-"""Multi-agent multi-armed bandit environments whose rewards are drawn inside the compiled step loop (gossip spec
-§1.1 and §4.2).
+"""Multi-agent multi-armed bandit environments whose rewards are drawn inside the compiled step loop (Zhu et al.,
+SIGMETRICS 2021: its model and the synthetic experiments of §5).
 
 Agent i observes a locally biased reward X_{i,k}(t) of mean μ_{i,k}; the global reward of arm k has the mean
 μ_k = (1/N) Σ_i μ_{i,k} (Zhu et al. §2). A reward is a pure function of (key, replicate, agent, arm, t) through
@@ -24,7 +24,8 @@ from fedrec.rng import stream_key
 from fedrec.seeding import numpy_generator
 
 #: ``noise`` → the reward kind: the paper's μ + N(0, σ²) (unbounded), the same clipped to [0, 1], or Bernoulli(μ)
-#: (both in [0, 1], as Fed_UCB's sensitivity-1 Laplace noise assumes; spec §4.2 [AMBIG])
+#: (both in [0, 1], as Fed_UCB's sensitivity-1 Laplace noise assumes;
+#: the paper's Gaussian rewards break that assumption)
 NOISES = {"gaussian": GAUSSIAN, "clipped": CLIPPED, "bernoulli": BERNOULLI}
 
 
@@ -35,11 +36,12 @@ class MultiAgentMAB:
         num_agents, num_arms, replicates: N, M, R.
         seed: the run seed; it keys the means and the reward stream.
         means: μ as (N, M) (the same for every replicate) or (R, N, M); None draws μ_{i,k} ~ U(0, 1) once per seed
-            (spec §4.2: fixed across trials, only the noise varies), or once per (seed, replicate) with
+            (fixed across trials, only the noise varies: the paper's "i.i.d. noise"), or once per (seed, replicate) with
             ``vary_means``.
         noise: ``"gaussian"`` (the paper), ``"clipped"`` (μ_{i,k} + N(0, σ²) clipped to [0, 1]) or ``"bernoulli"``
             (1 with probability μ_{i,k}, which must lie in [0, 1]; σ unused).
-        noise_std: σ >= 0 (the paper: 1, which violates its [0, 1] support assumption; not clipped, spec §4.2).
+        noise_std: σ >= 0 (the paper: 1, which violates its [0, 1] support assumption; not clipped, as
+            printed).
         vary_means: draw new means for every replicate.
 
     Attributes: ``means`` (R, N, M) the draws' parameters μ_{i,k}, ``reward_means`` (R, N, M) the rewards' means

@@ -2,9 +2,9 @@
 
 Each client is a user. At every step a user is drawn uniformly among the users with remaining events, and the
 user's next logged positive event is replayed. The arm pool is that positive item plus K − 1 random items the
-user never interacted with; the reward is 1 for the positive arm and 0 otherwise, with no noise (spec §5.2 and §7).
-Item features are TF-IDF vectors reduced by TruncatedSVD to ``dim`` and scaled to unit ℓ2 norm, so ‖x‖ ≤ 1
-as LinUCB's analysis assumes.
+user never interacted with; the reward is 1 for the positive arm and 0 otherwise, with no noise (App. H.1 and the
+authors' code). Item features are TF-IDF vectors reduced by TruncatedSVD to ``dim`` and scaled to unit ℓ2 norm,
+so ‖x‖ ≤ 1 as LinUCB's analysis assumes.
 """
 from __future__ import annotations
 

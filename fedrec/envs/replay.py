@@ -4,10 +4,10 @@ Every logged event (user, item, click) offers K candidate arms: the logged item 
 uniformly, in random order. A policy's step counts, and updates it, only when it picks the logged item
 (:attr:`BanditEnv.replay`); CTR = clicks / counted steps. Since the logged arm sits at a uniformly random
 position, a uniformly random policy's replay CTR converges to the events' mean click rate, which is the
-normaliser of the relative CTR (spec vfl.md §4.2 takes the mean of 5 random policies; the closed form is its
-limit and has no sampling noise).
+normaliser of the relative CTR (Cao et al. take the mean of 5 random policies; the closed form is its limit
+and has no sampling noise).
 
-Contexts join a user's features u (the parties' blocks, spec §4.2 step 8) with the item's features g:
+Contexts join a user's features u (the parties' blocks; Cao et al. App. D.3) with the item's features g:
 ``outer_sum`` (the paper's, X[p, q] = u_p + g_q, flattened row by row) or ``outer_product`` (u_p · g_q). Row 0
 of the user side is the platform's own: u_0 = 0 (sum) or 1 (product) makes X[0, ·] = g, the item block that the
 active party holds; each further user-feature group is one passive party's block of rows.

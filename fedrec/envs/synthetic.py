@@ -1,4 +1,4 @@
-"""Synthetic linear environments of the Async-LinUCB paper (§4; spec §5 and §7).
+"""Synthetic linear environments of the Async-LinUCB paper (§4, and the authors' code).
 
 Homogeneous: one unit-norm θ shared by all clients. Heterogeneous: θ_i = [θ^(g); θ^(i)] with the global and
 the client parts each unit-norm. Arm sets: K vectors drawn per step from a fixed pool (authors' code) or fresh
@@ -28,8 +28,8 @@ class LinearEnv(BanditEnv):
             coordinates, a client-specific θ^(i) on the other d − d_g).
         contexts: ``pool`` (K of ``pool_size`` fixed articles without replacement, coordinate k ~ N(0, (d−k)/d)
             then unit norm, as the authors' code), ``ball`` (uniform in the unit ball) or ``sphere``.
-        noise_std: σ of the Gaussian reward noise (with ``noise="variance"``: σ², the vfl spec §4.1 reading in which
-            "N(0, 0.05)" names a variance).
+        noise_std: σ of the Gaussian reward noise (with ``noise="variance"``: σ², a reading of the vertical
+            federated bandit paper's "N(0, 0.05)" as a variance; its other reading, a std, is the default).
         arrival: ``uniform`` or ``zipf`` (P(client of rank k) ∝ k^−zipf_exponent, ranks randomly permuted).
     """
 

@@ -1,9 +1,9 @@
-"""Communication graphs of decentralised protocols and their randomized-gossip matrices (gossip spec §1.4–1.5).
+"""Communication graphs of decentralised protocols and their randomized-gossip matrices (Zhu et al. 2021).
 
 A :class:`Topology` is a simple, undirected, connected graph on agents 0..N−1, stored in the flat int64 arrays
 compiled kernels loop over (edge list, CSR neighbours, degrees) next to its networkx graph. Gossip activates one
 uniformly random edge (u, v) per round with W(t) = I − ½(e_u − e_v)(e_u − e_v)ᵀ (Zhu et al. eq. 9/13); the
-analysis uses λ₂ of the expected matrix E[W] = I − L_G/(2|E|) (the paper's §3.1; spec §1.4).
+analysis uses λ₂ of the expected matrix E[W] = I − L_G/(2|E|) (the paper's §3.1).
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def gossip_matrix(num_agents: int, u: int, v: int) -> np.ndarray:
 
 
 def edge_stream(topology: Topology, num_steps: int, seed: int, *indices: int) -> np.ndarray:
-    """The gossip edge of each of ``num_steps`` rounds, uniform over E (spec §1.4), as row indices of ``edges``.
+    """The gossip edge of each of ``num_steps`` rounds, uniform over E (Zhu et al.), as row indices of ``edges``.
 
     Returns int64 (num_steps,); ``topology.edges[stream]`` gives the endpoints. Counter based like every stream
     of :mod:`fedrec.seeding`: ``indices`` (e.g. replicate, chunk) select an independent stream, so a chunked or

@@ -1,11 +1,11 @@
-"""Vertical federation with O3M orthogonal masks (Cao et al., *Vertical Federated Linear Contextual Bandits*;
-vfl spec §1.2–2.3).
+"""Vertical federation with O3M orthogonal masks (Cao et al., *Vertical Federated Linear Contextual Bandits*,
+§3.3 and §4).
 
 The d feature columns of every context are split among M parties by a partition vector [d_1, …, d_M]; party 0 is
 the active party (AP), which chooses arms and sees rewards, parties 1 … M − 1 are passive. A mask generator (PMG)
 draws one Haar-random orthogonal Q (d × d) per run, sends party j its column block Q^j (d × d_j) and forgets Q.
 Every round party j sends the AP its masked share Q^j x^j of each arm (a d-vector), and the AP sums the shares:
-Σ_j Q^j x^j = Q x (§2.3). What the masks hide and what they leak is spelled out in ``docs/threat_model.md``.
+Σ_j Q^j x^j = Q x. What the masks hide and what they leak is spelled out in ``docs/threat_model.md``.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from fedrec.blocks import near_equal_sizes
 from fedrec.errors import ConfigError, check_choice
 from fedrec.seeding import numpy_generator
 
-#: the mask kinds: O3M's orthogonal Q, or a non-orthogonal negative control that breaks lossless recovery (spec §6
-#: test 5; the other control, a fresh mask every round, is the protocol's ``refresh_mask``)
+#: the mask kinds: O3M's orthogonal Q, or a non-orthogonal negative control that breaks lossless recovery (a test
+#: control of ours; the other control, a fresh mask every round, is the protocol's ``refresh_mask``)
 MASKS = ("o3m", "gaussian")
 
 
@@ -51,7 +51,7 @@ def equal_partition(dim: int, parties: int) -> tuple[int, ...]:
 
 def orthogonal_mask(dim: int, rng: np.random.Generator) -> np.ndarray:
     """A Haar-distributed orthogonal d × d matrix: QR of an i.i.d. N(0, 1) matrix with the signs of R's diagonal
-    moved into Q (spec §2.2; equal to Gram–Schmidt, and numerically stabler)."""
+    moved into Q (equal to the paper's Gram–Schmidt construction, and numerically stabler)."""
     q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
     return q * np.sign(np.diag(r))
 

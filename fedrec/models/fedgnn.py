@@ -1,5 +1,5 @@
-"""FedGNN as BGTplanner's authors run it (spec bgtplanner.md §1.2): one single-head graph-attention layer over
-each user's local star graph, and rating prediction ``sigmoid(h_u · e_i)``.
+"""FedGNN as BGTplanner's authors run it (their released code; the paper only names FedGNN): one single-head
+graph-attention layer over each user's local star graph, and rating prediction ``sigmoid(h_u · e_i)``.
 
 A user's local graph has the user as the centre and its rated items as neighbours, with edges item → user and a
 self-loop; ``h_u`` is the GAT output at the centre. The layer is evaluated for all users at once over flat

@@ -3,10 +3,10 @@
 A round's training data is held *flat*: ``E`` entries (one per rating), each naming its user's row in a batch of
 ``S`` users (``entry_user``). A user's local graph is the star of its rated items, so a model computes one user
 representation ``h_u`` per batch row from the user's embedding and its items' embeddings, and predicts
-``ŷ_ui = sigmoid(score(h_u, e_i))``, the score by default the dot product ``h_u · e_i`` (BGTplanner spec §1.2); a
-model with another head (NeuMF's network) overrides :meth:`FederatedRecommender.score`. Shared parameters (ω, e.g.
-the GAT weights) may come with a leading per-user dimension, so every client can differentiate its own copy in one
-backward pass.
+``ŷ_ui = sigmoid(score(h_u, e_i))``, the score by default the dot product ``h_u · e_i`` (FedGNN as BGTplanner's
+authors run it); a model with another head (NeuMF's network) overrides :meth:`FederatedRecommender.score`. Shared
+parameters (ω, e.g. the GAT weights) may come with a leading per-user dimension, so every client can differentiate
+its own copy in one backward pass.
 """
 from __future__ import annotations
 

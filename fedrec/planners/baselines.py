@@ -1,4 +1,4 @@
-"""Baseline budget planners (spec bgtplanner.md §4): the uniform split, ADPML's rising schedule and ADAP.
+"""Baseline budget planners (BGTplanner paper §VII-A3): the uniform split, ADPML's rising schedule and ADAP.
 
 Settings the paper leaves open are documented per class.
 """
@@ -28,7 +28,7 @@ class ADPMLPlanner(SchedulePlanner):
     """ADPML (Pan & Feng 2023) as BGTplanner runs it: budgets rising from ``epsilon_min`` towards ``epsilon_max`` at
     ``rate`` (defaults 1, 10, 0.9, paper §VII-A3).
 
-    Assumption (spec §4; the paper does not say how ε_min = 1 and ε_max = 10 fit ε_total = 10): the schedule
+    Assumption (ours; the paper does not say how ε_min = 1 and ε_max = 10 fit ε_total = 10): the schedule
     ``s_t = ε_max − (ε_max − ε_min) · rate^t`` is normalised to spend the total, ``b_t = B · s_t / Σ s``.
     """
 
@@ -50,7 +50,7 @@ class ADAPPlanner(BudgetPlanner):
     """Adap DP-FL (Fu et al. 2022) as described by BGTplanner (§VII-A3): the budget grows when the loss trend
     stalls, and the clip threshold shrinks over training.
 
-    Assumptions (the paper gives no numbers, spec §4): each round spends ``scale · remaining / rounds left``;
+    Assumptions (ours; the paper gives no numbers): each round spends ``scale · remaining / rounds left``;
     ``scale`` starts at ``initial_scale`` and is multiplied by ``growth`` (capped at ``max_scale``) whenever the
     reward RMSE has not fallen by at least ``tolerance`` over the last ``patience`` rounds; no round but the last
     spends more than (rounds left − 1)/(rounds left) of the remainder, and the last spends what is left. The clip of round t is ``clip_0 · clip_decay^t`` (data independent, so it costs no privacy).

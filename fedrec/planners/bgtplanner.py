@@ -1,4 +1,4 @@
-"""BGTplanner (Zhang et al., paper §V, Algorithms 1–3; spec bgtplanner.md §2–3): a contextual bandit with
+"""BGTplanner (Zhang et al., paper §V, Algorithms 1–3): a contextual bandit with
 knapsacks that picks one of A budget levels per round.
 
 * context x^t: the top-d singular values of the round's client × item upload matrix X^t (§V-A), the square roots
@@ -11,7 +11,7 @@ knapsacks that picks one of A budget levels per round.
   descent (Eq. 8), scaled by Λ from the initial stage's LP (Eqs. 9–10, ``scipy.optimize.linprog``);
 * allocator: inverse-gap weighting over the scores of Eq. 11 (Eqs. 12–13) with γ = 2·sqrt(A·T/((U+2)·ln T)).
 
-Sign of the constraint term (spec §2.3): by default the score *penalises* spending above the per-round target,
+Sign of the constraint term (§V-B): by default the score *penalises* spending above the per-round target,
 ``β(a) = μ(a) + Λ⟨ρ − C(a), λ̃⟩`` with dual gradient ``ρ − C(a)`` (the source method [36] and the authors'
 code); ``paper_sign=True`` is the printed Eqs. 6–11, which reward spending and drive λ to 0.
 """
@@ -243,7 +243,7 @@ class IncrementalGP:
     """The posterior of a :class:`RewardGP` over a history that grows one observation at a time: the Cholesky
     factor L of K + σ_μ² I gains one row per observation (a triangular solve, O(n²)) instead of a refit (O(n³));
     w = L⁻¹ r grows with it. Then mean = (L⁻¹ k*)ᵀ w and variance = k(z*, z*) − ‖L⁻¹ k*‖², as
-    ``GaussianProcessRegressor(optimizer=None)`` computes them (the hyper-parameters are fixed, spec §2.2).
+    ``GaussianProcessRegressor(optimizer=None)`` computes them (the hyper-parameters are fixed, paper §V-A).
 
     Args:
         gp: the kernel and noise.
@@ -296,7 +296,7 @@ class IncrementalGP:
 
 
 class BGTPlanner(BudgetPlanner):
-    """BGTplanner as a budget planner (see the module docstring; defaults are the paper's, spec §5).
+    """BGTplanner as a budget planner (see the module docstring; defaults are the paper's, §VII-A).
 
     Args:
         num_actions: A, budget levels.

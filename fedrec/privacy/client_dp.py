@@ -1,6 +1,6 @@
 """Client-level DP of a federated run: a noise mechanism, a per-client accountant, and per-round budgets.
 
-Budget units (what a budget callback such as a planner sets per round, spec bgtplanner.md §1.4):
+Budget units (what a budget callback such as a planner sets per round, BGTplanner paper §IV):
 
 * Laplace: the round's ε_t. Basic composition: a client may spend Σ_t ε_t ≤ ε_total.
 * Gaussian: the round's **RDP budget** ρ_t at a fixed order α (paper §IV: clients "convert the budget to the RDP
@@ -10,7 +10,7 @@ Budget units (what a budget callback such as a planner sets per round, spec bgtp
   gives ε_total at δ. ``rdp_alpha="auto"`` takes the order (among Opacus's default orders) at which a uniform
   split needs the least noise (α ≈ 3.5 at ε_total = 10, δ = 1e-5).
 
-Conventions (``conventions``, spec §1.4; a recommendation round's uploads are clipped and noised by
+Conventions (``conventions``; a recommendation round's uploads are clipped and noised by
 :func:`fedrec.recsys.privatize.privatize_uploads`):
 
 * ``"paper"`` (the default): the above. Each client's whole upload (ω and its real item rows) is clipped once and
@@ -78,7 +78,7 @@ RNGS = ("reproducible", "secure")
 
 #: accounting and noising conventions (see the module docstring)
 CONVENTIONS = ("paper", "authors")
-#: the authors' RDP order (spec §1.4: their code's α)
+#: the authors' RDP order (the α of their released code; the paper gives none)
 AUTHORS_RDP_ALPHA = 2.0
 
 #: where the noise is added (see the module docstring)

@@ -10,7 +10,7 @@ ball, and two neighbouring inputs (the client's data replaced by any other data)
 Neighbouring relation and sensitivity
     ``adjacency="replace_one"`` (the default): two neighbouring inputs differ in one client's data, so the
     sensitivity of a clipped upload is the diameter of the clip ball, ``Δ = 2·clip`` (L2 ball for Gaussian, L1
-    ball for Laplace). This is the Δ = 2C of the authors' code (spec §1.4), and ``sensitivity_factor`` below 2 is
+    ball for Laplace). This is the Δ = 2C of the BGTplanner authors' code, and ``sensitivity_factor`` below 2 is
     refused under it. ``adjacency="add_remove"`` is the convention in which an absent client's upload is the zero
     vector (Opacus's for DP-SGD), so ``sensitivity_factor=1`` suffices; it is only valid if the server cannot tell
     a zero upload from a missing one, which is why it must be chosen explicitly (:func:`check_sensitivity`).
@@ -151,7 +151,7 @@ def rdp_noise_multiplier(rdp_epsilon: float | Tensor, alpha: float) -> float | T
     """``z = σ/Δ`` whose Gaussian mechanism has Rényi DP ``rdp_epsilon`` at order ``alpha``: ``sqrt(α / (2ρ))``
     (a number, or a float64 tensor of per-client budgets).
 
-    This is the spec's per-round RDP budget (§1.4: the paper splits an RDP budget over rounds). The authors'
+    This is the per-round RDP budget of BGTplanner (its §IV: the paper splits an RDP budget over rounds). The authors'
     code uses this with α = 2 but treats ε_total itself as the RDP budget; the accountant here converts the
     composed history to (ε, δ) instead, so any calibration is accounted correctly.
     """

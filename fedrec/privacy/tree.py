@@ -6,8 +6,8 @@ after t records is released as
 
     Σ_{τ≤t} v_τ + Σ_{node ∈ cover(t)} z_node,    cover(t) = one node per set bit l of t (popcount(t) nodes),
 
-the binary mechanism of Chan, Shi & Song (2011) as FCLUB's Algorithm 5 (spec fclub.md §2.6) and Fed_UCB's
-Algorithms 2–3 (spec gossip.md §2.5–2.6) use it. A record lies in at most ⌊log₂ T⌋ + 1 nodes (one per level, see
+the binary mechanism of Chan, Shi & Song (2011) as FCLUB's Algorithm 5 (Liu et al., UAI 2022) and Fed_UCB's
+Algorithms 2–3 (Zhu et al., SIGMETRICS 2021) use it. A record lies in at most ⌊log₂ T⌋ + 1 nodes (one per level, see
 :func:`nodes_touched`), so it is protected by the composition of that many node mechanisms:
 
 ``"gaussian"``
@@ -20,7 +20,7 @@ Algorithms 2–3 (spec gossip.md §2.5–2.6) use it. A record lies in at most �
     i.i.d. Laplace(0, b) per entry with b = Δ₁/ε' (Fed_UCB Alg. 3); nodes compose by basic composition.
 
 ``sensitivity`` Δ bounds how much one record can change (L2/Frobenius norm for Gaussian, L1 for Laplace); the
-caller guarantees it. Memory is O(log T) per row (spec gossip.md §2.6): the clean running sum and, per level, the
+caller guarantees it. Memory is O(log T) per row (not a dictionary of nodes): the clean running sum and, per level, the
 noise of the level's latest cover node with its index. The noise itself is :mod:`fedrec.privacy.tree_noise`
 (compiled, shared with Fed_UCB and CDP-FCLUB): node (l, k) of row r is a pure function of (key, r, l, k), so the
 same seed gives the same noise however rows are batched into calls, a resumed run draws the same numbers, and rows
@@ -155,7 +155,8 @@ def gaussian_node_sigma(epsilon: float, delta: float, horizon: int, sensitivity:
 def laplace_node_scale(epsilon: float, horizon: int, sensitivity: float, split: str = "paper") -> float:
     """The Laplace scale b = Δ₁/ε' of every node (Fed_UCB Alg. 3).
 
-    ``split="paper"``: ε' = ε / max(1, ⌈log₂ T⌉) (spec gossip.md §2.6, [AMBIG-5]). ``"levels"``:
+    ``split="paper"``: ε' = ε / max(1, ⌈log₂ T⌉) (the paper writes ⌈log T⌉ without a base; we read base 2, the
+    base of the dyadic tree, guarded for T = 1). ``"levels"``:
     ε' = ε / (⌊log₂ T⌋ + 1), the nodes a record really touches, so the accountant's ε never exceeds ``epsilon``
     (the two differ only when T is a power of two, where the paper's split spends ε·(k+1)/k for T = 2^k).
     """
@@ -173,14 +174,15 @@ def laplace_node_scale(epsilon: float, horizon: int, sensitivity: float, split: 
 @dataclass(frozen=True)
 class TreeLaplace:
     """Laplace noise on the dyadic nodes of every stream, ε-DP per stream over a horizon (Fed_UCB's Algorithms
-    2–3, spec gossip.md §2.5–2.6): the ``privacy=tree_laplace`` config group.
+    2–3): the ``privacy=tree_laplace`` config group.
 
     Args:
         epsilon: the total ε of a stream, > 0; ``inf`` adds no noise.
         laplace_split: how ε is split over the nodes (:func:`laplace_node_scale`): ``"paper"`` ε' = ε/⌈log₂ T⌉
-            (AMBIG-5) or ``"levels"`` ε' = ε/(⌊log₂ T⌋ + 1).
+            (the paper's split, base 2) or ``"levels"`` ε' = ε/(⌊log₂ T⌋ + 1).
         noise_empty_intervals: also noise the dyadic nodes without a record of the stream (Alg. 3 literally;
-            default: the prose, AMBIG-7, which treats which records are present as public).
+            default: the paper's prose, which noises only nodes holding a record, so which records are
+            present is treated as public).
     """
 
     epsilon: float = math.inf
@@ -224,7 +226,8 @@ class TreeLaplace:
 
 def fclub_node_sigma(epsilon: float, delta: float, uploads: int) -> float:
     """FCLUB's per-node σ_N = 8·sqrt(ν)·ln(2/δ)/ε, i.e. σ_N² = 64ν ln(2/δ)²/ε² with ν = ⌈log₂(t_c + 1)⌉ + 1 for
-    t_c = ``uploads`` (spec fclub.md §2.0, the Sec. 3 text version; it assumes Δ = 2). Pass it as ``scale`` of a
+    t_c = ``uploads`` (the paper's Sec. 3 text, with ln(2/δ) squared, where Alg. 5 line 3 drops the square; it
+    assumes Δ = 2). Pass it as ``scale`` of a
     ``symmetric`` Gaussian :class:`TreeAggregator` with horizon t_c + 1 to get the paper's noise and an
     accounted ε."""
     eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
@@ -234,7 +237,7 @@ def fclub_node_sigma(epsilon: float, delta: float, uploads: int) -> float:
 
 
 def fclub_phases(rounds: int) -> int:
-    """The phases of FCLUB that start within ``rounds`` rounds: phase s starts at round 2^s − 1 (spec §2.2)."""
+    """The phases of FCLUB that start within ``rounds`` rounds: phase s starts at round 2^s − 1 (Alg. 1)."""
     return (check_int("rounds", rounds, minimum=0) + 1).bit_length() - 1
 
 
@@ -252,7 +255,7 @@ def fclub_epsilon(sigma: float, delta: float, uploads: int, phases: int) -> floa
     ⌊log₂(uploads + 1)⌋ + 1 of its nodes; a phase start also releases once through a candidate privatiser that a
     kept partition discards (one more node). Nodes are symmetric Gaussian on stream elements of Frobenius norm
     ≤ ‖[x; y]‖² ≤ 2. Phases compose (a record re-enters every later phase's first release), which the paper's
-    per-privatiser (ε, δ) leaves out (spec fclub.md §3)."""
+    per-privatiser (ε, δ) leaves out."""
     if check_int("phases", phases, minimum=0) == 0:
         return 0.0
     acc = GaussianRDPAccountant(delta)
@@ -285,11 +288,11 @@ def _check_calibration(calibration: str) -> None:
 @dataclass(frozen=True)
 class TreeGaussian:
     """CDP-FCLUB-DC's privacy mechanism (``privacy=tree_gaussian``): every local cluster's releases pass a binary
-    mechanism with symmetric Gaussian nodes (Alg. 5, spec fclub.md §2.0, §2.6), one privatiser per local cluster.
+    mechanism with symmetric Gaussian nodes (Alg. 5 of Liu et al.), one privatiser per local cluster.
 
     Args:
         epsilon: the privatiser's ε > 0; ``inf`` runs the private code path with zero noise (FCLUB-DC decision for
-            decision, spec §6 test 5).
+            decision).
         delta: δ in (0, 1).
         horizon: t_c, the uploads a privatiser serves: fixes the tree depth ν.
         calibration: the node σ: ``paper`` (σ² = 64ν ln(2/δ)²/ε² per privatiser, Sec. 3; :func:`fclub_node_sigma`)
@@ -336,14 +339,14 @@ class TreeGaussian:
 
 
 def augmented_gram(x: Tensor, y: Tensor) -> Tensor:
-    """[x; y][x; y]ᵀ, the (d+1)×(d+1) stream element of FCLUB's privatiser (spec fclub.md §2.6), batched."""
+    """[x; y][x; y]ᵀ, the (d+1)×(d+1) stream element of FCLUB's privatiser (Alg. 5), batched."""
     z = torch.cat([x, y.unsqueeze(-1).to(x.dtype)], dim=-1)
     return z.unsqueeze(-1) * z.unsqueeze(-2)
 
 
 def split_augmented(m: Tensor) -> tuple[Tensor, Tensor]:
     """(V, b) = (top-left d×d block, first d entries of column d) of an augmented (d+1)×(d+1) statistic, as
-    FCLUB's H and h (Alg. 5; column d, not d − 1, spec §2.6)."""
+    FCLUB's H and h (Alg. 5; column d: the authors' code takes column d − 1, an off-by-one not copied here)."""
     d = m.shape[-1] - 1
     return m[..., :d, :d], m[..., :d, d]
 
@@ -418,8 +421,8 @@ class TreeAggregator(nn.Module):
         symmetric: Gaussian only: symmetric matrix noise (Ñ + Ñᵀ)/√2 on a square ``shape`` (n, n); the records
             must then be symmetric.
         laplace_split: how ``epsilon`` is split over the nodes for Laplace (see :func:`laplace_node_scale`).
-        noise_empty_nodes: ``False`` leaves nodes without any present record noise-free (Fed_UCB's prose,
-            spec gossip.md §2.6 [AMBIG-7]). Which records are present (e.g. which arm was pulled) is then treated
+        noise_empty_nodes: ``False`` leaves nodes without any present record noise-free (Fed_UCB's prose;
+            its Algorithm 3 noises every node). Which records are present (e.g. which arm was pulled) is then treated
             as public; only the values are protected. Records flagged absent in :meth:`add` must be zero.
         dtype: floating dtype of the sums.
     """

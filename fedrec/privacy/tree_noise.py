@@ -9,7 +9,7 @@ cover of 1..t, one node (l, t >> l) per set bit l of t (:func:`cover`), node (l,
 
 so its noise is a pure function of (key, row, l, k): regenerated whenever needed (:func:`prefix_noise`, FCLUB's
 privatiser) or drawn once and cached with its index per level (:func:`cached_prefix_noise`, Fed_UCB's O(log T)
-memory per stream, spec gossip.md §2.6), with the same values. A node's noise of width W (``kind``):
+memory per stream), with the same values. A node's noise of width W (``kind``):
 
 ``LAPLACE``
     W i.i.d. Laplace(0, b): b · draws 0 … W−1 of the node's stream (:func:`fedrec.rng.laplace`).
@@ -106,7 +106,7 @@ def cached_prefix_noise(key: np.uint64, row: int, t: int, kind: int, scale: floa
     """:func:`prefix_noise` of stream ``row`` with each node drawn once: the caches hold one row per stream, the
     level-l node's noise in ``value[row, l]`` (streams × levels × W) with its index in ``node[row, l]`` (streams ×
     levels). With ``noise_empty`` False, a cover node gets noise only if it holds a record marked by
-    :func:`mark_record` (Fed_UCB's prose, spec gossip.md §2.6 [AMBIG-7]). ``t`` must lie at or after the last mark
+    :func:`mark_record` (Fed_UCB's prose; its Algorithm 3 noises every node). ``t`` must lie at or after the last mark
     and below 2^levels (unchecked: this runs inside the kernels' parallel loops)."""
     for j in range(out.shape[0]):
         out[j] = 0.0

@@ -1,11 +1,11 @@
 """Async-LinUCB (Li & Wang, AISTATS'22, Algorithms 1–2): asynchronous event-triggered communication.
 
-Invariant 1 of the spec (§2): S_j = V_j − ΔV_j = V_g − ΔV_{−j} changes only when j itself communicates, so
-log det S_j(λ) is cached per client. The upload trigger (Eq. 3) compares log det V_i(λ) − log det S_i(λ) with
-log γ_U, and after an upload the download triggers (Eq. 4) of all registered clients are one comparison of
-log det V_g(λ) − log det S_j(λ) with log γ_D each: O(N) per upload instead of the authors' 2N determinants.
-A download adds ΔV_{−j} = V_g − S_j to the client's statistics and marks its row stale: the row is
-refactorised when the client next acts (most clients download several times before they act again).
+An invariant of the protocol (from the paper's App. B): S_j = V_j − ΔV_j = V_g − ΔV_{−j} changes only when j itself
+communicates, so log det S_j(λ) is cached per client. The upload trigger (Eq. 3) compares log det V_i(λ) − log det
+S_i(λ) with log γ_U, and after an upload the download triggers (Eq. 4) of all registered clients are one comparison
+of log det V_g(λ) − log det S_j(λ) with log γ_D each: O(N) per upload instead of the authors' 2N determinants. A
+download adds ΔV_{−j} = V_g − S_j to the client's statistics and marks its row stale: the row is refactorised when
+the client next acts (most clients download several times before they act again).
 """
 from __future__ import annotations
 
@@ -28,10 +28,12 @@ class AsyncLinUCB(ClientServerLinUCB):
     Args:
         gamma_u, gamma_d: upload / download thresholds γ_U, γ_D >= 1 (``inf`` disables communication).
         policy: the clients' local policy (default: LinUCB with the paper's λ = 0.1 and the radius of Eq. 5).
-        preregister: register every client at t = 0 (spec test 5); otherwise clients register on arrival.
+        preregister: register every client at t = 0 (with γ_U = γ_D = 1 this
+            recovers centralised LinUCB); otherwise clients register on arrival.
         download_to_uploader: include the uploader in the download loop (authors' code; paper text: j ≠ i_t).
         check_on_register: run a download check for a client when it registers (deviation from Algorithm 2,
-            restores the download invariant for newcomers; spec §2 caveat).
+            restores the download invariant for newcomers, whose download condition is otherwise first checked at
+            the next upload anywhere).
         refresh_on_download: a download takes effect on the client's next decision (paper, Algorithm 2);
             ``False`` is the authors' code, where downloaded statistics reach a client's decisions only after
             its next own update (its cached inverse, θ̂ and radius are refreshed only there).

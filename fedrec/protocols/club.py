@@ -1,4 +1,4 @@
-"""Per-server baselines of the FCLUB comparison (Liu et al., UAI 2022, §5; spec fclub.md §2.8): per-user LinUCB,
+"""Per-server baselines of the FCLUB comparison (Liu et al., UAI 2022, §5): per-user LinUCB,
 CLUB (Gentile et al., ICML 2014) and SCLUB (Li et al., IJCAI 2019), each local server learning on its own users
 only (contiguous blocks of n/L), so nothing is communicated.
 
@@ -11,7 +11,8 @@ only (contiguous blocks of n/L), so nothing is communicated.
   is far from the snapshot (α (F(T_i) + F(T̃))) or its arrival frequency T_i/t differs from a member's by more than
   2 α_p F(t), and becomes checked; then one pass over the server's pairs of fully checked clusters, in order of
   their smallest users, merges those whose estimates are within (α/2)(F + F) and whose mean frequencies
-  T_c/(|c| t) are within α_p F(t) (the spec's thresholds; a merged cluster snapshots its current (T, θ̂)).
+  T_c/(|c| t) are within α_p F(t) (SCLUB's thresholds, Li et al. 2019; a merged cluster snapshots its current
+  (T, θ̂)).
 
 All three score with the family's radius (:mod:`fedrec.protocols.clustering`, one ``conventions`` switch).
 Cluster slots are their smallest user, so :meth:`LocalClustering.partition` labels users by that slot.

@@ -1,4 +1,4 @@
-"""What the clustering-of-bandits protocols share on the Python side (spec fclub.md §2.0, §4.2, §8.3–8.4): the
+"""What the clustering-of-bandits protocols share on the Python side (Liu et al., UAI 2022): the
 ``conventions`` switch and the radius parameters it resolves to, and the width F of the clustering tests.
 
 ``conventions=paper`` scores x θ̂ + β·sqrt(xᵀM⁻¹x) with Lemma 1's β and λ = 1; ``conventions=authors`` takes the
@@ -22,16 +22,16 @@ from fedrec.protocols.kernels.clustering import BETA_AUTHORS, BETA_AUTHORS_CDP, 
 
 CONVENTIONS = ("paper", "authors")
 BONUS = ("sqrt", "squared")
-#: the α inside ln(2/α) of the authors' non-private β: each method's ``alpha`` in their code (§4.2)
+#: the α inside ln(2/α) of the authors' non-private β: each method's ``alpha`` in their code
 AUTHORS_ALPHA = {"fclub": 1.5, "club": 0.25, "sclub": 1.5, "linucb": 15.0}
-#: α₁ of the authors' CDP β, in ln(2T/α₁) (§8.4)
+#: α₁ of the authors' CDP β, in ln(2T/α₁)
 AUTHORS_CDP_ALPHA = 1.0
 #: the authors' CDP β is their recipe times this (README: "beta_scaling = 0.005")
 AUTHORS_CDP_SCALE = 0.005
 
 
 def confidence_shape(x: np.ndarray) -> np.ndarray:
-    """F(x) = sqrt((1 + ln(1 + x)) / (1 + x)), the width of the deletion, split and merge tests (§2.0)."""
+    """F(x) = sqrt((1 + ln(1 + x)) / (1 + x)), the width of the deletion, split and merge tests."""
     return np.sqrt((1.0 + np.log1p(x)) / (1.0 + x))
 
 

@@ -1,18 +1,18 @@
 """FCLUB-DC, CDP-FCLUB-DC, FCLUB and Homo(-DC): federated online clustering of bandits (Liu et al., UAI 2022).
 
-n users sit on L local servers (contiguous blocks of n/L, spec fclub.md §8.2). Time runs in phases: phase s starts
-at round 2^s − 1 and lasts 2^s rounds (§2.2). At a phase start (Algorithm 2, here in Python) each server deletes the
-edges of its user graph whose estimates drifted apart (eq. 3), uploads one aggregate per connected component (local
-cluster), and the global server merges local clusters of different servers whose aggregates agree (eq. 4); when
-the partition changed (and at the first phase) every local cluster is renewed with a copy of its global cluster's
-sums. Within a phase (the compiled kernel) the arriving user's local cluster recommends from its synchronised
-statistics, and the upload (eq. 5) and download (eq. 6) triggers exchange buffered increments with the global
-cluster. With ``privacy`` (:class:`~fedrec.privacy.TreeGaussian`, CDP-FCLUB-DC), each local cluster's releases pass
-the tree-based privatiser of Algorithm 5. ``noise_placement`` says where its noise goes (§8.5): ``statistics`` (the
-paper) adds the noise and the 2ρI / 3ρI shifts to the shared statistics used to recommend and merge; ``trigger``
-(the authors' released code) keeps those statistics clean, with the λ ridge, and adds the privatiser's current
-noise difference H − H̄ only where the upload trigger (eq. 5) reads them: the shared statistics are then not
-differentially private.
+n users sit on L local servers (contiguous blocks of n/L, as in the authors' code). Time runs in phases: phase s
+starts at round 2^s − 1 and lasts 2^s rounds (Algorithm 1). At a phase start (Algorithm 2, here in Python) each
+server deletes the edges of its user graph whose estimates drifted apart (eq. 3), uploads one aggregate per
+connected component (local cluster), and the global server merges local clusters of different servers whose
+aggregates agree (eq. 4); when the partition changed (and at the first phase) every local cluster is renewed with a
+copy of its global cluster's sums. Within a phase (the compiled kernel) the arriving user's local cluster recommends
+from its synchronised statistics, and the upload (eq. 5) and download (eq. 6) triggers exchange buffered increments
+with the global cluster. With ``privacy`` (:class:`~fedrec.privacy.TreeGaussian`, CDP-FCLUB-DC), each local
+cluster's releases pass the tree-based privatiser of Algorithm 5. ``noise_placement`` says where its noise goes:
+``statistics`` (the paper) adds the noise and the 2ρI / 3ρI shifts to the shared statistics used to recommend and
+merge; ``trigger`` (the authors' released code) keeps those statistics clean, with the λ ridge, and adds the
+privatiser's current noise difference H − H̄ only where the upload trigger (eq. 5) reads them: the shared statistics
+are then not differentially private.
 
 Local cluster slots are their smallest user's id and global cluster slots their smallest local slot, so a
 partition is the pair of arrays (``lc``, ``gk``) and "the partition changed" is an array comparison.
@@ -38,7 +38,7 @@ from fedrec.protocols.kernels.fclub import (
 from fedrec.rng import stream_key
 
 NOISE_PLACEMENTS = ("statistics", "trigger")
-#: each conventions value's noise placement when ``noise_placement`` is not given (§8.5: the authors' code adds the
+#: each conventions value's noise placement when ``noise_placement`` is not given (the authors' code adds the
 #: tree noise to the upload trigger only)
 CONVENTION_PLACEMENT = {"paper": "statistics", "authors": "trigger"}
 
@@ -54,13 +54,13 @@ class FederatedClustering(StepProtocol):
         lam: ridge λ of the user estimates and of the non-private aggregates (None: the convention's).
         delete_alpha, merge_alpha: α₁ and α₂ of eqs. 3–4.
         pooled: Homo(-DC): one local cluster per server, all in one global cluster, never split or merged.
-        bonus: ``sqrt`` (the paper's UCB) or ``squared`` (β·xᵀS⁻¹x, the authors' code, §8.3); None: the convention's.
+        bonus: ``sqrt`` (the paper's UCB) or ``squared`` (β·xᵀS⁻¹x, the authors' code); None: the convention's.
         beta: a fixed β, or None for the convention's recipe; ``beta_scale`` multiplies the recipe's.
         sigma0, alpha, clusters_bound: σ₀, the failure probability α and the m inside Lemma 1's log.
         privacy: CDP-FCLUB-DC's mechanism (:class:`~fedrec.privacy.TreeGaussian`: (ε, δ), the upload bound t_c
             that fixes the tree depth ν, the node σ's calibration; with the accountant's σ, ρ and κ are rescaled with
             it); None: no privacy. ε = ∞ runs the private code path with zero noise, ρ = κ = 0 and the λ ridge:
-            FCLUB-DC decision for decision (spec §6 test 5).
+            FCLUB-DC decision for decision.
         noise_placement: where the privatiser's noise goes: ``statistics`` (Alg. 5: into the shared statistics,
             differentially private) or ``trigger`` (the authors' code: only into the upload trigger's reading of
             them, not differentially private; a warning says so); None: the convention's (paper: statistics,
@@ -293,7 +293,7 @@ class FederatedClustering(StepProtocol):
         return N[:d, :d].copy(), N[:d, d].copy()
 
     def _count(self, r: int, server: int, kind: str) -> None:
-        """One phase-start upload or renewal download of local server ``server`` (§4.5), as the kernel counts."""
+        """One phase-start upload or renewal download of local server ``server``, as the kernel counts."""
         count(self.kernel_views()["traffic"], r, server, 0 if kind == "upload" else 1, self.message_scalars)
 
     def metrics(self) -> dict[str, torch.Tensor]:

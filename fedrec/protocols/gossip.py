@@ -1,5 +1,5 @@
-"""Gossip_UCB and Fed_UCB (Zhu, Zhu, Liu & Liu, *Federated Bandit: A Gossiping Approach*, SIGMETRICS 2021;
-gossip spec §2): N agents on a connected graph all pull an arm every round and gossip their estimates of the
+"""Gossip_UCB and Fed_UCB (Zhu, Zhu, Liu & Liu, *Federated Bandit: A Gossiping Approach*, SIGMETRICS 2021):
+N agents on a connected graph all pull an arm every round and gossip their estimates of the
 global means over one random edge per round.
 
 Both are :class:`GossipBandit` s: Gossip_UCB (Algorithm 1, eq. 11) is Fed_UCB (Algorithm 4, eq. 12, with the
@@ -8,7 +8,7 @@ its own counter-based stream. The compiled step loop is :mod:`fedrec.protocols.k
 lists the order of a round and how every draw is keyed); :meth:`GossipBandit._play_torch` is the readable
 reference, batched over replicates, that the tests hold it to.
 
-The same class and loop also play our two baselines (spec §4.1 [PROP]: sanity checks, not results of the paper),
+The same class and loop also play our two baselines (our choice, not in the paper: sanity checks only),
 ``mode="local"`` (:class:`LocalUCB`, UCB1 per agent without communication) and ``mode="central"``
 (:class:`CentralUCB`, one UCB1 learner on the global means pulling one arm for all agents).
 
@@ -53,9 +53,11 @@ class GossipBandit(MultiAgentProtocol):
         seed: keys the choice, edge and noise streams (:mod:`fedrec.protocols.kernels.gossip`).
         privacy: the Laplace tree noise of Fed_UCB (its ε, split and empty-interval reading), one stream per
             (agent, arm); None is ε = ∞, no noise.
-        privacy_log2: use log₂ for the log²T · log t factor of C̃ (spec §2.2; default natural log everywhere).
-        consistency_fresh: test the consistency rule against ñ(t+1) instead of ñ(t) (AMBIG-3 variant).
-        mode: ``"gossip"`` (the paper's algorithms), or one of our baselines (spec §4.1 [PROP], ε = ∞ only):
+        privacy_log2: use log₂ for the log²T · log t factor of C̃ (eq. 12 writes log without a
+            base; default natural log everywhere).
+        consistency_fresh: test the consistency rule against ñ(t+1) instead of ñ(t) (Algorithm 1
+            computes ñ(t+1) in line 5 but tests against ñ(t) in line 6; the default is that literal reading).
+        mode: ``"gossip"`` (the paper's algorithms), or one of our baselines (not in the paper, ε = ∞ only):
             ``"local"`` UCB1 per agent with index X̃_{i,k} + sqrt(2 ln t / n_{i,k}) and no communication at all (no
             count propagation, consistency rule or gossip; ϑ stays X̃), ``"central"`` one learner per replicate
             that pulls one arm for all N agents and sees their N rewards, with index (mean of all observations of
@@ -202,7 +204,7 @@ class GossipBandit(MultiAgentProtocol):
     # ------------------------------------------------------------------------------------- torch reference
     @torch.no_grad()
     def _play_torch(self, env: MultiAgentMAB, steps: int, arms: Tensor) -> None:
-        """The reference step loop (spec §2.3 / §2.7, and the baselines of ``mode``), one round of every replicate
+        """The reference step loop (Algorithms 1 and 4, and the baselines of ``mode``), one round of every replicate
         at a time."""
         R, N, M = self.replicates, self.num_agents, self.num_arms
         topo = self.topology
@@ -275,7 +277,7 @@ class GossipBandit(MultiAgentProtocol):
             self.t += 1
 
     def _cover_noise(self, a: Tensor, t: int) -> Tensor:
-        """Σ of the cached Laplace noises of the non-empty dyadic nodes covering 1..t (Alg. 2–3, spec §2.6) for the
+        """Σ of the cached Laplace noises of the non-empty dyadic nodes covering 1..t (Alg. 2–3) for the
         arms ``a`` (R, N) pulled at round t, after marking those pulls: (R, N). The torch form of the kernel's
         tree noise (:func:`fedrec.privacy.tree.mark_records`, :func:`~fedrec.privacy.tree.cached_noise`)."""
         R, N = a.shape
@@ -314,7 +316,7 @@ class FedUCB(GossipBandit):
 
 
 class LocalUCB(GossipBandit):
-    """Our local-only baseline (spec §4.1 [PROP], not the paper's): UCB1 per agent, index X̃_{i,k} + sqrt(2 ln t /
+    """Our local-only baseline (our choice, not in the paper): UCB1 per agent, index X̃_{i,k} + sqrt(2 ln t /
     n_{i,k}), no communication (``mode="local"``); it converges to each agent's local best arm."""
 
     privacy_mechanisms = ()  # ε = ∞ only
@@ -325,7 +327,7 @@ class LocalUCB(GossipBandit):
 
 
 class CentralUCB(GossipBandit):
-    """Our centralised baseline (spec §4.1 [PROP], not the paper's): one UCB1 learner per replicate on the global
+    """Our centralised baseline (our choice, not in the paper): one UCB1 learner per replicate on the global
     means pulls one arm for all N agents each round, index (mean of all observations of k) + sqrt(2 ln t / Σ_i
     n_{i,k}) with the count in observations (``mode="central"``)."""
 

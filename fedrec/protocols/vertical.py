@@ -1,9 +1,9 @@
 """Vertical federated LinUCB / LinTS (Cao et al.: VFUCB, Algorithm 1; VFTS, Algorithm 2) and their baselines.
 
 The active party (AP) runs an ordinary fedrec policy — LinUCB makes VFUCB, LinTS makes VFTS — on the masked
-contexts x̃ = Σ_j Q^j x^j = Q x that the parties' shares add up to (vfl spec §2.3–2.5). Since Q is orthogonal and
-fixed and the regulariser isotropic, Λ̃ = QΛQᵀ, θ̃ = Qθ̂ and every UCB score equals the central one (Theorem 4.1);
-VFTS's scores are equal in law (Theorem A.1). The baselines (spec §2.6) are the same policy on all d columns in
+contexts x̃ = Σ_j Q^j x^j = Q x that the parties' shares add up to (Cao et al., Algorithms 1–2). Since Q is orthogonal
+and fixed and the regulariser isotropic, Λ̃ = QΛQᵀ, θ̃ = Qθ̂ and every UCB score equals the central one (Theorem 4.1);
+VFTS's scores are equal in law (Theorem A.1). The baselines (the paper's) are the same policy on all d columns in
 the clear (``central``) or on a subset of the columns (``partial``: what the AP could do alone).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ PARTIAL_COLUMNS = ("random", "leading")
 class VerticalLinearBandit(CentralizedLinUCB):
     """One policy per replicate at the AP, fed by every arriving user, in one of three ``mode``s.
 
-    One user per step: the parties mask one round's K contexts at a time (spec §2.3).
+    One user per step: the parties mask one round's K contexts at a time.
 
     Args:
         num_clients, dim, replicates, policy, seed, backend: as :class:`CentralizedLinUCB`; ``dim`` is the full

@@ -2,10 +2,10 @@
 
 An upload (:class:`Uploads`) carries the client's (noised) ω update and one embedding row per uploaded item, with
 the item ids X^t. ω is combined as a weighted mean over the clients; each item's row is the weighted mean over the
-clients that uploaded that item (item-wise averaging, FedGNN [3] / BGTplanner spec §1.3). The server step
-(:mod:`fedrec.recsys.server`) then applies its optimiser to the result, so both aggregators produce a gradient-like
-update. Nothing depends on the order of the rows (clients shuffle them, :func:`fedrec.recsys.upload.upload_order`):
-only float64 rounding does.
+clients that uploaded that item (item-wise averaging as in FedGNN, Wu et al.; BGTplanner §IV-A defers to it).
+The server step (:mod:`fedrec.recsys.server`) then applies its optimiser to the result, so both aggregators
+produce a gradient-like update. Nothing depends on the order of the rows (clients shuffle them,
+:func:`fedrec.recsys.upload.upload_order`): only float64 rounding does.
 
 An aggregation rule is a small class over the uploads: an :class:`Aggregator` whose :meth:`~Aggregator.partial`
 sums add up over disjoint sets of clients runs sharded across processes (:meth:`~Aggregator.finish` turns the total

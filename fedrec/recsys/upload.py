@@ -1,7 +1,7 @@
 """Upload assembly (steps ① and ③ of the round): what each client sends besides its trained update.
 
 A client's upload is its ω update and one row per uploaded item: its real items' rows and, for FedGNN's
-pseudo-interacted items (spec §1.2), synthesised rows that look like real ones. :func:`sample_pseudo_items` draws
+pseudo-interacted items (Wu et al.), synthesised rows that look like real ones. :func:`sample_pseudo_items` draws
 the pseudo items and :func:`upload_item_ids` / :func:`upload_matrix` give the item ids X^t (known before the
 round's budget is set); after privatisation, :func:`assemble_uploads` appends the pseudo rows
 (:func:`pseudo_item_rows`) and shuffles every client's rows (:func:`upload_order`), so that neither position nor

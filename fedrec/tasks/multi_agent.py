@@ -17,7 +17,7 @@ class MultiAgentTask(FederatedTask):
     """Plays ``steps`` rounds of a :class:`~fedrec.protocols.MultiAgentProtocol` against its environment,
     ``steps_per_round`` per trainer round, all trials (replicates) at once.
 
-    Metrics are the paper's (gossip spec §4.1): the pseudo-regret with global means, averaged over the agents of a
+    Metrics are the paper's (Zhu et al. 2021, §5): the pseudo-regret with global means, averaged over the agents of a
     trial; the summary reports its mean, min and max over trials, the ε each agent spent (tree accountant) and the
     communication.
     """

@@ -1,4 +1,4 @@
-"""Step loops of the per-server baselines of the FCLUB comparison (spec fclub.md §2.8): per-user LinUCB, CLUB
+"""Step loops of the per-server baselines of the FCLUB comparison (Liu et al., UAI 2022): per-user LinUCB, CLUB
 (Gentile et al. 2014) and SCLUB (Li et al. 2019), each local server on its own, no communication.
 
 Users of one server are the contiguous block [lo[i], hi[i]) of user i. A cluster recommends from its aggregate

@@ -1,4 +1,4 @@
-"""What the compiled loops of the clustering-of-bandits family share (spec fclub.md §2, §2.8, §8.3–8.4): the
+"""What the compiled loops of the clustering-of-bandits family share (Liu et al., UAI 2022, and its baselines): the
 block of steps they play (:class:`StepBlock`), the radius parameters (:class:`ClusterParams`), the confidence
 radius β under both conventions, and the UCB pick on aggregated statistics.
 """
@@ -11,7 +11,7 @@ import numpy as np
 from fedrec.jit import F64, I64, jit
 from fedrec.protocols.kernels.linear import first_near_max, solve_into
 
-#: β recipes (``ClusterParams.beta_mode``): Lemma 1 (the paper), the authors' non-private and CDP radii (§4.2, §8.4)
+#: β recipes (``ClusterParams.beta_mode``): Lemma 1 (the paper), the authors' non-private and CDP radii
 BETA_LEMMA1, BETA_AUTHORS, BETA_AUTHORS_CDP = 0, 1, 2
 
 
@@ -50,10 +50,10 @@ def beta(p: ClusterParams, count: float, members: int, d: int, t: int) -> float:
     """The radius of a cluster with ``count`` observations in round ``t`` (``log_mla`` holds the recipe's log term):
 
     * Lemma 1: σ₀·sqrt(2 ln(mL/α) + d ln(ρ_max/ρ_min + T/(d L′ ρ_min))) + sqrt(L′ ρ_max) + sqrt(L′) κ, with
-      ρ_min = ρ_max = λ and κ = 0 without privacy (§2.0, §2.7); L′ = ``members``;
-    * authors: σ₀·sqrt(2 ln(2/α) + d ln(3 + t L_arg²/d)) (§4.2);
+      ρ_min = ρ_max = λ and κ = 0 without privacy; L′ = ``members``;
+    * authors: σ₀·sqrt(2 ln(2/α) + d ln(3 + t L_arg²/d)) (their code);
     * authors CDP: σ₀·sqrt(2 ln(2T/α₁) + d ln(1 + T_c/(d L λ))) + sqrt(L ρ(ν)) + sqrt(L) κ(ν) with
-      ν = ln T_c + 1, ρ(ν) and κ(ν) the paper's with ln(2T/α₁) for ln(2mL/α) (§8.4);
+      ν = ln T_c + 1, ρ(ν) and κ(ν) the paper's with ln(2T/α₁) for ln(2mL/α) (their code);
 
     times ``beta_scale``; or the fixed β."""
     if not np.isnan(p.beta_fixed):
@@ -95,5 +95,5 @@ def ucb_pick(ctx: np.ndarray, Minv: np.ndarray, w: np.ndarray, radius: float, sq
 
 @jit
 def confidence_shape(x: float) -> float:
-    """F(x) = sqrt((1 + ln(1 + x)) / (1 + x)), the width of the deletion, split and merge tests (§2.0)."""
+    """F(x) = sqrt((1 + ln(1 + x)) / (1 + x)), the width of the deletion, split and merge tests."""
     return np.sqrt((1.0 + np.log1p(x)) / (1.0 + x))

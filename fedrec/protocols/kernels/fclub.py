@@ -1,10 +1,11 @@
-"""Step loop of the FCLUB family within one phase (spec fclub.md §2.2, Algorithms 1, 3–5).
+"""Step loop of the FCLUB family within one phase (Liu et al., UAI 2022, Algorithms 1, 3–5).
 
 Every replicate plays its steps in order: the arriving user's local cluster recommends from its synchronised
 statistics (S, u), the user's own statistics and the cluster's upload buffer take the observation, and the
 upload (eq. 5) and download (eq. 6) triggers move buffers to the global cluster and back. Under CDP every upload
 draws the privatiser's next release, which restarts the buffer (Alg. 3) or, with ``trigger_noise`` (the authors'
-code, §8.5), only enters the next upload test. Phase starts (Alg. 2) run in Python between calls. Messages are counted straight into the ledger's traffic arrays.
+code), only enters the next upload test. Phase starts (Alg. 2) run in Python between calls. Messages are
+counted straight into the ledger's traffic arrays.
 
 The loop takes the protocol's buffers as named structures (:class:`fedrec.protocols.FederatedClustering`'s
 buffers of the same names): :class:`Partition`, :class:`Users`, :class:`Clusters`, :class:`Privatisers`, and
@@ -79,7 +80,7 @@ class PhaseSettings(NamedTuple):
     log_u: float  #: ln U of eq. 5 (≤ 0: upload every round)
     log_d: float  #: ln D of eq. 6
     private: bool  #: CDP: every upload draws the privatiser's next release
-    trigger_noise: bool  #: CDP's noise enters only the upload trigger; the buffers restart clean (§8.5)
+    trigger_noise: bool  #: CDP's noise enters only the upload trigger; the buffers restart clean
     rho: float  #: ρ of the 3ρI shift of a fresh buffer
     sigma_node: float  #: σ of the privatisers' tree nodes
     message_scalars: int  #: scalars in one (ΔS, Δu, ΔT) or (S, u, T) message
@@ -149,7 +150,7 @@ def next_buffer(cfg: PhaseSettings, r: int, c: int, cl: Clusters, pvt: Privatise
 
 @jit
 def noisy_trigger(M: np.ndarray, H: np.ndarray, Hbar: np.ndarray, logdet_s: float, log_u: float) -> bool:
-    """The authors' upload trigger (§8.5): det(S + ΔS + H − H̄) / det(S) ≥ U with ``M`` = S + ΔS (overwritten) and
+    """The authors' upload trigger: det(S + ΔS + H − H̄) / det(S) ≥ U with ``M`` = S + ΔS (overwritten) and
     the privatiser's last two releases; like their determinant ratio it fires on a noisy matrix that is indefinite
     but has a positive determinant, and never on a non-positive one."""
     M += H - Hbar

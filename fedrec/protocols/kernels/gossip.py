@@ -4,20 +4,22 @@ the partial sums of Algorithm 2 and the Laplace noise of Algorithm 3), and our t
 One call plays rounds ``t0 + 1 … t0 + steps`` of every replicate (``prange``: replicates are independent) in place
 on the protocol's buffers, which it receives as named structures (:class:`Rounds`, :class:`Graph`,
 :class:`GossipSettings`, :class:`GossipState`, the environment's :class:`~fedrec.envs.rewards.RewardSource`,
-:class:`PeerTraffic`) (gossip spec §2.3 and §2.7, readings AMBIG-1…8):
+:class:`PeerTraffic`) (Algorithms 1 and 4; where the paper's listings are ambiguous, the reading taken is said):
 
 1. count propagation over all neighbours, ñ(t+1) = max(n(t), max_{j∈N_i} ñ_j(t)) (eq. 1, lines 3–5);
 2. the consistency rule: a uniformly random arm among {k : n_{i,k} < ñ_{i,k}(t) − N} (line 6), else the argmax of
    ϑ + C (eq. 11) or ϑ̃ + C̃ (eq. 12), ties uniformly at random;
-3. the reward, n += 1, and the sample mean over all n observations including X(0) (eq. 2, AMBIG-1/4); Fed_UCB
-   adds the cached Laplace noise of the non-empty dyadic nodes covering 1..t (Alg. 3, AMBIG-6/7);
+3. the reward, n += 1, and the sample mean over all n observations including X(0) (eq. 2, which sums
+   τ = 1..t only while n counts the time-0 pull; n is incremented before averaging, although the listing updates
+   the mean first); Fed_UCB adds the cached Laplace noise of the dyadic nodes covering 1..t (Alg. 3), X(0) itself
+   un-noised, and by default only nodes holding a pull of the arm (the paper's prose; its Algorithm 3 noises all);
 4. one uniformly random edge (u, v): ϑ(t) = W(t) ϑ(t−1) + X̃(t) − X̃(t−1) (eq. 9/13), counted as two peer
    messages of M scalars in the ledger.
 
-The same loop plays our two baselines (spec §4.1 [PROP], not the paper's), chosen by ``mode``:
+The same loop plays our two baselines (our choice, not in the paper), chosen by ``mode``:
 
 * ``LOCAL``: UCB1 per agent, no communication: no count propagation, no consistency rule, no gossip, so ϑ stays
-  X̃ (the §6.4 no-communication limit); the index is X̃_{i,k} + sqrt(2 ln t / n_{i,k});
+  X̃ (the no-communication limit); the index is X̃_{i,k} + sqrt(2 ln t / n_{i,k});
 * ``CENTRAL``: one learner per replicate picks one arm for all N agents (agent 0's choice draw breaks its ties) and
   sees their N rewards; ϑ_{i,k} holds, for every i, the mean of all Σ_j n_{j,k} observations of arm k and the
   index is that mean + sqrt(2 ln t / Σ_j n_{j,k}).
@@ -34,9 +36,9 @@ so a resumed run redraws exactly what an uninterrupted one would, whatever the b
 * noise: the binary mechanism of :mod:`fedrec.privacy.tree_noise` with Laplace nodes on stream (r·N + i)·M + k
   under ``key_noise`` — its own key, so that ε = ∞ (no noise drawn) reproduces Gossip_UCB draw for draw.
 
-Noise memory is O(log T) per (replicate, agent, arm) (spec §2.6): per level l, the level-l node indices of the
-two latest distinct nodes holding a pull of the arm (``last``, ``prev``) decide whether a node of t's cover is
-empty, and the noise of the level's latest drawn node is cached with its index (``node``, ``value``):
+Noise memory is O(log T) per (replicate, agent, arm), not a node dictionary: per level l, the level-l node indices
+of the two latest distinct nodes holding a pull of the arm (``last``, ``prev``) decide whether a node of t's cover
+is empty, and the noise of the level's latest drawn node is cached with its index (``node``, ``value``):
 :func:`~fedrec.privacy.tree_noise.mark_record` and :func:`cover_noise` (the scalar form of
 :func:`~fedrec.privacy.tree_noise.cached_prefix_noise`).
 
