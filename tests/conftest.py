@@ -1,5 +1,6 @@
 """Shared fixtures: the data directory, deterministic single-threaded torch, configs composed from ``conf/`` and
-``train.py`` run in-process."""
+``train.py`` run in-process; :func:`hydra_state_restored` for the tests that run a Hydra app in-process themselves
+(``from conftest import hydra_state_restored``)."""
 from __future__ import annotations
 
 import importlib.util
@@ -7,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,25 @@ torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 DATA_DIR = Path(os.environ.get("FEDREC_DATA_DIR", ROOT / "data"))
+
+
+@contextmanager
+def hydra_state_restored() -> Iterator[None]:
+    """What runs inside leaves no Hydra state behind (the run's config, the initialised Hydra), so that a later
+    test can compose or run again, and no logging set-up: the handlers Hydra's job logging installed on the root
+    logger are closed and the root's handlers and level put back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        HydraConfig.instance().cfg = None
+        GlobalHydra.instance().clear()
+        for h in root.handlers:
+            if h not in handlers:
+                h.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
@@ -55,18 +76,10 @@ def train_py(train_script: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cal
     """``train_py(*args)`` runs ``python train.py *args`` in this process: Hydra parses ``sys.argv``."""
     # hydra.main finds conf/ next to the script when the task function's module is __main__
     monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
 
     def call(*args: str) -> Any:
         monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py"), *args])
         return train_script.main()
 
-    yield call
-    HydraConfig.instance().cfg = None  # leave no Hydra state behind for the compose-based tests
-    GlobalHydra.instance().clear()
-    for h in root.handlers:  # drop the handlers Hydra's job logging installed
-        if h not in handlers:
-            h.close()
-    root.handlers[:] = handlers
-    root.setLevel(level)
+    with hydra_state_restored():  # for the compose-based tests
+        yield call

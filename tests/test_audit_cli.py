@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -13,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
+from conftest import hydra_state_restored
 
 import fedrec.audit
 
@@ -30,21 +28,12 @@ KEYS = {"epsilon_lower", "epsilon_reported", "confidence", "trials", "threat_mod
 @pytest.fixture
 def audit_cli(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
     """``audit_cli(*args)`` runs ``python -m fedrec.audit *args`` in this process (Hydra parses ``sys.argv``)."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-
     def call(*args: str) -> Any:
         monkeypatch.setattr(sys, "argv", ["fedrec.audit", *args])
         return fedrec.audit.cli()
 
-    yield call
-    HydraConfig.instance().cfg = None
-    GlobalHydra.instance().clear()
-    for h in root.handlers:
-        if h not in handlers:
-            h.close()
-    root.handlers[:] = handlers
-    root.setLevel(level)
+    with hydra_state_restored():
+        yield call
 
 
 def test_the_audit_prints_a_headline_and_writes_audit_json(audit_cli, tmp_path: Path, capsys) -> None:

@@ -1,6 +1,7 @@
 """quick=true: each experiment's short recipe expanded into ordinary overrides (fedrec.presets)."""
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,27 @@ def test_train_py_records_the_recipe_as_overrides(train_py, tmp_path: Path) -> N
     recorded = OmegaConf.load(out / ".hydra" / "overrides.yaml")
     assert list(recorded)[-3:] == recipe("quickstart")
     assert OmegaConf.load(out / "config_resolved.yaml").task.steps == 200
+
+
+def test_a_sweep_over_a_group_takes_the_entries_all_its_options_have() -> None:
+    """planner=uniform has no planner.min_rounds: the command line of a sweep over planners takes only the rounds,
+    whichever option comes first (each bgtplanner job takes the rest, see the next test)."""
+    for planners in ("planner=uniform,bgtplanner", "planner=bgtplanner,uniform"):
+        argv = ["-m", "+experiment=bgtplanner_ml100k", planners, "quick=true"]
+        assert expand_quick(CONF, argv) == [*argv, "task.rounds=8"]
+
+
+def test_a_quick_sweep_over_planners_runs_each_job_with_its_planners_recipe(train_py, tmp_path: Path) -> None:
+    """The README's BGTplanner sweep with quick=true: the bgtplanner job takes planner.min_rounds=6 and the rest of
+    the recipe for its own planner, which uniform does not have (it used to keep T_min = 70 > 8 rounds and fail)."""
+    out = tmp_path / "sweep"
+    train_py("-m", "+experiment=bgtplanner_ml100k", "planner=uniform,bgtplanner", "quick=true", "plots=false",
+             "logger.tensorboard=false", f"hydra.sweep.dir={out}")
+    with open(out / "summary.csv", newline="") as f:
+        jobs = {dict(o.split("=", 1) for o in row["overrides"].split())["planner"]: row for row in csv.DictReader(f)}
+    assert {planner: row["status"] for planner, row in jobs.items()} == {"uniform": "ok", "bgtplanner": "ok"}
+    configs = {planner: OmegaConf.load(out / row["job"] / "config_resolved.yaml") for planner, row in jobs.items()}
+    assert configs["bgtplanner"].task.rounds == configs["uniform"].task.rounds == 8
+    planner = configs["bgtplanner"].planner
+    assert (planner.num_actions, planner.initial_rounds, planner.min_rounds) == (2, 2, 6)
+    assert "min_rounds" not in configs["uniform"].planner
