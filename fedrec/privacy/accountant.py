@@ -23,7 +23,9 @@ Interface and registry
     ``"laplace_basic"`` a :class:`LaplaceBasicAccountant` (basic composition of pure-ε mechanisms) and
     ``"sampled_gaussian"`` a :class:`SampledGaussianAccountant` (DP-FedAvg's central DP: every round is a
     Poisson-subsampled Gaussian at client sampling rate q, so all clients share one history
-    ``[(z, q, count), ...]`` and q < 1 gains amplification by sampling).
+    ``[(z, q, count), ...]`` and q < 1 gains amplification by sampling). Each saved state names its kind (the
+    registered name) and a ledger refuses another kind's state, so one history is never replayed as another's; a
+    state saved before states named their kind is read as the loader's own kind (its other fields are still checked).
 
 Uniform split (the default schedule)
     Gaussian: :func:`uniform_noise_multiplier` is the constant noise multiplier z for which the accountant's ε
@@ -46,7 +48,7 @@ import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -114,6 +116,9 @@ class Accountant(abc.ABC):
     """A privacy ledger: ``step`` records mechanism runs, ``epsilon(delta)`` reports the ε spent so far (a number,
     or one per client for per-client ledgers), and the state round-trips through ``state_dict``."""
 
+    #: the name the class is registered under (set by :func:`register_accountant`); saved in every state
+    kind: ClassVar[str] = ""
+
     @abc.abstractmethod
     def step(self, level: float | Tensor, count: int | Tensor = 1) -> None:
         """Record ``count`` runs of a mechanism at ``level``: its noise multiplier (Gaussian) or its ε (Laplace).
@@ -131,6 +136,14 @@ class Accountant(abc.ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ledger saved by :meth:`state_dict`."""
 
+    def _check_kind(self, state: dict[str, Any]) -> None:
+        """Refuse a state saved by another kind of accountant. A state without a kind (saved before states named
+        theirs) is read as this accountant's own kind; the fields each kind checks next still guard it."""
+        kind = state.get("kind", self.kind)
+        if kind != self.kind:
+            raise ConfigError(f"cannot load {self.kind} accountant state: kind is {kind!r} in the checkpoint but "
+                              f"{self.kind!r} here; a ledger replays only its own kind's history")
+
 
 _A = TypeVar("_A", bound=type[Accountant])
 _REGISTRY: dict[str, type[Accountant]] = {}
@@ -144,6 +157,9 @@ def register_accountant(name: str) -> Callable[[_A], _A]:
             raise TypeError(f"register_accountant({name!r}) decorates Accountant subclasses, got {cls!r}")
         if _REGISTRY.get(name, cls) is not cls:
             raise ConfigError(f"an accountant named {name!r} is already registered ({_REGISTRY[name].__name__})")
+        if cls.__dict__.get("kind", name) != name:
+            raise ConfigError(f"{cls.__name__} is already registered as {cls.kind!r}; one class is one kind")
+        cls.kind = name
         _REGISTRY[name] = cls
         return cls
 
@@ -325,10 +341,11 @@ class GaussianRDPAccountant(Accountant):
         return gaussian_rdp_epsilon(self.rho, self.delta if delta is None else delta)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"delta": self.delta, "history": sorted(self._history.items())}
+        return {"kind": self.kind, "delta": self.delta, "history": sorted(self._history.items())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replay the saved history; the saved default δ must be this accountant's."""
+        """Replay the saved history; the saved kind and default δ must be this accountant's."""
+        self._check_kind(state)
         if state.get("delta") != self.delta:
             raise ConfigError(f"cannot load accountant state: delta is {state.get('delta')!r} in the checkpoint but "
                               f"{self.delta!r} here")
@@ -354,9 +371,11 @@ class LaplaceBasicAccountant(Accountant):
         return _ceil_float(sum((Fraction(e) * n for e, n in self._history.items()), Fraction(0)))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": sorted(self._history.items())}
+        return {"kind": self.kind, "history": sorted(self._history.items())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replay the saved history; the saved kind must be this accountant's."""
+        self._check_kind(state)
         self._history = {}
         for e, n in state["history"]:
             self.step(e, n)
@@ -449,7 +468,7 @@ class SampledGaussianAccountant(Accountant):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "kind": "sampled_gaussian",
+            "kind": self.kind,
             "accountant": self.accountant,
             "delta": self.delta,
             "history": [(z, q, n) for (z, q), n in sorted(self._history.items())],
@@ -457,7 +476,8 @@ class SampledGaussianAccountant(Accountant):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a saved history; its kind, accountant and δ must be this ledger's (nothing changes if not)."""
-        mine = {"kind": "sampled_gaussian", "accountant": self.accountant, "delta": self.delta}
+        self._check_kind(state)
+        mine = {"accountant": self.accountant, "delta": self.delta}
         for field, value in mine.items():
             if state.get(field) != value:
                 raise ConfigError(f"cannot load sampled-Gaussian accountant state: {field} is {state.get(field)!r} "
@@ -731,6 +751,7 @@ class ClientAccountant(Accountant):
         and the configuration it was recorded under."""
         hist = torch.stack(self._record) if self._record else torch.empty(0, self.num_clients, dtype=torch.float64)
         return {
+            "kind": self.kind,
             "mechanism": self.mechanism,
             "accountant": self.accountant,
             "num_clients": self.num_clients,
@@ -740,7 +761,8 @@ class ClientAccountant(Accountant):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore by replaying the recorded rounds; the configuration must match this accountant's."""
+        """Restore by replaying the recorded rounds; the kind and configuration must match this accountant's."""
+        self._check_kind(state)
         for field in ("mechanism", "accountant", "num_clients", "delta_total"):
             if state.get(field) != getattr(self, field):
                 raise ConfigError(f"cannot load privacy accountant state: {field} is {state.get(field)!r} in the "
