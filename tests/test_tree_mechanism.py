@@ -18,9 +18,12 @@ from fedrec.privacy import Node, TreeAggregator, cached_noise, dyadic_cover, mar
 from fedrec.privacy.tree_noise import (
     GAUSSIAN,
     LAPLACE,
+    MAX_LEVELS,
     SYMMETRIC,
+    NoiseSettings,
     cached_prefix_noise,
     cover,
+    cover_of,
     mark_record,
     node_noise,
     node_noise_many,
@@ -35,6 +38,13 @@ KINDS = [(LAPLACE, 1), (LAPLACE, 3), (GAUSSIAN, 5), (SYMMETRIC, 9), (SYMMETRIC, 
 def direct_cover(t: int) -> list[tuple[int, int]]:
     """The dyadic nodes covering 1..t, lowest level first: node (l, t >> l) for every set bit l of t."""
     return [(level, t >> level) for level in range(64) if (t >> level) & 1]
+
+
+def cached(key: np.uint64, row: int, t: int, kind: int, scale: float, noise_empty: bool, last: np.ndarray,
+           prev: np.ndarray, node: np.ndarray, value: np.ndarray, out: np.ndarray) -> None:
+    """The compiled cached prefix noise of stream ``row`` after ``t`` records, its cover walked here."""
+    cover_t = cover_of(t, np.empty(MAX_LEVELS, dtype=np.int64))
+    cached_prefix_noise(row, cover_t, NoiseSettings(key, kind, scale, noise_empty), last, prev, node, value, out)
 
 
 def direct_node(key: np.uint64, row: int, level: int, index: int, kind: int, scale: float, width: int) -> np.ndarray:
@@ -116,7 +126,7 @@ def run_cache(present: list[bool], kind: int, width: int, noise_empty: bool, row
         if p:
             mark_record(row, t, last, prev)
         before = node[row].copy()
-        cached_prefix_noise(KEY, row, t, kind, 1.3, noise_empty, last, prev, node, value, out)
+        cached(KEY, row, t, kind, 1.3, noise_empty, last, prev, node, value, out)
         drawn += [(level, int(node[row, level])) for level in range(levels) if node[row, level] != before[level]]
         prefixes.append(out.copy())
     assert not (node[:row].any() or value[:row].any())  # other streams' rows stay untouched
@@ -169,8 +179,8 @@ def test_torch_form_equals_compiled_form(schedule: list[list[bool]], noise_empty
         for row in range(4):
             if present[row]:
                 mark_record(row, int(tree.count[row]), last, prev)
-            cached_prefix_noise(np.uint64(tree.key), row, int(tree.count[row]), kind, 1.3, noise_empty, last, prev,
-                                node, value, out)
+            cached(np.uint64(tree.key), row, int(tree.count[row]), kind, 1.3, noise_empty, last, prev, node, value,
+                   out)
             assert got[row].flatten().tolist() == out.tolist()
     assert tree.node_last.tolist() == last.tolist() and tree.node_prev.tolist() == prev.tolist()
     assert tree.node_index.tolist() == node.tolist() and tree.node_value.tolist() == value.tolist()
@@ -192,7 +202,7 @@ def test_torch_mark_and_cache_functions_equal_the_compiled_ones_on_shared_times(
         noise = cached_noise(KEY, rows, times, LAPLACE, 2.0, False, last, prev, node, value)
         for m, row in enumerate(rows.tolist()):
             mark_record(row, t, c_last, c_prev)
-            cached_prefix_noise(KEY, row, t, LAPLACE, 2.0, False, c_last, c_prev, c_node, c_value, out)
+            cached(KEY, row, t, LAPLACE, 2.0, False, c_last, c_prev, c_node, c_value, out)
             assert float(noise[m, 0]) == float(out[0])
     assert last.tolist() == c_last.tolist() and prev.tolist() == c_prev.tolist() and node.tolist() == c_node.tolist()
     assert value.tolist() == c_value.tolist() and bool(value.any())

@@ -75,8 +75,11 @@ from fedrec.privacy.client_dp import ClientDP
 from fedrec.privacy.tree import TreeAggregator, fclub_epsilon, laplace_node_scale
 from fedrec.privacy.tree_noise import (
     LAPLACE,
+    MAX_LEVELS,
     SYMMETRIC,
+    NoiseSettings,
     cached_prefix_noise,
+    cover_of,
     mark_record,
     prefix_noise,
 )
@@ -651,10 +654,12 @@ def _cached_noise(key: np.uint64, kind: int, scale: float, noise_empty: bool, ou
     prev = np.zeros((streams, levels), dtype=np.int64)
     node = np.zeros((streams, levels), dtype=np.int64)
     value = np.zeros((streams, levels, width))
+    noise = NoiseSettings(key, kind, scale, noise_empty)
+    buffer = np.empty(MAX_LEVELS, dtype=np.int64)
     for r in range(streams):
         for t in range(1, horizon + 1):
             mark_record(r, t, last, prev)
-            cached_prefix_noise(key, r, t, kind, scale, noise_empty, last, prev, node, value, out[r, t - 1])
+            cached_prefix_noise(r, cover_of(t, buffer), noise, last, prev, node, value, out[r, t - 1])
 
 
 @jit

@@ -49,7 +49,7 @@ from fedrec.privacy.accountant import (
     gaussian_rdp_rho,
     uniform_epsilon_per_round,
 )
-from fedrec.privacy.tree_noise import GAUSSIAN, LAPLACE, SYMMETRIC, node_noise_many
+from fedrec.privacy.tree_noise import GAUSSIAN, LAPLACE, MAX_LEVELS, SYMMETRIC, cover, node_noise_many
 from fedrec.rng import stream_key
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "TreeGaussian",
     "augmented_gram",
     "cached_noise",
+    "cover_nodes",
     "dyadic_cover",
     "fclub_accounted_sigma",
     "fclub_epsilon",
@@ -97,9 +98,20 @@ class Node(NamedTuple):
 
 def dyadic_cover(t: int) -> list[Node]:
     """The disjoint nodes covering records 1..t, lowest level first: one per set bit l of t, ending at t with the
-    bits below l cleared (FCLUB Alg. 5 ``dyadic_cover``; Fed_UCB Alg. 2). popcount(t) nodes."""
+    bits below l cleared (FCLUB Alg. 5 ``dyadic_cover``; Fed_UCB Alg. 2). popcount(t) nodes, from the compiled walk
+    :func:`fedrec.privacy.tree_noise.cover` (t < 2^63)."""
     t = check_int("t", t, minimum=0)
-    return [Node(level, t >> level) for level in range(t.bit_length()) if (t >> level) & 1]
+    if t.bit_length() > MAX_LEVELS:
+        raise ConfigError(f"t must be below 2^{MAX_LEVELS}, got {t}")
+    return [Node(int(level), int(index)) for level, index in cover(t)]
+
+
+def cover_nodes(t: Tensor, levels: int) -> tuple[Tensor, Tensor]:
+    """The dyadic covers of records 1..t for every t of ``t`` (m,), the torch twin of
+    :func:`fedrec.privacy.tree_noise.cover_levels`: the (m, ``levels``) node indices t >> l of every level l and
+    whether node (l, t >> l) is in t's cover (bit l of t set)."""
+    index = t.unsqueeze(-1) >> torch.arange(levels, device=t.device)
+    return index, (index & 1).bool()
 
 
 def nodes_touched(t: int, horizon: int) -> list[Node]:
@@ -381,11 +393,11 @@ def cached_noise(key: int | np.uint64, rows: Tensor, t: Tensor, kind: int, scale
         raise ConfigError(f"t must lie in [0, {1 << levels}) for a cache of {levels} levels, got {t.tolist()}")
     lst, prv, nd, val = last[rows], prev[rows], node[rows], value[rows]
     total = torch.zeros(len(rows), width, dtype=torch.float64, device=value.device)
+    indices, in_cover = cover_nodes(t, levels)
     for level in range(levels):
-        index = t >> level
-        noised = (index & 1).bool()  # the level-l node (l, t >> l) is in the cover of t
+        index, noised = indices[:, level], in_cover[:, level]
         if not noise_empty:
-            noised &= (lst[:, level] == index) | (prv[:, level] == index)
+            noised = noised & ((lst[:, level] == index) | (prv[:, level] == index))
         fresh = noised & (nd[:, level] != index)
         if bool(fresh.any()):
             draws = np.empty((int(fresh.sum()), width))
