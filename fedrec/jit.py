@@ -12,6 +12,7 @@ a kernel. numba compiles a ``NamedTuple`` of arrays into plain struct accesses.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import numbers
 import sys
 import types
@@ -35,13 +36,19 @@ except ImportError:  # pragma: no cover - numba is a dependency; this keeps the 
     prange = range
 
 
-def parallel_variant(fn: F) -> F:
-    """A copy of ``fn`` under another name, so that its parallel compilation is cached apart from the serial one
-    (numba keys its cache files by the function's qualified name)."""
-    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_parallel", fn.__defaults__, fn.__closure__)
-    copy.__qualname__ = fn.__qualname__ + "_parallel"
+def renamed(fn: F, suffix: str, **names: Any) -> F:
+    """A copy of ``fn`` named ``fn.__name__ + suffix`` whose globals add ``names``: numba keys its cache files by the
+    qualified name and freezes globals at compile time, so each copy compiles and caches apart."""
+    copy = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__ + suffix, fn.__defaults__,
+                              fn.__closure__)
+    copy.__qualname__ = fn.__qualname__ + suffix
     copy.__doc__ = fn.__doc__
     return copy  # type: ignore[return-value]
+
+
+def parallel_variant(fn: F) -> F:
+    """A copy of ``fn`` whose parallel compilation is cached apart from the serial one (:func:`renamed`)."""
+    return renamed(fn, "_parallel")
 
 
 def jit(fn: F | None = None, *, parallel: bool = False, inline: bool = False) -> Any:
@@ -57,6 +64,35 @@ def jit(fn: F | None = None, *, parallel: bool = False, inline: bool = False) ->
         return numba.njit(cache=True, parallel=parallel, error_model="numpy",
                           inline="always" if inline else "never")(f)
     return wrap(fn) if fn is not None else wrap
+
+
+def over_replicates(body: Callable[..., None], name: str | None = None
+                    ) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The kernels that run ``body(r, *structures)`` for every replicate ``r`` (replicates are independent):
+    (serial, parallel over replicates), both called as ``kernel(replicates, *structures)``.
+
+    The loop is written out with ``body``'s own parameters, because numba's parallel loops can neither pass on a
+    tuple of structures (``*args``) nor keep writes made through a ``NamedTuple`` directly in their body (numba
+    issue 7135). The index is passed as an int64: a parallel loop's index is unsigned, and ``body`` would be
+    compiled once more for it. ``name`` (default ``body``'s name + ``_over_replicates``) keys numba's cache, which
+    keeps the loop beside ``body``'s source file.
+    """
+    fn = getattr(body, "py_func", body)
+    params = list(inspect.signature(fn).parameters)[1:]
+    reserved = {"replicates", "r", "body", "np", "prange"} & set(params)
+    if reserved:
+        raise ValueError(f"{fn.__qualname__}: parameter(s) {sorted(reserved)} would shadow the loop's own names")
+    name = name or f"{fn.__name__}_over_replicates"
+    args = ", ".join(params)
+    source = (f"def {name}(replicates, {args}):\n"
+              f"    for r in prange(replicates):\n"
+              f"        body(np.int64(r), {args})\n")
+    # the body's module name: numba caches only functions whose globals name a module it can import again
+    namespace: dict[str, Any] = {"__name__": fn.__module__, "body": body, "np": np, "prange": prange}
+    exec(compile(source, fn.__code__.co_filename, "exec"), namespace)  # noqa: S102 - the fixed loop above
+    loop = namespace[name]
+    loop.__doc__ = f"``{fn.__qualname__}`` of every replicate (:func:`fedrec.jit.over_replicates`)."
+    return jit(loop), jit(parallel_variant(loop), parallel=True)
 
 
 def drop_stale_caches(sources: Iterable[Path]) -> None:

@@ -12,10 +12,9 @@ from fedrec.privacy import TreeGaussian
 from fedrec.protocols import FederatedClustering, LocalClustering
 from fedrec.protocols.kernels.club import LocalSettings, LocalState
 from fedrec.protocols.kernels.clustering import ClusterParams
-from fedrec.protocols.kernels.fclub import Clusters, Partition, PhaseSettings, Privatisers, Traffic, Users
+from fedrec.protocols.kernels.fclub import Clusters, Partition, PhaseSettings, Traffic, Users
 
-FCLUB = {"settings": PhaseSettings, "partition": Partition, "users": Users, "clusters": Clusters,
-         "privatisers": Privatisers}
+FCLUB = {"settings": PhaseSettings, "partition": Partition, "users": Users, "clusters": Clusters}
 CLUB = {"settings": LocalSettings, "state": LocalState}
 
 
@@ -56,7 +55,7 @@ def test_fclub_traffic_views_the_ledger() -> None:
     assert np.shares_memory(traffic.global_server, p.ledger.traffic("global").numpy())
 
 
-STRUCTS = [Partition, Users, Clusters, Privatisers, PhaseSettings, LocalState, LocalSettings, ClusterParams]
+STRUCTS = [Partition, Users, Clusters, PhaseSettings, LocalState, LocalSettings, ClusterParams]
 
 
 def source_of(struct: type) -> dict:

@@ -15,6 +15,10 @@ from torch import Tensor, nn
 KINDS = ("upload", "download", "peer")
 SIDES = ("sent", "received")
 UNITS = ("messages", "scalars", "bytes")
+#: the indices of the kinds, sides and units in a traffic array (what compiled writers index by)
+UPLOAD, DOWNLOAD, PEER = (KINDS.index(k) for k in ("upload", "download", "peer"))
+SENT, RECEIVED = (SIDES.index(s) for s in ("sent", "received"))
+MESSAGES, SCALARS, BYTES = (UNITS.index(u) for u in ("messages", "scalars", "bytes"))
 
 
 class CommLedger(nn.Module):
@@ -52,8 +56,8 @@ class CommLedger(nn.Module):
         the size of each message (all broadcast to the number of messages)."""
         k, device = KINDS.index(kind), self.device  # ids and sizes may come from another device
         replicates, s = replicates.to(device), scalars.to(device, torch.long)
-        units = torch.stack([torch.ones_like(s), s, s * bytes_per_scalar], -1)
-        for side, (role, ids) in enumerate((sender, receiver)):
+        units = torch.stack([torch.ones_like(s), s, s * bytes_per_scalar], -1)  # MESSAGES, SCALARS, BYTES
+        for side, (role, ids) in ((SENT, sender), (RECEIVED, receiver)):
             t = self.traffic(role)
             n = t.shape[1]
             flat = (replicates * n + ids.to(device)) * (len(KINDS) * len(SIDES)) + k * len(SIDES) + side
@@ -61,7 +65,7 @@ class CommLedger(nn.Module):
 
     def totals(self) -> dict[str, Tensor]:
         """Per-replicate totals: ``comm_messages``, ``comm_scalars``, ``comm_bytes`` and each per kind."""
-        sent = sum(self.traffic(role)[:, :, :, 0].sum(1) for role in self.roles)  # (R, kinds, units)
+        sent = sum(self.traffic(role)[:, :, :, SENT].sum(1) for role in self.roles)  # (R, kinds, units)
         out: dict[str, Tensor] = {}
         for u, unit in enumerate(UNITS):
             out[f"comm_{unit}"] = sent[:, :, u].sum(1)

@@ -74,7 +74,7 @@ class CentralizedLinUCB(StepProtocol):
         io = RowSteps(rows=rows.contiguous().numpy(), contexts=contexts.numpy(), rewards=rewards.contiguous().numpy(),
                       logged=replay, arms=arms.numpy(), event=event)
         v = self.kernel_views()
-        kernel_call(ROWS_RUN[self.replicates > 1], io, v["params"], v["rows"])
+        kernel_call(ROWS_RUN[self.replicates > 1], rows.shape[0], io, v["params"], v["rows"])
         if (event < 0).any():
             raise FloatingPointError("CentralizedLinUCB: a Gram matrix V + λI is no longer positive definite")
         return arms

@@ -287,7 +287,7 @@ class ClientServerLinUCB(StepProtocol):
                    allocated=self.allocated.numpy())
         v = self.kernel_views()
         while True:
-            kernel_call(kernel, io, *v.values())
+            kernel_call(kernel, R, io, *v.values())
             if not event.any():
                 break
             if (event < 0).any():

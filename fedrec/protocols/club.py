@@ -102,7 +102,7 @@ class LocalClustering(StepProtocol):
                        rewards=rewards.contiguous().numpy(), arms=arms.numpy(), t0=int(self.t))
         v = self.kernel_views()
         kernel = (SCLUB_RUN if self.method == "sclub" else CLUB_RUN)[self.replicates > 1]
-        kernel_call(kernel, io, v["params"], v["settings"], v["state"])
+        kernel_call(kernel, clients.shape[0], io, v["params"], v["settings"], v["state"])
         self.t += clients.shape[1]
         return arms
 

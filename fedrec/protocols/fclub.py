@@ -27,14 +27,13 @@ import numpy as np
 import torch
 
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
+from fedrec.federation.ledger import KINDS
 from fedrec.jit import build, field_types
 from fedrec.privacy.tree import TreeGaussian
 from fedrec.protocols.base import StepProtocol, kernel_call
 from fedrec.protocols.clustering import Radius, confidence_shape
 from fedrec.protocols.kernels.clustering import ClusterParams, StepBlock
-from fedrec.protocols.kernels.fclub import (
-    PHASE_RUN, Clusters, Partition, PhaseSettings, Privatisers, Traffic, Users, count, release,
-)
+from fedrec.protocols.kernels.fclub import PHASE_RUN, Clusters, Partition, PhaseSettings, Traffic, Users, count, release
 from fedrec.rng import stream_key
 
 NOISE_PLACEMENTS = ("statistics", "trigger")
@@ -131,7 +130,7 @@ class FederatedClustering(StepProtocol):
         self.params = build(ClusterParams, params)
         self.server = np.arange(n) // (n // L)
         shapes = {1: (R, n), 2: (R, n, d), 3: (R, n, d, d)}  # by a field's rank after the replicate axis
-        for struct in (Users, Clusters, Privatisers):
+        for struct in (Users, Clusters):
             for name, kind in field_types(struct).items():
                 self.register_buffer(name, torch.from_numpy(np.zeros(shapes[kind.ndim - 1], kind.dtype)))
         same = torch.from_numpy(self.server[:, None] == self.server[None, :]) & ~torch.eye(n, dtype=torch.bool)
@@ -160,8 +159,7 @@ class FederatedClustering(StepProtocol):
         ledger = self.channel.ledger
         traffic = {"server": ledger.traffic("server"), "global_server": ledger.traffic("global")}
         return {"params": self.params, "settings": build(PhaseSettings, self), "partition": build(Partition, self),
-                "users": build(Users, self), "clusters": build(Clusters, self),
-                "privatisers": build(Privatisers, self), "traffic": build(Traffic, traffic)}
+                "users": build(Users, self), "clusters": build(Clusters, self), "traffic": build(Traffic, traffic)}
 
     def _run(self, clients: torch.Tensor, contexts: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
         arms = torch.empty(clients.shape, dtype=torch.long)
@@ -179,8 +177,8 @@ class FederatedClustering(StepProtocol):
                            contexts=contexts[:, block].contiguous().numpy(),
                            rewards=rewards[:, block].contiguous().numpy(),
                            arms=np.empty((clients.shape[0], stop - done), dtype=np.int64), t0=int(self.t))
-            kernel_call(PHASE_RUN[self.replicates > 1], io, v["params"], v["settings"], v["partition"], v["users"],
-                        v["clusters"], v["privatisers"], v["traffic"])
+            kernel_call(PHASE_RUN[self.replicates > 1], clients.shape[0], io, v["params"], v["settings"],
+                        v["partition"], v["users"], v["clusters"], v["traffic"])
             arms[:, block] = torch.from_numpy(io.arms)
             self.t += stop - done
             done = stop
@@ -250,8 +248,8 @@ class FederatedClustering(StepProtocol):
         privatisers."""
         d = self.dim
         v = self.kernel_views()
-        part, cl, pvt = v["partition"], v["clusters"], v["privatisers"]
-        for array in (*cl, *pvt, part.mem, part.nmem):
+        part, cl = v["partition"], v["clusters"]
+        for array in (*cl, part.mem, part.nmem):
             array[r] = 0
         cl.Slogdet[r] = cl.Sglogdet[r] = math.nan
         part.lc[r], part.gk[r] = slot, new_gk
@@ -271,10 +269,10 @@ class FederatedClustering(StepProtocol):
                 self._count(r, int(self.server[c]), "download")
                 if self.private:
                     _, _, _, uid, H0, h0 = uploads[index[c]]
-                    pvt.puid[r, c], pvt.pcalls[r, c] = uid, 2
-                    pvt.Hbar[r, c], pvt.hbar[r, c] = H0, h0
+                    cl.puid[r, c], cl.pcalls[r, c] = uid, 2
+                    cl.Hbar[r, c], cl.hbar[r, c] = H0, h0
                     H, h = self._release(uid, 2)
-                    pvt.H[r, c], pvt.h[r, c] = H, h
+                    cl.H[r, c], cl.h[r, c] = H, h
                     if not self.trigger_noise:  # trigger: the buffers start clean, at 0
                         cl.dS[r, c] = 3 * self.rho * np.eye(d) + H - H0
                         cl.du[r, c] = h - h0
@@ -294,7 +292,8 @@ class FederatedClustering(StepProtocol):
 
     def _count(self, r: int, server: int, kind: str) -> None:
         """One phase-start upload or renewal download of local server ``server``, as the kernel counts."""
-        count(self.kernel_views()["traffic"], r, server, 0 if kind == "upload" else 1, self.message_scalars)
+        traffic = self.kernel_views()["traffic"]
+        count(traffic, r, server, KINDS.index(kind), self.message_scalars, self.S.element_size())
 
     def metrics(self) -> dict[str, torch.Tensor]:
         """Per replicate: the number of global clusters and of local clusters at the last phase start, and with

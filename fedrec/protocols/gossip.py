@@ -33,10 +33,17 @@ from fedrec.privacy.tree import TreeLaplace, cached_noise, mark_records
 from fedrec.privacy.tree_noise import LAPLACE, node_noise_many
 from fedrec.protocols.base import MultiAgentProtocol, kernel_call
 from fedrec.protocols.kernels.gossip import (
-    CENTRAL, GOSSIP, GOSSIP_RUN, LOCAL, GossipSettings, GossipState, Graph, PeerTraffic, Rounds,
+    CENTRAL,
+    GOSSIP,
+    GOSSIP_RUN,
+    LOCAL,
+    GossipSettings,
+    GossipState,
+    Graph,
+    PeerTraffic,
+    Rounds,
 )
 from fedrec.rng import KeyedRows, stream_key
-
 
 #: ``mode`` of :class:`GossipBandit` → the kernel's code
 MODES = {"gossip": GOSSIP, "local": LOCAL, "central": CENTRAL}
@@ -197,7 +204,7 @@ class GossipBandit(MultiAgentProtocol):
         t0 = int(self.t)
         v = self.kernel_views()
         rounds = Rounds(t0=t0, steps=steps, initialise=t0 == 0, arms=arms.numpy())
-        kernel_call(GOSSIP_RUN[self.replicates > 1], rounds, v["graph"], v["settings"], v["state"],
+        kernel_call(GOSSIP_RUN[self.replicates > 1], self.replicates, rounds, v["graph"], v["settings"], v["state"],
                     env.reward_source(), v["traffic"])
         self.t += steps
 

@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.jit import F64, I64, jit, parallel_variant, prange
+from fedrec.jit import F64, I64, jit, over_replicates
 from fedrec.protocols.kernels.linear import choose, refactor, update
 
 
@@ -41,13 +41,5 @@ def _rows_replicate(r, io, p, pol):
             return
 
 
-def _rows_run(io, p, pol):
-    """:func:`_rows_replicate` of every replicate (a function of its own: numba's parallel loops lose writes made
-    through a ``NamedTuple`` directly in their body, numba issue 7135). The index is passed as an int64: a parallel
-    loop's index is unsigned, and the body would be compiled once more for it."""
-    for r in prange(io.rows.shape[0]):
-        _rows_replicate(np.int64(r), io, p, pol)
-
-
-#: (serial, parallel over replicates)
-ROWS_RUN = (jit(_rows_run), jit(parallel_variant(_rows_run), parallel=True))
+#: (serial, parallel over replicates), called as ``kernel(replicates, io, p, pol)``
+ROWS_RUN = over_replicates(_rows_replicate)

@@ -1,15 +1,15 @@
-"""Step loop of Async-LinUCB (Algorithms 1–2) and what the star-network loops share: the local step, the ledger.
+"""Step loop of Async-LinUCB (Algorithms 1–2) and the local step that the star-network loops share.
 
 One call plays the steps ``pos[r] ≤ s < S`` of every replicate ``r`` (``prange``: replicates are independent),
 in place on the protocol's buffers, which it receives as named structures (:class:`Steps`, the policy's
 :class:`~fedrec.protocols.kernels.linear.LinearParams` and :class:`~fedrec.protocols.kernels.linear.PolicyRows`,
-the protocol's state and settings, :class:`Traffic`). With ``stop_at_comm`` a replicate stops where a communication is due and
-reports it in ``event`` (1: the step at ``pos[r] − 1`` triggered an upload / sync; 2: the client at ``pos[r]``
-registers and is due a download), so that the protocol carries it out through its channel in Python; otherwise
-communication happens inline and is counted straight into the ledger's arrays. ``event[r] = -1`` reports a
+the protocol's state and settings, :class:`Traffic`). With ``stop_at_comm`` a replicate stops where a communication
+is due and reports it in ``event`` (1: the step at ``pos[r] − 1`` triggered an upload / sync; 2: the client at
+``pos[r]`` registers and is due a download), so that the protocol carries it out through its channel in Python;
+otherwise communication happens inline and is counted straight into the ledger's arrays. ``event[r] = -1`` reports a
 Gram matrix that lost positive definiteness (only a channel that corrupts payloads can cause it).
 
-Ledger arrays are ``(R, endpoints, kinds, 2, 3)``: kind, side (sent, received), unit (messages, scalars, bytes).
+Messages are counted by :func:`~fedrec.protocols.kernels.ledger.record` into the ledger's traffic arrays.
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.jit import BOOL, F64, I64, jit, parallel_variant, prange
+from fedrec.federation.ledger import DOWNLOAD, UPLOAD
+from fedrec.jit import BOOL, F64, I64, jit, over_replicates
+from fedrec.protocols.kernels.ledger import record
 from fedrec.protocols.kernels.linalg import cholesky_logdet
 from fedrec.protocols.kernels.linear import add_outer, choose, refactor, update
-
-UPLOAD, DOWNLOAD = 0, 1
 
 
 class Steps(NamedTuple):
@@ -39,7 +39,7 @@ class Steps(NamedTuple):
 
 
 class Traffic(NamedTuple):
-    """The ledger's traffic arrays of the star network: (R, endpoints, kinds, 2, 3) per role."""
+    """The ledger's traffic arrays of the star network: (R, endpoints, kinds, sides, units) per role."""
 
     client: I64[5]
     server: I64[5]
@@ -74,44 +74,41 @@ class AsyncSettings(NamedTuple):
     stop_at_comm: bool  #: stop where a message is due, for the channel to carry it in Python
 
 
-@jit
-def record(sent: np.ndarray, sender: int, received: np.ndarray, receiver: int, r: int, kind: int, scalars: int,
-           bytes_per_scalar: int) -> None:
-    """Count one message of ``kind`` from ``sender`` to ``receiver`` in replicate ``r``."""
-    sent[r, sender, kind, 0, 0] += 1
-    sent[r, sender, kind, 0, 1] += scalars
-    sent[r, sender, kind, 0, 2] += scalars * bytes_per_scalar
-    received[r, receiver, kind, 1, 0] += 1
-    received[r, receiver, kind, 1, 1] += scalars
-    received[r, receiver, kind, 1, 2] += scalars * bytes_per_scalar
-
-
 @jit(inline=True)
-def act(r, s, row, io, p, pol, Ax, buffer, buffer_count, pending, pending_count, refresh) -> bool:
-    """Client row ``row`` plays step ``s`` of replicate ``r``: decide, update its statistics and upload buffer.
-
-    A stale row is refactorised first (``refresh``: the paper's client) or absorbs its pending downloads with
-    this update (the authors' client). Returns False if a Gram matrix lost positive definiteness.
-    """
-    if refresh and pol.stale[row] and not refactor(pol, row, p.lam):
+def act(r, s, row, io, p, pol, st, Ax) -> bool:
+    """Client row ``row`` plays step ``s`` of replicate ``r`` (the paper's client): refactorise the row if a download
+    left it stale, decide, update its statistics and its upload buffer (``st.buffer``, ``st.buffer_count``).
+    Returns False if a Gram matrix lost positive definiteness."""
+    if pol.stale[row] and not refactor(pol, row, p.lam):
         return False
     a = choose(p, pol, row, io.contexts[r, s], Ax)
     io.arms[r, s] = a
     x = io.contexts[r, s, a]
     y = io.rewards[r, s, a]
-    if not refresh and pol.stale[row]:  # absorb the pending downloads with this update, then refactorise
-        pol.G[row] += pending[row]
-        pending[row] = 0.0
-        add_outer(pol.G[row], x, y)
-        pol.count[row] += 1 + pending_count[row]
-        pending_count[row] = 0
-        ok = refactor(pol, row, p.lam)
-    else:
-        ok = update(p, pol, row, x, y, Ax)
-    if not ok:
+    if not update(p, pol, row, x, y, Ax):
         return False
-    add_outer(buffer[row], x, y)
-    buffer_count[row] += 1
+    add_outer(st.buffer[row], x, y)
+    st.buffer_count[row] += 1
+    return True
+
+
+@jit(inline=True)
+def act_absorbing(r, s, row, io, p, pol, st, Ax) -> bool:
+    """:func:`act` of the authors' client whose row downloads left stale: it decides on its last factorisation,
+    then absorbs the pending downloads (``st.pending``, ``st.pending_count``) with this update and refactorises."""
+    a = choose(p, pol, row, io.contexts[r, s], Ax)
+    io.arms[r, s] = a
+    x = io.contexts[r, s, a]
+    y = io.rewards[r, s, a]
+    pol.G[row] += st.pending[row]
+    st.pending[row] = 0.0
+    add_outer(pol.G[row], x, y)
+    pol.count[row] += 1 + st.pending_count[row]
+    st.pending_count[row] = 0
+    if not refactor(pol, row, p.lam):
+        return False
+    add_outer(st.buffer[row], x, y)
+    st.buffer_count[row] += 1
     return True
 
 
@@ -157,8 +154,11 @@ def _async_replicate(r, io, p, pol, st, cfg, traffic):
                     break
                 _download(r, row, c, pol, st, cfg, traffic)
             st.registered[row] = True
-        if not act(r, s, row, io, p, pol, Ax, st.buffer, st.buffer_count, st.pending, st.pending_count,
-                    cfg.refresh_on_download):
+        if cfg.refresh_on_download or not pol.stale[row]:
+            ok = act(r, s, row, io, p, pol, st, Ax)
+        else:  # the authors' client: the downloads enter with this update
+            ok = act_absorbing(r, s, row, io, p, pol, st, Ax)
+        if not ok:
             io.event[r] = -1
             break
         s += 1
@@ -185,14 +185,5 @@ def _async_replicate(r, io, p, pol, st, cfg, traffic):
     io.pos[r] = s
 
 
-def _async_run(io, p, pol, st, cfg, traffic):
-    """:func:`_async_replicate` of every replicate (the body is a function of its own: numba's parallel loops
-    lose writes made through a ``NamedTuple`` directly in their body, numba issue 7135). The index is passed as an
-    int64: a parallel loop's index is unsigned, and the body would be compiled once more for it."""
-    for r in prange(io.clients.shape[0]):
-        _async_replicate(np.int64(r), io, p, pol, st, cfg, traffic)
-
-
-#: (serial, parallel over replicates)
-ASYNC_RUN = (jit(_async_run), jit(parallel_variant(_async_run), parallel=True))
-
+#: (serial, parallel over replicates), called as ``kernel(replicates, io, p, pol, st, cfg, traffic)``
+ASYNC_RUN = over_replicates(_async_replicate)

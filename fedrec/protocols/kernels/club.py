@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.jit import BOOL, F64, I64, jit, parallel_variant, prange
+from fedrec.jit import BOOL, F64, I64, jit, over_replicates
 from fedrec.protocols.kernels.clustering import ClusterParams, beta, confidence_shape, ucb_pick
 from fedrec.protocols.kernels.linalg import cholesky_logdet, cholesky_solve, inverse_from_cholesky
 
@@ -45,11 +45,46 @@ class LocalSettings(NamedTuple):
     alpha_p: float  #: SCLUB's frequency constant α_p
 
 
+class UserStats(NamedTuple):
+    """One replicate's user statistics (views of :class:`LocalState`'s fields of the same names at the replicate)."""
+
+    V: np.ndarray  #: (n, d, d)
+    b: np.ndarray  #: (n, d)
+    T: np.ndarray  #: (n,)
+    theta: np.ndarray  #: (n, d)
+
+
+class Work(NamedTuple):
+    """One replicate's scratch: a Cholesky factor, an aggregate M and its inverse (d × d), a moment w and an estimate
+    (d), the arms' scores (K) and a list of members (n)."""
+
+    L: np.ndarray
+    M: np.ndarray
+    Minv: np.ndarray
+    w: np.ndarray
+    th: np.ndarray
+    scores: np.ndarray
+    members: np.ndarray
+
+
+class SlotStats(NamedTuple):
+    """SCLUB's per cluster slot state of one replicate: the slot of each user and which users are checked (views of
+    :class:`LocalState`'s ``cl`` and ``checked``), and each slot's count, estimate, size and whether all its users
+    are checked (scratch)."""
+
+    cl: np.ndarray
+    checked: np.ndarray
+    cT: np.ndarray
+    cTheta: np.ndarray
+    csize: np.ndarray
+    cchecked: np.ndarray
+
+
 @jit
-def aggregate(V: np.ndarray, b: np.ndarray, T: np.ndarray, members: np.ndarray, size: int, lam: float,
-              M: np.ndarray, w: np.ndarray) -> float:
+def aggregate(users: UserStats, members: np.ndarray, size: int, lam: float, M: np.ndarray, w: np.ndarray) -> float:
     """M = λI + Σ V_j and w = Σ b_j over ``members[:size]``; returns Σ T_j."""
     d = w.shape[0]
+    V, b, T = users.V, users.b, users.T
     M[:] = 0.0
     w[:] = 0.0
     count = 0.0
@@ -73,35 +108,37 @@ def estimate(M: np.ndarray, w: np.ndarray, L: np.ndarray, theta: np.ndarray) -> 
 
 
 @jit
-def observe(V: np.ndarray, b: np.ndarray, T: np.ndarray, i: int, x: np.ndarray, y: float) -> None:
+def observe(users: UserStats, i: int, x: np.ndarray, y: float) -> None:
     """User i's statistics take (x, y)."""
     d = x.shape[0]
     for p in range(d):
-        b[i, p] += y * x[p]
+        users.b[i, p] += y * x[p]
         for q in range(d):
-            V[i, p, q] += x[p] * x[q]
-    T[i] += 1.0
+            users.V[i, p, q] += x[p] * x[q]
+    users.T[i] += 1.0
 
 
 @jit
-def scratch(d: int, K: int, n: int) -> tuple:
-    """One replicate's work arrays: Cholesky factor, aggregate and inverse, moment, estimate, scores, members."""
-    return (np.zeros((d, d)), np.zeros((d, d)), np.zeros((d, d)), np.zeros(d), np.zeros(d), np.zeros(K),
-            np.zeros(n, dtype=np.int64))
+def scratch(d: int, K: int, n: int) -> Work:
+    """Fresh scratch for a replicate of dimension ``d`` with ``K`` arms and ``n`` users."""
+    return Work(np.zeros((d, d)), np.zeros((d, d)), np.zeros((d, d)), np.zeros(d), np.zeros(d), np.zeros(K),
+                np.zeros(n, dtype=np.int64))
 
 
 @jit
-def play(V, b, T, theta, i, members, size, ctx, rew, p: ClusterParams, t, M, w, L, Minv, th, scores) -> int:
-    """Recommend to user i from the aggregate of ``members[:size]``, observe the arm's reward, refresh θ̂_i."""
+def play(users: UserStats, i: int, size: int, ctx: np.ndarray, rew: np.ndarray, p: ClusterParams, t: int,
+         work: Work) -> int:
+    """Recommend to user i from the aggregate of ``work.members[:size]``, observe the arm's reward, refresh θ̂_i."""
+    M, w, L, members = work.M, work.w, work.L, work.members
     d = w.shape[0]
-    count = aggregate(V, b, T, members, size, p.base, M, w)
+    count = aggregate(users, members, size, p.base, M, w)
     cholesky_logdet(M, 0.0, L)
-    inverse_from_cholesky(L, Minv)
-    a = ucb_pick(ctx, Minv, w, beta(p, count, 1, d, t), p.squared, th, scores)
-    observe(V, b, T, i, ctx[a], rew[a])
+    inverse_from_cholesky(L, work.Minv)
+    a = ucb_pick(ctx, work.Minv, w, beta(p, count, 1, d, t), p.squared, work.th, work.scores)
+    observe(users, i, ctx[a], rew[a])
     members[0] = i
-    aggregate(V, b, T, members, 1, p.base, M, w)
-    estimate(M, w, L, theta[i])
+    aggregate(users, members, 1, p.base, M, w)
+    estimate(M, w, L, users.theta[i])
     return a
 
 
@@ -123,8 +160,10 @@ def _club_replicate(r, io, p, cfg, st):
     K, d = io.contexts.shape[2], io.contexts.shape[3]
     n = st.V.shape[1]
     lo, hi, adj, alpha = st.lo, st.hi, st.adj, cfg.alpha
-    V, b, T, theta = st.V[r], st.b[r], st.T[r], st.theta[r]
-    L, M, Minv, w, th, scores, members = scratch(d, K, n)
+    users = UserStats(st.V[r], st.b[r], st.T[r], st.theta[r])
+    T, theta = users.T, users.theta
+    work = scratch(d, K, n)
+    members = work.members
     seen = np.zeros(n, dtype=np.bool_)
     for s in range(St):
         i = io.users[r, s]
@@ -144,22 +183,13 @@ def _club_replicate(r, io, p, cfg, st):
                         seen[j] = True
                         members[size] = j
                         size += 1
-        io.arms[r, s] = play(V, b, T, theta, i, members, size, io.contexts[r, s], io.rewards[r, s], p, t, M, w,
-                             L, Minv, th, scores)
+        io.arms[r, s] = play(users, i, size, io.contexts[r, s], io.rewards[r, s], p, t, work)
         if cfg.method == CLUB:
             fi = confidence_shape(T[i])
             for j in range(lo[i], hi[i]):
                 if adj[r, i, j] and distance(theta[i], theta[j]) > alpha * (fi + confidence_shape(T[j])):
                     adj[r, i, j] = False
                     adj[r, j, i] = False
-
-
-def _club_run(io, p, cfg, st):
-    """:func:`_club_replicate` of every replicate (the body is a function of its own: numba's parallel loops lose
-    writes made through a ``NamedTuple`` directly in their body, numba issue 7135). The index is passed as an int64:
-    a parallel loop's index is unsigned, and the body would be compiled once more for it."""
-    for r in prange(io.users.shape[0]):
-        _club_replicate(np.int64(r), io, p, cfg, st)
 
 
 @jit
@@ -171,13 +201,15 @@ def _sclub_replicate(r, io, p, cfg, st):
     K, d = io.contexts.shape[2], io.contexts.shape[3]
     n = st.V.shape[1]
     lam, alpha, alpha_p = p.base, cfg.alpha, cfg.alpha_p
-    lo, hi, V, b, T, theta = st.lo, st.hi, st.V, st.b, st.T, st.theta
-    cl, snapT, snapTheta, checked = st.cl, st.snapT, st.snapTheta, st.checked
-    L, M, Minv, w, th, scores, members = scratch(d, K, n)
-    cT = np.zeros(n)  # per cluster slot: count, estimate, size, all members checked
-    cTheta = np.zeros((n, d))
-    csize = np.zeros(n, dtype=np.int64)
-    cchecked = np.zeros(n, dtype=np.bool_)
+    lo, hi = st.lo, st.hi
+    users = UserStats(st.V[r], st.b[r], st.T[r], st.theta[r])
+    T, theta = users.T, users.theta
+    snapT, snapTheta = st.snapT[r], st.snapTheta[r]
+    work = scratch(d, K, n)
+    L, M, w, members = work.L, work.M, work.w, work.members
+    cs = SlotStats(st.cl[r], st.checked[r], np.zeros(n), np.zeros((n, d)), np.zeros(n, dtype=np.int64),
+                   np.zeros(n, dtype=np.bool_))
+    cl, checked, cT, cTheta, csize, cchecked = cs
     slots = np.zeros(n, dtype=np.int64)
     for s in range(St):
         i = io.users[r, s]
@@ -185,44 +217,42 @@ def _sclub_replicate(r, io, p, cfg, st):
         lo_i, hi_i = lo[i], hi[i]
         if t & (t - 1) == 0:  # a phase starts: everyone unchecked, every cluster's snapshot taken
             for j in range(n):
-                checked[r, j] = False
-                if cl[r, j] == j:
-                    size = _members(cl[r], j, lo[j], hi[j], members)
-                    snapT[r, j] = aggregate(V[r], b[r], T[r], members, size, lam, M, w)
-                    estimate(M, w, L, snapTheta[r, j])
-        c = cl[r, i]
-        size = _members(cl[r], c, lo_i, hi_i, members)
-        io.arms[r, s] = play(V[r], b[r], T[r], theta[r], i, members, size, io.contexts[r, s], io.rewards[r, s], p,
-                             t, M, w, L, Minv, th, scores)
+                checked[j] = False
+                if cl[j] == j:
+                    size = _members(cl, j, lo[j], hi[j], members)
+                    snapT[j] = aggregate(users, members, size, lam, M, w)
+                    estimate(M, w, L, snapTheta[j])
+        c = cl[i]
+        size = _members(cl, c, lo_i, hi_i, members)
+        io.arms[r, s] = play(users, i, size, io.contexts[r, s], io.rewards[r, s], p, t, work)
         # split i off its cluster c on its estimate or its arrival frequency
-        size = _members(cl[r], c, lo_i, hi_i, members)
+        size = _members(cl, c, lo_i, hi_i, members)
         if size > 1:
-            far = distance(theta[r, i], snapTheta[r, c]) > alpha * (
-                confidence_shape(T[r, i]) + confidence_shape(snapT[r, c]))
+            far = distance(theta[i], snapTheta[c]) > alpha * (
+                confidence_shape(T[i]) + confidence_shape(snapT[c]))
             gap = 2.0 * alpha_p * confidence_shape(float(t))
             for m in range(size):
-                if abs(T[r, i] - T[r, members[m]]) / t > gap:
+                if abs(T[i] - T[members[m]]) / t > gap:
                     far = True
             if far:
                 if c == i:  # the rest keep the snapshot under their new smallest user
                     rest = members[1] if members[0] == i else members[0]
                     for m in range(size):
-                        cl[r, members[m]] = rest
-                    snapT[r, rest] = snapT[r, c]
-                    snapTheta[r, rest] = snapTheta[r, c]
-                cl[r, i] = i
-                snapT[r, i] = T[r, i]
-                snapTheta[r, i] = theta[r, i]
-        checked[r, i] = True
+                        cl[members[m]] = rest
+                    snapT[rest] = snapT[c]
+                    snapTheta[rest] = snapTheta[c]
+                cl[i] = i
+                snapT[i] = T[i]
+                snapTheta[i] = theta[i]
+        checked[i] = True
         # merge checked clusters of i's server: one pass over the pairs in slot order
         ns = 0
         for j in range(lo_i, hi_i):
-            if cl[r, j] == j:
+            if cl[j] == j:
                 slots[ns] = j
                 ns += 1
         for m in range(ns):
-            _cluster_state(V[r], b[r], T[r], cl[r], checked[r], slots[m], lo_i, hi_i, lam, members, M, w, L,
-                           cT, cTheta, csize, cchecked)
+            _cluster_state(users, cs, slots[m], lo_i, hi_i, lam, work)
         fp = alpha_p * confidence_shape(float(t))
         ia = 0
         while ia < ns:
@@ -234,24 +264,17 @@ def _sclub_replicate(r, io, p, cfg, st):
                         confidence_shape(cT[ca]) + confidence_shape(cT[cb])) and abs(
                         cT[ca] / (csize[ca] * t) - cT[cb] / (csize[cb] * t)) < fp:
                     for j in range(lo_i, hi_i):
-                        if cl[r, j] == cb:
-                            cl[r, j] = ca
-                    _cluster_state(V[r], b[r], T[r], cl[r], checked[r], ca, lo_i, hi_i, lam, members, M, w,
-                                   L, cT, cTheta, csize, cchecked)
-                    snapT[r, ca] = cT[ca]
-                    snapTheta[r, ca] = cTheta[ca]
+                        if cl[j] == cb:
+                            cl[j] = ca
+                    _cluster_state(users, cs, ca, lo_i, hi_i, lam, work)
+                    snapT[ca] = cT[ca]
+                    snapTheta[ca] = cTheta[ca]
                     for m in range(ib, ns - 1):
                         slots[m] = slots[m + 1]
                     ns -= 1
                 else:
                     ib += 1
             ia += 1
-
-
-def _sclub_run(io, p, cfg, st):
-    """:func:`_sclub_replicate` of every replicate (see :func:`_club_run`)."""
-    for r in prange(io.users.shape[0]):
-        _sclub_replicate(np.int64(r), io, p, cfg, st)
 
 
 @jit
@@ -266,18 +289,19 @@ def _members(cl: np.ndarray, c: int, lo: int, hi: int, members: np.ndarray) -> i
 
 
 @jit
-def _cluster_state(V, b, T, cl, checked, c, lo, hi, lam, members, M, w, L, cT, cTheta, csize, cchecked):
-    """Cluster slot c's count, estimate, size and whether all its users are checked."""
-    size = _members(cl, c, lo, hi, members)
-    cT[c] = aggregate(V, b, T, members, size, lam, M, w)
-    estimate(M, w, L, cTheta[c])
-    csize[c] = size
-    cchecked[c] = True
+def _cluster_state(users: UserStats, cs: SlotStats, c: int, lo: int, hi: int, lam: float, work: Work) -> None:
+    """Cluster slot c's count, estimate, size and whether all its users are checked, into ``cs``."""
+    members = work.members
+    size = _members(cs.cl, c, lo, hi, members)
+    cs.cT[c] = aggregate(users, members, size, lam, work.M, work.w)
+    estimate(work.M, work.w, work.L, cs.cTheta[c])
+    cs.csize[c] = size
+    cs.cchecked[c] = True
     for m in range(size):
-        if not checked[members[m]]:
-            cchecked[c] = False
+        if not cs.checked[members[m]]:
+            cs.cchecked[c] = False
 
 
-#: (serial, parallel over replicates)
-CLUB_RUN = (jit(_club_run), jit(parallel_variant(_club_run), parallel=True))
-SCLUB_RUN = (jit(_sclub_run), jit(parallel_variant(_sclub_run), parallel=True))
+#: (serial, parallel over replicates), called as ``kernel(replicates, io, p, cfg, st)``
+CLUB_RUN = over_replicates(_club_replicate)
+SCLUB_RUN = over_replicates(_sclub_replicate)

@@ -5,11 +5,11 @@ statistics (S, u), the user's own statistics and the cluster's upload buffer tak
 upload (eq. 5) and download (eq. 6) triggers move buffers to the global cluster and back. Under CDP every upload
 draws the privatiser's next release, which restarts the buffer (Alg. 3) or, with ``trigger_noise`` (the authors'
 code), only enters the next upload test. Phase starts (Alg. 2) run in Python between calls. Messages are
-counted straight into the ledger's traffic arrays.
+counted straight into the ledger's traffic arrays (:func:`~fedrec.protocols.kernels.ledger.record`).
 
 The loop takes the protocol's buffers as named structures (:class:`fedrec.protocols.FederatedClustering`'s
-buffers of the same names): :class:`Partition`, :class:`Users`, :class:`Clusters`, :class:`Privatisers`, and
-its settings (:class:`PhaseSettings`, :class:`~fedrec.protocols.kernels.clustering.ClusterParams`) and
+buffers of the same names): :class:`Partition`, :class:`Users`, :class:`Clusters` (with each local cluster's
+privatiser), and its settings (:class:`PhaseSettings`, :class:`~fedrec.protocols.kernels.clustering.ClusterParams`) and
 :class:`Traffic`. Local cluster slots are their smallest user's id, global cluster slots their smallest local slot.
 """
 from __future__ import annotations
@@ -18,9 +18,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.jit import F64, I64, jit, parallel_variant, prange
+from fedrec.federation.ledger import DOWNLOAD, UPLOAD
+from fedrec.jit import F64, I64, jit, over_replicates
 from fedrec.privacy.tree_noise import SYMMETRIC, prefix_noise
 from fedrec.protocols.kernels.clustering import beta, ucb_pick
+from fedrec.protocols.kernels.ledger import record
 from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
 
 
@@ -43,8 +45,8 @@ class Users(NamedTuple):
 
 
 class Clusters(NamedTuple):
-    """Per local cluster slot its synchronised statistics, upload buffer and download queue, and per global cluster
-    slot its sums (Alg. 3–4); the log-determinants are NaN while a matrix is singular or unused."""
+    """Per local cluster slot its synchronised statistics, upload buffer, download queue and privatiser (Alg. 3–5),
+    and per global cluster slot its sums; the log-determinants are NaN while a matrix is singular or unused."""
 
     S: F64[4]  #: synchronised Gram matrix S_c
     u: F64[3]
@@ -61,14 +63,9 @@ class Clusters(NamedTuple):
     ug: F64[3]
     Tg: F64[2]
     Sglogdet: F64[2]
-
-
-class Privatisers(NamedTuple):
-    """Each local cluster's privatiser (Alg. 5): its stream, its releases so far and its last two releases."""
-
-    puid: I64[2]  #: the privatiser's tree stream
+    puid: I64[2]  #: the privatiser's tree stream (Alg. 5)
     pcalls: I64[2]  #: its releases so far
-    H: F64[4]  #: the latest release's Gram part
+    H: F64[4]  #: its latest release's Gram part
     h: F64[3]
     Hbar: F64[4]  #: the release before it
     hbar: F64[3]
@@ -88,7 +85,8 @@ class PhaseSettings(NamedTuple):
 
 
 class Traffic(NamedTuple):
-    """The ledger's traffic arrays, (R, endpoints, kinds, 2, 3): the local servers' and the global server's."""
+    """The ledger's traffic arrays, (R, endpoints, kinds, sides, units): the local servers' and the global
+    server's."""
 
     server: I64[5]
     global_server: I64[5]
@@ -115,37 +113,37 @@ def refresh(S: np.ndarray, inv: np.ndarray, logdet: np.ndarray, c: int, L: np.nd
 
 
 @jit
-def count(traffic: Traffic, r: int, server: int, kind: int, scalars: int) -> None:
-    """One message between local server ``server`` and the global server: kind 0 uploads, 1 downloads."""
-    side_server = 0 if kind == 0 else 1  # an upload is sent by the local server, a download received
-    for unit, amount in ((0, 1), (1, scalars), (2, 8 * scalars)):
-        traffic.server[r, server, kind, side_server, unit] += amount
-        traffic.global_server[r, 0, kind, 1 - side_server, unit] += amount
+def count(traffic: Traffic, r: int, server: int, kind: int, scalars: int, itemsize: int) -> None:
+    """One message of ``kind`` (``UPLOAD`` or ``DOWNLOAD``) between local server ``server`` and the global server,
+    of ``scalars`` scalars of ``itemsize`` bytes each."""
+    if kind == UPLOAD:
+        record(traffic.server, server, traffic.global_server, 0, r, UPLOAD, scalars, itemsize)
+    else:
+        record(traffic.global_server, 0, traffic.server, server, r, DOWNLOAD, scalars, itemsize)
 
 
 @jit
-def next_buffer(cfg: PhaseSettings, r: int, c: int, cl: Clusters, pvt: Privatisers, N: np.ndarray,
-                Z: np.ndarray) -> None:
+def next_buffer(cfg: PhaseSettings, r: int, c: int, cl: Clusters, N: np.ndarray, Z: np.ndarray) -> None:
     """Restart local cluster c's upload buffer: 0, or 3ρI + H − H̄ with the privatiser's next release (Alg. 3 l.9–10);
     with ``trigger_noise`` the release is drawn but the buffer restarts at 0 (the trigger adds H − H̄ itself)."""
     d = cl.dS.shape[-1]
     if cfg.private:
-        pvt.Hbar[r, c] = pvt.H[r, c]
-        pvt.hbar[r, c] = pvt.h[r, c]
-        pvt.pcalls[r, c] += 1
-        release(cfg.noise_key, pvt.puid[r, c], pvt.pcalls[r, c], cfg.sigma_node, d, N, Z)
+        cl.Hbar[r, c] = cl.H[r, c]
+        cl.hbar[r, c] = cl.h[r, c]
+        cl.pcalls[r, c] += 1
+        release(cfg.noise_key, cl.puid[r, c], cl.pcalls[r, c], cfg.sigma_node, d, N, Z)
         for i in range(d):
-            pvt.h[r, c, i] = N[i, d]
+            cl.h[r, c, i] = N[i, d]
             for j in range(d):
-                pvt.H[r, c, i, j] = N[i, j]
+                cl.H[r, c, i, j] = N[i, j]
     if not cfg.private or cfg.trigger_noise:
         cl.dS[r, c] = 0.0
         cl.du[r, c] = 0.0
         return
     for i in range(d):
-        cl.du[r, c, i] = pvt.h[r, c, i] - pvt.hbar[r, c, i]
+        cl.du[r, c, i] = cl.h[r, c, i] - cl.hbar[r, c, i]
         for j in range(d):
-            cl.dS[r, c, i, j] = pvt.H[r, c, i, j] - pvt.Hbar[r, c, i, j] + (3.0 * cfg.rho if i == j else 0.0)
+            cl.dS[r, c, i, j] = cl.H[r, c, i, j] - cl.Hbar[r, c, i, j] + (3.0 * cfg.rho if i == j else 0.0)
 
 
 @jit
@@ -159,7 +157,7 @@ def noisy_trigger(M: np.ndarray, H: np.ndarray, Hbar: np.ndarray, logdet_s: floa
 
 
 @jit
-def _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic):
+def _phase_replicate(r, io, p, cfg, part, users, cl, traffic):
     """Replicate ``r`` plays its steps of the block ``io`` (Alg. 1 l.9–15 with Algorithms 3 and 4)."""
     arrivals, contexts, rewards, arms = io.users, io.contexts, io.rewards, io.arms
     server, lc, gk, mem, nmem = part.server, part.lc, part.gk, part.mem, part.nmem
@@ -200,12 +198,12 @@ def _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic):
                 for q2 in range(d):
                     M[q1, q2] = S[r, c, q1, q2] + dS[r, c, q1, q2]
             if cfg.trigger_noise:
-                fire = noisy_trigger(M, pvt.H[r, c], pvt.Hbar[r, c], Slogdet[r, c], cfg.log_u)
+                fire = noisy_trigger(M, cl.H[r, c], cl.Hbar[r, c], Slogdet[r, c], cfg.log_u)
             else:
                 ld = cholesky_logdet(M, 0.0, L)
                 fire = (not np.isnan(ld)) and ld - Slogdet[r, c] >= cfg.log_u
         if fire:
-            count(traffic, r, server[i], 0, cfg.message_scalars)
+            count(traffic, r, server[i], UPLOAD, cfg.message_scalars, dS.itemsize)
             for m in range(nmem[r, k]):
                 o = mem[r, k, m]
                 if o != c:
@@ -219,7 +217,7 @@ def _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic):
             u[r, c] += du[r, c]
             Tc[r, c] += dT[r, c]
             dT[r, c] = 0.0
-            next_buffer(cfg, r, c, cl, pvt, N, Z)
+            next_buffer(cfg, r, c, cl, N, Z)
             refresh(S[r], Sinv[r], Slogdet[r], c, L)
             Sglogdet[r, k] = cholesky_logdet(Sg[r, k], 0.0, L)
         # Alg. 4: every member lagging the global cluster by det ratio ≥ D downloads its queue
@@ -229,7 +227,7 @@ def _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic):
             if not fire and not (np.isnan(Slogdet[r, o]) or np.isnan(Sglogdet[r, k])):
                 fire = Sglogdet[r, k] - Slogdet[r, o] >= cfg.log_d
             if fire:
-                count(traffic, r, server[o], 1, cfg.message_scalars)  # slot o = its smallest user
+                count(traffic, r, server[o], DOWNLOAD, cfg.message_scalars, S.itemsize)  # slot o: its smallest user
                 S[r, o] += dSm[r, o]
                 u[r, o] += dum[r, o]
                 Tc[r, o] += dTm[r, o]
@@ -239,13 +237,5 @@ def _phase_replicate(r, io, p, cfg, part, users, cl, pvt, traffic):
                 refresh(S[r], Sinv[r], Slogdet[r], o, L)
 
 
-def _phase_run(io, p, cfg, part, users, cl, pvt, traffic):
-    """:func:`_phase_replicate` of every replicate (the body is a function of its own: numba's parallel loops lose
-    writes made through a ``NamedTuple`` directly in their body, numba issue 7135). The index is passed as an int64:
-    a parallel loop's index is unsigned, and the body would be compiled once more for it."""
-    for r in prange(io.users.shape[0]):
-        _phase_replicate(np.int64(r), io, p, cfg, part, users, cl, pvt, traffic)
-
-
-#: (serial, parallel over replicates)
-PHASE_RUN = (jit(_phase_run), jit(parallel_variant(_phase_run), parallel=True))
+#: (serial, parallel over replicates), called as ``kernel(replicates, io, p, cfg, part, users, cl, traffic)``
+PHASE_RUN = over_replicates(_phase_replicate)

@@ -54,17 +54,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.envs.rewards import RewardSource, draw_reward_from, reward_stream
-from fedrec.federation.ledger import KINDS
-from fedrec.jit import F64, I64, jit, parallel_variant, prange
+from fedrec.envs.rewards import draw_reward_from, reward_stream
+from fedrec.federation.ledger import PEER
+from fedrec.jit import F64, I64, jit, over_replicates
 from fedrec.privacy.tree_noise import mark_record, node_code
-from fedrec.protocols.kernels.client_server import record
+from fedrec.protocols.kernels.ledger import record
 from fedrec.rng import laplace, substream, uniform
 
 #: ``mode`` of :data:`GOSSIP_RUN`: Gossip_UCB / Fed_UCB, local-only UCB1, centralised UCB (module docstring)
 GOSSIP, LOCAL, CENTRAL = 0, 1, 2
-#: the ledger's message kind of a gossip exchange
-PEER = KINDS.index("peer")
 
 
 class Rounds(NamedTuple):
@@ -351,14 +349,5 @@ def _gossip_replicate(r, io, graph, cfg, st, env, traffic):
             theta[r, i, chosen[i]] += delta[i]
 
 
-def _gossip_run(io: Rounds, graph: Graph, cfg: GossipSettings, st: GossipState, env: RewardSource,
-                traffic: PeerTraffic) -> None:
-    """:func:`_gossip_replicate` of every replicate (the body is a function of its own: numba's parallel loops
-    lose writes made through a ``NamedTuple`` directly in their body, numba issue 7135). The index is passed as an
-    int64: a parallel loop's index is unsigned, and the body would be compiled once more for it."""
-    for r in prange(st.n.shape[0]):
-        _gossip_replicate(np.int64(r), io, graph, cfg, st, env, traffic)
-
-
-#: (serial, parallel over replicates)
-GOSSIP_RUN = (jit(_gossip_run), jit(parallel_variant(_gossip_run), parallel=True))
+#: (serial, parallel over replicates), each called as ``kernel(replicates, io, graph, cfg, st, env, traffic)``
+GOSSIP_RUN = over_replicates(_gossip_replicate)

@@ -12,14 +12,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import marshal
-import types
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.jit import BOOL, F64, I64, jit, parallel_variant, prange
-from fedrec.protocols.kernels.client_server import DOWNLOAD, UPLOAD, act, record
+from fedrec.federation.ledger import DOWNLOAD, UPLOAD
+from fedrec.jit import BOOL, F64, I64, jit, over_replicates, renamed
+from fedrec.protocols.kernels.client_server import act
+from fedrec.protocols.kernels.ledger import record
 from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
 
 
@@ -45,10 +46,17 @@ class LoopSettings(NamedTuple):
     stop_at_comm: bool  #: stop where a sync is due, for the channel to carry it in Python
 
 
+class Factor(NamedTuple):
+    """d × d scratch of a sync: the aggregate's Cholesky factor and its inverse."""
+
+    L: np.ndarray
+    inv: np.ndarray
+
+
 @jit(inline=True)
-def sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g):
+def sync_all(r, io, p, pol, st, cfg, traffic, work):
     """A global synchronisation of replicate ``r`` (Algorithm 4): every registered client uploads its buffer, then
-    downloads the aggregate V_g, factorised once (``L`` and ``inv_g`` are d × d scratch). The uploads are summed in
+    downloads the aggregate V_g, factorised once into ``work`` (a :class:`Factor`). The uploads are summed in
     client order (the order of the floating-point sum), whatever the order of the clients' slots."""
     d = pol.inv.shape[1]
     scalars, bps = cfg.message_scalars, cfg.bytes_per_scalar
@@ -60,14 +68,14 @@ def sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g):
             st.server[r] += st.buffer[j]
             st.server_count[r] += st.buffer_count[j]
             record(traffic.client, c2, traffic.server, 0, r, UPLOAD, scalars, bps)
-    ld = cholesky_logdet(st.server[r, :d, :d], p.lam, L)
-    inverse_from_cholesky(L, inv_g)
+    ld = cholesky_logdet(st.server[r, :d, :d], p.lam, work.L)
+    inverse_from_cholesky(work.L, work.inv)
     for j in range(base, base + io.allocated[r]):  # ... and downloads V_g (in any order: each writes its own row)
         c2 = io.client_of[j]
         if st.registered[j]:
             pol.G[j] = st.server[r]
             pol.count[j] = st.server_count[r]
-            pol.inv[j] = inv_g
+            pol.inv[j] = work.inv
             pol.logdet[j] = ld
             pol.since_refactor[j] = 0
             pol.stale[j] = False
@@ -85,14 +93,13 @@ def _replicate(r, io, p, pol, st, cfg, traffic, own):
     S = io.clients.shape[1]
     d = pol.inv.shape[1]
     Ax = np.empty(d)
-    L = np.empty((d, d))
-    inv_g = np.empty((d, d))
+    work = Factor(np.empty((d, d)), np.empty((d, d)))
     s = io.pos[r]
     io.event[r] = 0
     while s < S:
         row = io.row_of[r * cfg.num_clients + io.clients[r, s]]
         st.registered[row] = True
-        if not act(r, s, row, io, p, pol, Ax, st.buffer, st.buffer_count, st.buffer, st.buffer_count, True):
+        if not act(r, s, row, io, p, pol, st, Ax):
             io.event[r] = -1
             break
         st.steps_since_sync[row] += 1
@@ -102,35 +109,18 @@ def _replicate(r, io, p, pol, st, cfg, traffic, own):
         if cfg.stop_at_comm:  # the channel transforms payloads: the protocol syncs in Python
             io.event[r] = 1
             break
-        sync_all(r, io, p, pol, st, cfg, traffic, L, inv_g)
+        sync_all(r, io, p, pol, st, cfg, traffic, work)
     io.pos[r] = s
-
-
-def _run(io, p, pol, st, cfg, traffic, own):
-    """``_replicate`` of every replicate (its own function: numba issue 7135; an int64 index, else the body is
-    compiled once more for the parallel loop's unsigned one)."""
-    for r in prange(io.clients.shape[0]):
-        _replicate(np.int64(r), io, p, pol, st, cfg, traffic, own)  # each copy calls its own (compiled_loop)
-
-
-def _bind(fn: Callable[..., Any], tag: str, **names: Any) -> Callable[..., Any]:
-    """A copy of ``fn`` named ``fn.__name__ + tag`` whose globals add ``names``: numba freezes globals at compile
-    time and keys its cache files by the qualified name, so each copy compiles and caches apart."""
-    copy = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__ + tag, fn.__defaults__,
-                              fn.__closure__)
-    copy.__qualname__ = fn.__qualname__ + tag
-    copy.__doc__ = fn.__doc__
-    return copy
 
 
 @functools.cache
 def compiled_loop(trigger: Callable[..., bool]) -> tuple[Callable[..., None], Callable[..., None]]:
-    """The loop with ``trigger`` (a plain Python function) compiled into it: (serial, parallel over replicates).
+    """The loop with ``trigger`` (a plain Python function) compiled into it: (serial, parallel over replicates),
+    called as ``kernel(replicates, io, p, pol, st, cfg, traffic, own)``.
 
     The copy's name carries a digest of the trigger's code, so that numba's cache never hands back a loop compiled
     with an older trigger (as everywhere in numba, a change in a function the trigger calls is not seen).
     """
     tag = f"_{trigger.__name__}_{hashlib.sha1(marshal.dumps(trigger.__code__)).hexdigest()[:12]}"
-    replicate = jit(_bind(_replicate, tag, trigger=jit(trigger, inline=True)))
-    run = _bind(_run, tag, _replicate=replicate)
-    return jit(run), jit(parallel_variant(run), parallel=True)
+    replicate = jit(renamed(_replicate, tag, trigger=jit(trigger, inline=True)))
+    return over_replicates(replicate, name=f"_run{tag}")
