@@ -10,7 +10,7 @@ from typing import Callable
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.build import _check_privacy
+from fedrec.build import check_privacy
 from fedrec.cli import run
 from fedrec.errors import ConfigError, DatasetNotFoundError
 from fedrec.privacy import TreeLaplace
@@ -72,9 +72,9 @@ def test_privacy_mechanisms_are_classes_and_subclasses_qualify() -> None:
     class Tighter(TreeLaplace):
         """A mechanism that is a TreeLaplace."""
 
-    _check_privacy(FedUCB, Tighter)
+    check_privacy(FedUCB, Tighter)
     with pytest.raises(ConfigError, match="^privacy: GossipUCB applies no privacy mechanism, got Tighter$"):
-        _check_privacy(GossipUCB, Tighter)
+        check_privacy(GossipUCB, Tighter)
 
 
 @pytest.mark.parametrize(("override", "field"), [

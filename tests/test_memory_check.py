@@ -13,13 +13,6 @@ from fedrec.errors import ConfigError
 Compose = Callable[..., DictConfig]
 
 
-def test_the_estimate_counts_statistics_per_client_and_chunks_per_replicate(compose_cfg: Compose) -> None:
-    cfg = compose_cfg("replicates=3", "env.num_clients=100", "env.dim=25", "env.num_arms=25", "env.chunk_size=1000")
-    per_client = 3 * 26**2 + 25  # three (d + 1)^2 blocks and theta
-    per_chunk = 3 * 1000 * 25 * 27  # cached chunks and the round's tensors: K contexts of d floats and the rewards
-    assert build.bandit_memory_estimate(cfg) == 3 * (100 * per_client + per_chunk) * 8
-
-
 @pytest.mark.parametrize("overrides, field", [
     (("replicates=50",), "replicates"),
     (("env.num_clients=20000",), "env.num_clients"),
@@ -29,9 +22,9 @@ def test_a_run_larger_than_the_memory_is_refused_naming_the_sizes(
 ) -> None:
     cfg = compose_cfg(*overrides)
     need = build.bandit_memory_estimate(cfg)
-    monkeypatch.setattr(build, "available_memory", lambda: need - 1)
+    monkeypatch.setattr(build.capacity, "available_memory", lambda: need - 1)
     with pytest.raises(ConfigError, match=rf"^{field}: the run needs about .* GiB \(replicates=.*\) and .* GiB is "
                                           r"available; lower one of them$"):
         build.build_task(cfg)
-    monkeypatch.setattr(build, "available_memory", lambda: need)  # exactly enough: built
+    monkeypatch.setattr(build.capacity, "available_memory", lambda: need)  # exactly enough: built
     assert build.build_task(cfg) is not None

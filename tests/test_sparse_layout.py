@@ -18,7 +18,7 @@ from fedrec import build
 from fedrec.errors import ConfigError
 from fedrec.federation import Channel
 from fedrec.protocols import AsyncLinUCB, SyncLinUCB
-from tests.test_engine import BACKENDS, assert_same_ledger, lints, stream, ucb
+from tests.helpers import BACKENDS, assert_same_ledger, lints, stream, ucb
 
 Compose = Callable[..., DictConfig]
 
@@ -187,7 +187,7 @@ def test_a_run_above_the_memory_limit_is_refused_naming_the_field(compose_cfg: C
     need = build.bandit_memory_estimate(cfg)
     assert need > 2**30
     built = []
-    monkeypatch.setattr(build, "instantiate_group", lambda *a, **k: built.append(a))
+    monkeypatch.setattr(build.builders, "instantiate_group", lambda *a, **k: built.append(a))
     with pytest.raises(ConfigError, match=rf"^max_memory_gb=1: the run needs about {need / 2**30:.1f} GiB "
                                           r"\(replicates=1, env.num_clients=1000000, task.steps=100000, "
                                           r"protocol.layout=sparse, .*\); lower one of them or raise max_memory_gb$"):

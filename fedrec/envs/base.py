@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -74,6 +76,14 @@ class BanditEnv(ABC):
         self.seed = int(seed)
         self.chunk_size = check_int("chunk_size", chunk_size)
         self._cache: dict[tuple[int, int], Chunk] = {}
+
+    @classmethod
+    def memory_estimate(cls, sizes: Mapping[str, Any]) -> int:
+        """The bytes its cached chunks take for a run of ``sizes`` (``replicates``, ``chunk_size``, ``num_arms``,
+        ``dim``), before any is drawn: per replicate two chunks of ``chunk_size`` steps of K contexts of d floats and
+        the rewards, with the stacked copy a step window makes (three in all)."""
+        steps, arms, d = sizes["chunk_size"], sizes["num_arms"], sizes["dim"]
+        return sizes["replicates"] * 3 * steps * arms * (d + 2) * 8
 
     @abstractmethod
     def chunk(self, replicate: int, index: int) -> Chunk:

@@ -11,11 +11,11 @@ and their empirical ``means``.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
-import math
 
 from fedrec.envs.rewards import BERNOULLI, CLIPPED, GAUSSIAN, RewardSource, draw_reward, rewards_many
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
@@ -55,6 +55,14 @@ class MultiAgentMAB:
     name = "mab"
     #: the downloadable dataset the environment reads (see :attr:`fedrec.envs.base.BanditEnv.dataset`)
     dataset: str | None = None
+
+    @classmethod
+    def memory_estimate(cls, sizes: Mapping[str, Any]) -> int:
+        """The bytes its means take for ``sizes`` (``replicates``, ``num_agents``, ``num_arms``): one float64 per
+        replicate, agent and arm, and at their peak the two more copies their draw makes (the replicates' arrays and
+        their stack). Measured with the gossip protocols' state: 261 bytes per replicate, agent and arm against
+        208 + 24 said (100 replicates, 10 to 150 agents, 50 arms, 20 rounds)."""
+        return 3 * 8 * sizes["replicates"] * sizes["num_agents"] * sizes["num_arms"]
 
     def __init__(self, num_agents: int, num_arms: int, replicates: int = 1, seed: int = 0,
                  means: Any = None, noise: str = "gaussian", noise_std: float = 1.0, vary_means: bool = False) -> None:

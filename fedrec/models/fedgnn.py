@@ -19,6 +19,7 @@ FedPerGNN's model (attention over each item's neighbour embeddings, then over th
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -113,6 +114,16 @@ class FedGNN(FederatedRecommender):
         self.expansion, self.residual = expansion, residual
         if expansion:  # after the user layer, so the default model draws its initial values as before
             self.item_gat = StarGAT(self.embed_dim, negative_slope)
+
+    @classmethod
+    def memory_estimate(cls, sizes: Mapping[str, Any]) -> int:
+        """The tables' bytes (:meth:`FederatedRecommender.memory_estimate`) and each star's copy of its layer's k × k
+        weights, gathered per edge (a user's and, with graph expansion's ``neighbours``, an item's) with its gradient:
+        8 k² bytes per training rating and user and layer. Measured: width 128 on ML-100K (80,943 edges and users)
+        raised the peak by 10.6 GB over width 8, and this says 10.6 GB."""
+        layers = 2 if sizes.get("neighbours") else 1
+        k = sizes["embed_dim"]
+        return super().memory_estimate(sizes) + layers * 8 * k * k * (sizes["training"] + sizes["users"])
 
     def represent(self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor,
                   neighbours: Neighbours | None = None) -> Tensor:

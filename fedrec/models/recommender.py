@@ -11,7 +11,8 @@ its own copy in one backward pass.
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -76,6 +77,12 @@ class FederatedRecommender(nn.Module, metaclass=ABCMeta):
         self.item_emb = nn.Parameter(self._table(self.num_items))
         if bias:
             self.global_bias = nn.Parameter(torch.zeros(1))
+
+    @classmethod
+    def memory_estimate(cls, sizes: Mapping[str, Any]) -> int:
+        """The bytes of its tables for ``sizes`` (``users``, ``items``, ``embed_dim``), before they are allocated:
+        four float32 copies (the parameters, their gradients and Adam's two moments)."""
+        return 4 * 4 * sizes["embed_dim"] * (sizes["users"] + sizes["items"])
 
     def _table(self, rows: int) -> Tensor:
         """A table of ``rows`` N(0, init_std²) vectors, with a zero bias column when the model has biases."""

@@ -190,6 +190,17 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
         """The arguments this protocol takes from the environment it plays: its clients and dimension."""
         return {"num_clients": env.num_clients, "dim": env.dim}
 
+    @classmethod
+    def memory_estimate(cls, sizes: Mapping[str, Any]) -> int:
+        """The bytes of its state for a run of ``sizes`` (``replicates``, ``num_clients``, ``dim``, ``layout``,
+        ``steps``), before it is allocated: per replicate and client that holds state, three (d + 1)² float64 blocks
+        (the server's statistics, their inverse and the client's copy) and the client's θ. With ``layout=sparse``
+        rows are made on arrival with their capacity doubled, so at most twice ``steps`` (one client acts a step)."""
+        rows, d = sizes["num_clients"], sizes["dim"]
+        if sizes.get("layout") == "sparse" and sizes.get("steps") is not None:
+            rows = min(rows, 2 * sizes["steps"])
+        return sizes["replicates"] * rows * (3 * (d + 1) ** 2 + d) * 8
+
     def __init__(
         self, num_clients: int, dim: int, replicates: int = 1, seed: int = 0, backend: str = "auto",
         endpoints: Mapping[str, int] | None = None,
@@ -321,6 +332,15 @@ class MultiAgentProtocol(ProtocolModule, metaclass=ABCMeta):
 
     #: the task kind it runs under (:attr:`fedrec.tasks.FederatedTask.kind`); the builder refuses another
     kind = "multi_agent"
+
+    @classmethod
+    def memory_estimate(cls, sizes: Mapping[str, Any]) -> int:
+        """The bytes of its state for a run of ``sizes`` (``replicates``, ``num_agents``, ``num_arms``, ``steps``),
+        before it is allocated: the communication graph's N × N adjacency (bytes) and, per replicate, agent and arm,
+        six 8-byte statistics (counts, sums, estimates) and four tree-noise arrays of one entry per level of a
+        horizon of ``steps`` rounds (⌊log₂ T⌋ + 1 levels), as the gossip protocols keep."""
+        n, levels = sizes["num_agents"], sizes["steps"].bit_length()
+        return n * n + sizes["replicates"] * n * sizes["num_arms"] * (6 + 4 * levels) * 8
 
     def __init__(self, topology: Topology, num_arms: int, horizon: int, replicates: int, seed: int,
                  backend: str) -> None:

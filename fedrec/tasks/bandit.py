@@ -11,7 +11,6 @@ from fedrec.errors import ConfigError, check_int
 from fedrec.protocols.base import StepProtocol
 from fedrec.tasks.base import FederatedTask
 
-
 #: the main per-round metrics whose spread over replicates each round also logs, as ``{name}_std`` (the plots' band)
 SPREAD_METRICS = ("cumulative_regret", "normalized_reward", "relative_ctr")
 

@@ -13,10 +13,11 @@ class FederatedTask(ABC):
 
     #: rounds in a full run
     num_rounds: int = 0
-    #: how a config builds this task (a key of :data:`fedrec.build.BUILDERS`); None: built in Python only
+    #: how a config builds this task (a kind registered with :func:`fedrec.build.register_kind`); None: built in
+    #: Python only
     kind: str | None = None
 
-    def setup(self, trainer: Any) -> None:
+    def setup(self, trainer: Any) -> None:  # noqa: B027 - an optional hook: most tasks need no set-up
         """Called once before the first round (also after a resume)."""
 
     @abstractmethod

@@ -1,0 +1,39 @@
+"""Turn a composed config into a task, checking it first.
+
+* :mod:`~fedrec.build.kinds`: the task kinds, each registered with its builder and config groups;
+* :mod:`~fedrec.build.groups`: the checks of a config's groups and fields against its kind, and instantiating a
+  group so that its errors name it;
+* :mod:`~fedrec.build.builders`: the builders of the three kinds fedrec ships;
+* :mod:`~fedrec.build.capacity`: refusing a run too large for the memory, from the estimates its objects state;
+* :mod:`~fedrec.build.data`: the dataset a run reads, fetched first when asked.
+"""
+from fedrec.build.builders import build_task
+from fedrec.build.capacity import (
+    available_memory,
+    bandit_memory_estimate,
+    check_fits,
+    multi_agent_memory_estimate,
+    recommendation_memory_estimate,
+)
+from fedrec.build.data import RunDataset, build_task_fetching_data, run_dataset
+from fedrec.build.groups import (
+    check_groups,
+    check_ignored,
+    check_privacy,
+    check_used,
+    group_class,
+    group_target,
+    ignored_fields,
+    instantiate_group,
+    one_line,
+    task_kind,
+    unused_groups,
+)
+from fedrec.build.kinds import KINDS, Kind, register_kind
+
+__all__ = [
+    "KINDS", "Kind", "RunDataset", "available_memory", "bandit_memory_estimate", "build_task",
+    "build_task_fetching_data", "check_fits", "check_groups", "check_ignored", "check_privacy", "check_used",
+    "group_class", "group_target", "ignored_fields", "instantiate_group", "multi_agent_memory_estimate", "one_line",
+    "recommendation_memory_estimate", "register_kind", "run_dataset", "task_kind", "unused_groups",
+]

@@ -1,0 +1,119 @@
+"""The memory estimates the objects state (``memory_estimate``, gathered by fedrec.build.capacity) against the memory
+runs actually take: for one run of each kind, the growth of ``train.py``'s peak resident memory between a small
+and a large size lies within 25 % of the growth of the estimate; and synthetic data's generation likewise."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig
+
+from fedrec import build
+from fedrec.data.synthetic import synthetic_ratings
+from fedrec.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+Compose = Callable[..., DictConfig]
+
+#: runs a command and prints the peak resident memory of its process, in bytes (its only child)
+PEAK = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)")
+
+
+def peak_of_run(tmp_path: Path, name: str, *overrides: str) -> int:
+    """The peak resident bytes of ``train.py overrides`` (no plots, no TensorBoard)."""
+    command = [sys.executable, "train.py", *overrides, f"hydra.run.dir={tmp_path / name}", "plots=false",
+               "logger.tensorboard=false"]
+    out = subprocess.run([sys.executable, "-c", PEAK, *command], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.split()[-1])
+
+
+def peak_growth(tmp_path: Path, small: tuple[str, ...], large: tuple[str, ...]) -> int:
+    """How much higher the large run's peak is than the small one's, both with the compiled kernels cached (the
+    small run goes once before, so neither measurement holds numba's compilation)."""
+    peak_of_run(tmp_path, "warm", *small)
+    return peak_of_run(tmp_path, "large", *large) - peak_of_run(tmp_path, "small", *small)
+
+
+def assert_within_a_quarter(measured: int, estimated: int) -> None:
+    assert estimated > 100 * 2**20, "the sizes must make the estimate dominate the process's own noise"
+    assert 0.75 <= measured / estimated <= 1.25, f"measured {measured / 2**20:.0f} MiB, estimated " \
+                                                 f"{estimated / 2**20:.0f} MiB"
+
+
+def test_a_bandit_runs_peak_grows_as_its_protocol_and_environment_say(tmp_path: Path, compose_cfg: Compose) -> None:
+    run = ("+experiment=sync_linucb_synthetic", "task.steps=200", "task.steps_per_round=100", "replicates=1")
+    small, large = (*run, "env.num_clients=1000"), (*run, "env.num_clients=40000")
+    estimated = build.bandit_memory_estimate(compose_cfg(*large)) - build.bandit_memory_estimate(compose_cfg(*small))
+    assert_within_a_quarter(peak_growth(tmp_path, small, large), estimated)
+
+
+def test_a_multi_agent_runs_peak_grows_as_its_protocol_says(tmp_path: Path, compose_cfg: Compose) -> None:
+    run = ("+experiment=gossip_synthetic_n10", "task.steps=20", "task.steps_per_round=10", "replicates=100",
+           "env.num_arms=50", "topology=ring")
+    small, large = (*run, "env.num_agents=10"), (*run, "env.num_agents=150")
+    estimated = build.multi_agent_memory_estimate(compose_cfg(*large)) - \
+        build.multi_agent_memory_estimate(compose_cfg(*small))
+    assert_within_a_quarter(peak_growth(tmp_path, small, large), estimated)
+
+
+def test_a_recommendation_runs_peak_grows_as_its_model_and_task_say(tmp_path: Path, compose_cfg: Compose) -> None:
+    """FedGNN's per-edge copies of its layer dominate at width 64: the model's own estimate says so."""
+    run = ("+experiment=fedgnn_synthetic", "task.rounds=1", "data.users=2000", "data.items=1000", "data.ratings=100000",
+           "data.num_clients=200", "task.pseudo_items=50")
+    small, large = (*run, "model.embed_dim=8"), (*run, "model.embed_dim=64")
+
+    def estimate(overrides: tuple[str, ...]) -> int:
+        task = build.build_task(compose_cfg(*overrides))
+        shared = sum(p.numel() for p in task.model.shared_parameters().values())
+        data = task.data
+        return build.recommendation_memory_estimate(compose_cfg(*overrides), data.num_users, data.num_items,
+                                                    len(data.training), data.num_clients, shared=shared)
+
+    estimated = estimate(large) - estimate(small)
+    assert_within_a_quarter(peak_growth(tmp_path, small, large), estimated)
+
+
+#: in a fresh process: generate a tiny dataset first (numba compiles the draws' kernels then, or loads them), reset
+#: the peak resident memory (Linux: ``clear_refs`` 5), then generate ``sizes`` and print the peak's growth
+GENERATE = """
+import sys
+from fedrec.data.synthetic import synthetic_ratings
+
+def status(field):
+    return int(next(line for line in open("/proc/self/status") if line.startswith(field)).split()[1]) * 1024
+
+synthetic_ratings(users=50, items=40, ratings=400)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status("VmRSS:")
+synthetic_ratings(**SIZES)
+print(status("VmHWM:") - before)
+"""
+
+
+@pytest.mark.parametrize("sizes", [dict(users=20000, items=5000, ratings=1_000_000)])
+def test_generating_synthetic_ratings_peaks_as_the_loader_says(sizes: dict[str, int]) -> None:
+    """The growth of the process's peak over its resident memory before generating, with the kernels compiled."""
+    code = GENERATE.replace("SIZES", repr(sizes))
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert_within_a_quarter(int(out.stdout.split()[-1]), synthetic_ratings.memory_estimate(sizes))
+
+
+def test_oversized_generation_is_refused_before_generating(compose_cfg: Compose,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``data.items=1e8 data.ratings=1e8`` under an address-space limit ran for minutes generating; now refused."""
+    cfg = compose_cfg("+experiment=fedgnn_synthetic", "data.items=100000000", "data.ratings=100000000")
+    need = synthetic_ratings.memory_estimate({"users": cfg.data.users, "items": 10**8, "ratings": 10**8})
+    monkeypatch.setattr(build.capacity, "available_memory", lambda: 8 * 2**30)
+    generated = []
+    monkeypatch.setattr(build.builders, "instantiate_group", lambda *a, **k: generated.append(a))
+    with pytest.raises(ConfigError, match=rf"^data\.ratings: the run needs about {need / 2**30:.1f} GiB "
+                                          r"\(data\.users=\d+, data\.items=100000000, data\.ratings=100000000\) and "
+                                          r"8\.0 GiB is available"):
+        build.build_task(cfg)
+    assert generated == []
