@@ -27,10 +27,10 @@ def experiment(cfg: DictConfig) -> float:
 
     from fedrec.cli import resume_command, run
     from fedrec.errors import ConfigError, DatasetNotFoundError
-    from fedrec.presets import job_recipe
+    from fedrec.presets import job_recipe, quick_notes
     from fedrec.run_folder import discard_failed_run
     from fedrec.stop_request import STOP_FILE, request_stop, requested_stop
-    from fedrec.sweeps import StopOnSignal, describe, objective
+    from fedrec.sweeps import StopOnSignal, describe, objective, record_job_error
     from fedrec.trainer import RunInterrupted
     from fedrec.trainer.distributed import launched_as_secondary
 
@@ -41,6 +41,7 @@ def experiment(cfg: DictConfig) -> float:
         if requested_stop(stop_file) is not None:
             logging.getLogger("fedrec").info("the sweep is stopping: job %s does not start", hydra.job.num)
             return math.nan
+        record_job_error(Path(hydra.runtime.output_dir), None)
     try:
         job_recipe(cfg)  # quick=true in a sweep: what this job's options take of the recipe
         summary = run(cfg)
@@ -60,11 +61,14 @@ def experiment(cfg: DictConfig) -> float:
         print(f"error: {e}", file=sys.stderr)
         if stop_file is not None:  # the other jobs go on; the sweep summary lists this one
             logging.getLogger("fedrec").error("error: %s", e)
+            record_job_error(Path(hydra.runtime.output_dir), f"error: {e}")
             return math.nan
         discard_failed_run(Path(hydra.runtime.output_dir))  # nothing that looks like a run is left
         sys.exit(2)
     if not launched_as_secondary():  # rank 0 of a multi-process run reports it
         print(describe(Path(hydra.runtime.output_dir), summary))
+        for note in quick_notes(cfg, summary):
+            print(f"note: {note}")
     return objective(summary)
 
 

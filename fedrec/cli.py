@@ -3,6 +3,7 @@ directory's results."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import inspect
 import json
 import logging
@@ -12,6 +13,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_fabric.loggers import CSVLogger
+from lightning_fabric.loggers.csv_logs import _ExperimentWriter
+from lightning_fabric.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
 from fedrec.build import (
@@ -39,7 +43,7 @@ from fedrec.run_folder import (
 )
 from fedrec.stop_request import STOP_FILE
 from fedrec.trainer import Callback
-from fedrec.trainer.checkpoint import config_differences, listed
+from fedrec.trainer.checkpoint import IDENTITY, config_differences, listed
 from fedrec.trainer.distributed import check_distribution, check_shardable, launched_as_secondary
 from fedrec.trainer.trainer import logs_of
 
@@ -51,12 +55,39 @@ RUN_SETTINGS = ("trainer", "logger", "plots", "hydra", "ckpt_path", "resume_allo
                 "download_data", "quick", "quick_recipe", "max_memory_gb", "sweep")
 #: keys, at any depth, that say where the inputs are rather than what they are (the dataset's sizes are checked)
 LOCATION_KEYS = ("data_dir",)
-#: what a resume can never change: the seed, and the digests of the dataset files the run read (``data_files``)
-IDENTITY = ("seed", "data_files")
 #: the config groups every run needs (the task kind's own groups are checked by :func:`fedrec.build.check_groups`)
 RUN_GROUPS = ("task", "trainer", "logger")
 #: the namespace of the run's headline among a logger's metrics (beside the per-round curves of the same names)
 SUMMARY_PREFIX = "summary/"
+
+
+class _AtomicMetricsWriter(_ExperimentWriter):
+    """Lightning's ``metrics.csv`` writer, except that the rewrite a new column forces replaces the file atomically:
+    a run killed during it keeps the rows written before (Lightning rewrites the file in place)."""
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        with open(self.metrics_file_path, newline="") as f:
+            rows = list(csv.DictReader(f))
+
+        def write(f: Any) -> None:
+            writer = csv.DictWriter(f, fieldnames=fieldnames)
+            writer.writeheader()
+            writer.writerows(rows)
+
+        atomic_write(self.metrics_file_path, write, mode="w")
+
+
+class MetricsCSVLogger(CSVLogger):
+    """Lightning's CSV logger writing through :class:`_AtomicMetricsWriter` (the same bytes, made when first
+    used, as Lightning's)."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> _ExperimentWriter:
+        if self._experiment is None:
+            os.makedirs(self._root_dir, exist_ok=True)
+            self._experiment = _AtomicMetricsWriter(log_dir=self.log_dir)
+        return self._experiment
 
 
 class PublicMetricsLogger:
@@ -100,14 +131,14 @@ def logs_private_metrics(cfg: DictConfig) -> bool:
 
 def build_loggers(cfg: DictConfig, out_dir: Path, is_private: Callable[[str], bool] | None = None,
                   run_name: str | None = None) -> list[Any]:
-    """Lightning's CSV logger (``metrics.csv`` in the run dir), TensorBoard logger (``tb/``, ``tb/RUN_NAME/`` for a
-    named run) and the loggers ``logger.extra`` lists (e.g. MLflow, W&B); with ``logger.private_metrics=false``
-    none of them receives a metric ``is_private`` flags."""
-    from lightning_fabric.loggers import CSVLogger, TensorBoardLogger
+    """Lightning's CSV logger (``metrics.csv`` in the run dir, :class:`MetricsCSVLogger`), TensorBoard logger
+    (``tb/``, ``tb/RUN_NAME/`` for a named run) and the loggers ``logger.extra`` lists (e.g. MLflow, W&B); with
+    ``logger.private_metrics=false`` none of them receives a metric ``is_private`` flags."""
+    from lightning_fabric.loggers import TensorBoardLogger
 
     loggers: list[Any] = []
     if cfg.get("csv", True):
-        loggers.append(CSVLogger(root_dir=str(out_dir), name="", version=""))
+        loggers.append(MetricsCSVLogger(root_dir=str(out_dir), name="", version=""))
     if cfg.get("tensorboard", True):
         sub_dir = None if run_name is None else run_name.replace(os.sep, "_")
         loggers.append(TensorBoardLogger(root_dir=str(out_dir), name="", version="tb", sub_dir=sub_dir,
@@ -433,6 +464,14 @@ def resume_command(checkpoint: Path) -> str:
     return python_command("train.py", *kept, f"ckpt_path={checkpoint}", f"hydra.run.dir={hydra.runtime.output_dir}")
 
 
+def finished_resume(ckpt: Path, rounds: int, total: int, out: Path) -> str:
+    """The refusal of a resume, into another folder ``out``, of a run that has no round left: it would only copy
+    the finished run there."""
+    return (f"ckpt_path: {ckpt} holds a finished run ({rounds} rounds, of {total}), so the resume would run no round "
+            f"and only copy its results into {out}; they are in {ckpt.parent.parent}. To run it on, lengthen it "
+            "(e.g. task.rounds or task.steps, named in resume_allow_changes)")
+
+
 def run_title(name: str, overrides: Sequence[str]) -> str:
     """The plots' title: the run's name, and on a second line the command-line overrides that change what it
     computes (not those of :data:`RUN_SETTINGS` or :data:`LOCATION_KEYS`: how it runs, where its inputs are)."""
@@ -507,6 +546,8 @@ def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool,
     try:
         if ckpt_path is not None:  # before writing anything: a checkpoint of another run is refused
             trainer.restore(task, ckpt_path)
+            if trainer.finished(task) and not resumes_in_place(out, ckpt_path):
+                raise ConfigError(finished_resume(Path(str(ckpt_path)), trainer.round, trainer.total_rounds(task), out))
         with output_errors():
             if trainer.is_global_zero:
                 if resumes_in_place(out, ckpt_path) and cfg.logger.get("tensorboard", True):

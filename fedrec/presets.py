@@ -14,7 +14,7 @@ so :func:`job_recipe` applies it in each job that has the field. That job resume
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +70,28 @@ def expand_quick(conf_dir: Path, argv: Sequence[str], config_name: str = "config
             return list(argv)
         options_cfgs = [cfg, *(compose(groups) for groups in list(schema.schemas(line))[1:])]
     given = {_key(o) for o in (*line.groups, *line.values)}
-    return [*argv, *_recipe(cfg, given, lambda key: all(
-        OmegaConf.select(c, key, default=_ABSENT) is not _ABSENT for c in options_cfgs))]
+    recipe = _recipe(cfg, given, lambda key: all(
+        OmegaConf.select(c, key, default=_ABSENT) is not _ABSENT for c in options_cfgs))
+    end = _end_of_overrides(list(argv))
+    return [*argv[:end], *recipe, *argv[end:]]
+
+
+def _end_of_overrides(argv: list[str]) -> int:
+    """Where the run of overrides holding ``quick=...`` ends in ``argv``: the recipe goes there, since argparse
+    takes one run of overrides (``quick=true --cfg job`` gets the recipe before ``--cfg``)."""
+    end = max(i for i, token in enumerate(argv) if token.split("=", 1)[0].lstrip("+") == SWITCH) + 1
+    while end < len(argv) and not argv[end].startswith("-"):
+        end += 1
+    return end
+
+
+def quick_notes(cfg: DictConfig, summary: Mapping[str, Any]) -> list[str]:
+    """What a ``quick=true`` run's headline says that the full run's would not: a clustering score of 0 (``ari``)
+    comes of a recipe that ends before the clusters form (FCLUB's quick runs all end so), not of the method."""
+    if cfg.get(SWITCH) is not True or summary.get("ari") != 0:
+        return []
+    return [f"{SWITCH}=true: ari = 0 because the recipe ends before the clusters form (a run of seconds); the full "
+            "run (without quick=true) measures the clustering"]
 
 
 def job_recipe(cfg: DictConfig) -> list[str]:

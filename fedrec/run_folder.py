@@ -33,8 +33,9 @@ LOCK = ".fedrec.lock"
 #: what a run that failed before computing anything leaves in a folder it created: Hydra's record, the job log, the
 #: lock and the resolved config; such a folder is removed (see :func:`discard_failed_run`)
 SETUP_FILES = (".hydra", LOCK, "config_resolved.yaml")
-#: folders this process created for a run (only those are ever removed)
-_CREATED: set[Path] = set()
+#: folders this process created for a run (only those are ever removed), each with the outermost folder made with it
+#: (``outputs/NAME/`` of a first run of ``outputs/NAME/DATE/``), which is removed with it when left empty
+_CREATED: dict[Path, Path] = {}
 #: the module of TensorBoard's writer thread: a write it fails is raised again by the run's next write or flush of
 #: TensorBoard events (every logged round, and the run's end), which reports it as ``error: output: ...``
 TENSORBOARD_WRITER = "tensorboard.summary.writer.event_file_writer"
@@ -63,8 +64,11 @@ def _create(out: Path) -> None:
         raise OutputError(f"output: the run folder {out} is a file")
     try:
         if not out.exists():
+            outermost = out.resolve()
+            while not outermost.parent.exists():
+                outermost = outermost.parent
             out.mkdir(parents=True)
-            _CREATED.add(out.resolve())
+            _CREATED[out.resolve()] = outermost
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as e:
@@ -120,14 +124,21 @@ def discard_failed_runs() -> list[Path]:
 def discard_failed_run(out: Path) -> bool:
     """Remove run folder ``out`` if this process created it and the run failed before writing any result (only
     :data:`SETUP_FILES` and Hydra's job log in it), so that a failed run leaves nothing that looks like a run;
-    whether it was removed."""
+    whether it was removed. The empty folders made with it (``outputs/NAME/``) go too."""
     out = out.resolve()
     if out not in _CREATED or not out.is_dir():
         return False
     if any(p.name not in SETUP_FILES and p.suffix != ".log" for p in out.iterdir()):
         return False
     shutil.rmtree(out, ignore_errors=True)
-    _CREATED.discard(out)
+    outermost = _CREATED.pop(out)
+    for parent in out.parents:
+        if parent != outermost and outermost not in parent.parents:
+            break
+        try:
+            parent.rmdir()  # only while empty: another run may have made its folder there meanwhile
+        except OSError:
+            break
     return True
 
 

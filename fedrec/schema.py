@@ -12,6 +12,7 @@ typed, with the close matches.
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -342,12 +343,25 @@ def check_command_line(conf_dir: Path, argv: Sequence[str], config_name: str = "
     with hydra_of(conf_dir, args):
         options, compose = hydra_lookups(args.config_name or config_name, searchpath(args.overrides))
         line = check(args.overrides, options, compose)
-        cfg = compose(first_of((*line.groups, *line.values)))
+        launcher = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+") == "hydra/launcher"]
+        cfg = compose([*first_of((*line.groups, *line.values)), *launcher])
     from fedrec.build import check_groups, check_ignored, check_used
 
+    if args.multirun:
+        check_launcher(cfg)
     check_groups(cfg)
     check_used(cfg, touched_groups(line))
     check_ignored(cfg, [str(o.key_or_group) for o in line.values])
+
+
+def check_launcher(cfg: DictConfig) -> None:
+    """A sweep on SLURM's launcher needs SLURM's ``srun`` here, as submitit does: without it, one line before any
+    folder is made, not submitit's traceback."""
+    target = str(OmegaConf.select(cfg, "hydra.launcher._target_", default=""))
+    if target.endswith(".SlurmLauncher") and shutil.which("srun") is None:
+        raise ConfigError("hydra/launcher: the SLURM launcher submits with srun, and this machine has none (not a node "
+                          "of a SLURM cluster); submit the sweep from the cluster's login node, or run it here with "
+                          "hydra/launcher=joblib")
 
 
 def check_job(overrides: Sequence[str]) -> CommandLine:

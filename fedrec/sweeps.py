@@ -25,6 +25,7 @@ std over seeds (:func:`pivot`); a swept key on neither rows nor columns is refus
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import signal
@@ -60,6 +61,9 @@ ERROR_PREFIX = "error: "
 RUNS, ROUNDS = "runs.csv", "rounds.csv"
 #: the overrides whose jobs :func:`pivot` pools into one mean ± std: replicates of the same setting
 POOLED = ("seed",)
+#: a job folder's error line from the latest run of its job, which failed: the job counts as failed even when the
+#: folder holds a summary.json (another configuration's run, which the job refused to continue)
+JOB_ERROR = ".fedrec.error"
 
 
 def headline(summary: dict[str, Any]) -> dict[str, float]:
@@ -229,15 +233,27 @@ def without_timings(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if "_seconds" not in k}
 
 
+def record_job_error(job: Path, line: str | None) -> None:
+    """Record in ``job``'s folder that its job failed now with error ``line`` (:data:`JOB_ERROR`), or (None) that
+    it starts again; a folder that cannot take the record leaves the job's status to its files."""
+    with contextlib.suppress(OSError, WriteError):
+        if line is None:
+            (job / JOB_ERROR).unlink(missing_ok=True)
+        else:
+            atomic_write(job / JOB_ERROR, lambda f: f.write(line), mode="w")
+
+
 def read_jobs(sweep: Path) -> list[Job]:
-    """Every job folder of ``sweep`` in job order, with its overrides, summary and status."""
+    """Every job folder of ``sweep`` in job order, with its overrides, summary and status (a job whose latest run
+    failed has no summary, whatever its folder holds)."""
     jobs = []
     for folder in job_folders(sweep):
         overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) or []
-        summary_file = folder / "summary.json"
-        summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
-        jobs.append(Job(str(folder.relative_to(sweep)), folder, [str(o) for o in overrides], summary,
-                        "ok" if summary is not None else _error_of(folder)))
+        summary_file, error_file = folder / "summary.json", folder / JOB_ERROR
+        failed = error_file.read_text().strip() if error_file.is_file() else None
+        summary = json.loads(summary_file.read_text()) if summary_file.is_file() and failed is None else None
+        status = failed or ("ok" if summary is not None else _error_of(folder))
+        jobs.append(Job(str(folder.relative_to(sweep)), folder, [str(o) for o in overrides], summary, status))
     return jobs
 
 

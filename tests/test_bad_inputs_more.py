@@ -55,6 +55,17 @@ REFUSED = [
     ((*SMALL, "aggregator=fedavg", "task.prox_mu=1e12"),  # diverges in round 0: a run-time failure, same form
      "error: task.prox_mu: round 0: a client's update is not finite (training diverged); lower task.prox_mu (1e+12) "
      "or strategy.local_lr (0.05)"),
+    # the groups and fields added since the battery's last rerun, one bad value each
+    ((*SMALL, "max_memory_gb=lots"), "error: max_memory_gb must be a positive number of GiB or null, got 'lots'"),
+    ((*SMALL, "strategy.participation=poisson", "strategy.sample_rate=2"),
+     "error: strategy.sample_rate must lie in (0.0, 1.0], got 2"),
+    ((*SMALL, "task.side_graphs.items=0.5"),
+     "error: task.side_graphs.items=0.5: data=synthetic has no item graph (the Monti files of flixster, yahoo_music "
+     "have one); set it to 0"),
+    ((*SMALL, "privacy=laplace", "privacy.placement=server"),
+     "error: privacy.placement: privacy=laplace does not declare it, but its class takes it: add it with "
+     "+privacy.placement=server"),
+    ((*SMALL, "task.expansion.neighbours=-3"), "error: task.expansion.neighbours must be an integer >= 0, got -3"),
 ]
 
 
@@ -101,7 +112,7 @@ def test_the_memory_check_respects_the_address_space_limit(monkeypatch: pytest.M
 
     from fedrec import build
 
-    mapped = build._proc_field("/proc/self/status", "VmSize:")
+    mapped = build.capacity._proc_field("/proc/self/status", "VmSize:")
     limits = {resource.RLIMIT_AS: (mapped + 2**30, resource.RLIM_INFINITY)}
     real = resource.getrlimit
     monkeypatch.setattr(resource, "getrlimit", lambda which: limits.get(which) or real(which))

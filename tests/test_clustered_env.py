@@ -187,7 +187,11 @@ def test_bad_inputs_are_named(data_dir: Path, tmp_path: Path) -> None:
     for kwargs, message in cases:
         with pytest.raises(ConfigError, match=re.escape(message)):
             ClusteredLinearEnv(**kwargs)
-    with pytest.raises(DatasetNotFoundError, match="missing.npy"):
+    # a user's own file is named with the field and what it must hold; the authors' files say where they come from
+    with pytest.raises(ConfigError, match=r"^env\.theta_file: .*missing\.npy does not exist; theta=file reads a \.npy "
+                                          r"of your own user vectors, shape \(users, \d+\)"):
         ClusteredLinearEnv(theta="file", theta_file="missing.npy", data_dir=tmp_path)
+    with pytest.raises(DatasetNotFoundError, match=r"10_theta\.npy(.|\n)*raw_data/ of github\.com"):
+        ClusteredLinearEnv(theta="authors", data_dir=tmp_path)
     with pytest.raises(DatasetNotFoundError, match="u.data"):
         ClusteredLinearEnv(theta="ml100k", data_dir=tmp_path)

@@ -1,9 +1,10 @@
 """The command line checked against the config files' schema (:mod:`fedrec.schema`), before Hydra composes it.
 
-The battery runs several hundred bad command lines, generated from every experiment's own composed config (each of
-its yes/no fields given a typo, each of its fields of fixed choices (:mod:`fedrec.enums`) given a typo, each of its
-fields misspelt, a field added with ``+`` that no file declares, an option no group has), in-process through :func:`fedrec.schema.check`, the function ``train.py`` calls, with the
-schema composed once per experiment; a sample runs end to end through ``train.py`` in ``test_schema_cli.py``.
+The battery runs over a thousand bad command lines, generated from every experiment's own composed config and from
+variants that select the options no experiment does (:data:`VARIANTS`): each yes/no field given a typo, each field
+of fixed choices (:mod:`fedrec.enums`) given a typo, fields misspelt, a field added with ``+`` that no file declares,
+an option no group has. They run in-process through :func:`fedrec.schema.check`, the function ``train.py`` calls, with
+the schema composed once per configuration; a sample runs end to end through ``train.py`` in ``test_schema_cli.py``.
 """
 from __future__ import annotations
 
@@ -25,7 +26,24 @@ CONF = ROOT / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 #: top-level groups whose fields the battery perturbs (the run settings trainer/logger are Lightning's and ours)
 GROUPS = ("env", "protocol", "policy", "topology", "privacy", "task", "data", "model", "aggregator", "server",
-          "attack", "planner")
+          "attack", "planner", "strategy")
+#: options no experiment selects, composed onto one (the case ids say ``EXPERIMENT+VARIANT``): each attack, server
+#: optimiser and robust rule's parameters, client- and server-placed DP, the tree mechanisms and their protocols
+#: (noise placement), sampled ranking, graph expansion and side graphs, the sparse layout
+VARIANTS = {
+    "fedgnn_synthetic+sign_flip": ["attack=sign_flip", "server=fedadam", "aggregator=krum"],
+    "fedgnn_synthetic+alie": ["attack=alie", "server=fedyogi", "aggregator=trimmed_mean"],
+    "fedgnn_synthetic+item_promotion": ["attack=item_promotion", "server=fedavgm", "aggregator=centered_clipping"],
+    "fedgnn_synthetic+min_max": ["attack=min_max", "server=fedadagrad", "aggregator=bulyan"],
+    "fedgnn_synthetic+noise": ["attack=noise", "aggregator=norm_bound", "privacy=laplace"],
+    "fedgnn_synthetic+scale": ["attack=scale", "aggregator=geometric_median", "privacy=gaussian",
+                               "privacy.placement=server", "strategy.participation=poisson"],
+    "fedgnn_ml100k+ranking": ["task.eval.ranking=sampled", "task.expansion.neighbours=8", "aggregator=multi_krum"],
+    "fedpergnn_flixster+side_graphs": ["task.side_graphs.items=0.1", "task.side_graphs.biases=true"],
+    "fclub_synthetic+cdp": ["protocol=cdp_fclub_dc", "privacy=tree_gaussian"],
+    "gossip_synthetic_k3+fed_ucb": ["protocol=fed_ucb", "privacy=tree_laplace"],
+    "async_linucb_synthetic+sparse": ["protocol.layout=sparse", "max_memory_gb=4"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +70,33 @@ def fields(cfg: DictConfig, groups: tuple[str, ...] = GROUPS) -> Iterator[tuple[
 
 
 def _configs() -> dict[str, DictConfig]:
+    """Each experiment's composed config, and each variant's (:data:`VARIANTS`)."""
+    lines = {**{e: [] for e in EXPERIMENTS}, **VARIANTS}
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return {e: compose("config", overrides=[f"+experiment={e}"]) for e in EXPERIMENTS}
+        return {name: compose("config", overrides=[f"+experiment={name.split('+')[0]}", *extra])
+                for name, extra in lines.items()}
 
 
 CONFIGS = _configs()
+
+
+def leaves_of(name: str, groups: tuple[str, ...] = GROUPS) -> list[tuple[str, Any]]:
+    """The leaves of config ``name`` the battery perturbs: all of an experiment's, and of a variant only those its
+    options bring (under each group it selects, beside each field it sets), which its experiment has not covered."""
+    leaves = list(fields(CONFIGS[name], groups))
+    if name not in VARIANTS:
+        return leaves
+    keys = [o.split("=", 1)[0] for o in VARIANTS[name]]
+    prefixes = tuple(f"{k}." if "." not in k else f"{k.rpartition('.')[0]}." for k in keys)
+    return [(key, value) for key, value in leaves if key.startswith(prefixes)]
+
+
+def command_line(name: str, *perturbed: str) -> list[str]:
+    """The command line of config ``name`` (an experiment, or a variant: its options too, bar one that sets a key
+    ``perturbed`` sets) with the ``perturbed`` overrides."""
+    keys = {p.split("=", 1)[0].lstrip("+") for p in perturbed}
+    kept = [o for o in VARIANTS.get(name, []) if o.split("=", 1)[0] not in keys]
+    return [f"+experiment={name.split('+')[0]}", *kept, *perturbed]
 
 
 def typo(value: str, choices: tuple[str, ...]) -> str:
@@ -71,33 +111,35 @@ def enum_battery() -> list[tuple[str, list[str], str, tuple[str, ...]]]:
     experiment's composed config (of its value there, else of its first choice: a null or interpolated default)."""
     cases = []
     for exp, cfg in CONFIGS.items():
-        for key, value in fields(cfg, (*GROUPS, "strategy", "trainer")):
+        for key, value in leaves_of(exp, (*GROUPS, "trainer")):
             choices = schema.choices(key, cfg)
             if choices is None:
                 continue
             assert value is None or "${" in str(value) or value in choices, f"{exp}: {key}={value} is no choice"
             good = value if isinstance(value, str) and "${" not in value else choices[0]
             wrong = typo(good, choices)
-            cases.append((f"{exp}:{key}={wrong}", [f"+experiment={exp}", f"{key}={wrong}"], key, choices))
+            cases.append((f"{exp}:{key}={wrong}", command_line(exp, f"{key}={wrong}"), key, choices))
     return cases
 
 
 def battery() -> list[tuple[str, list[str], str]]:
     """(case id, command line, the field the error must name), from every experiment's composed config."""
-    configs = CONFIGS
     cases = []
-    for exp, cfg in configs.items():
-        base = [f"+experiment={exp}"]
-        leaves = list(fields(cfg))
+    for exp in CONFIGS:
+        leaves = leaves_of(exp)
         for key, value in leaves:
             if isinstance(value, bool):  # a typo of a boolean, and a word that is not one
-                cases.append((f"{exp}:{key}=flase", [*base, f"{key}=flase"], key))
-                cases.append((f"{exp}:{key}=yes", [*base, f"{key}=yes"], key))
-        for key, _ in leaves[::3]:  # a misspelt field (its last two letters swapped)
+                cases.append((f"{exp}:{key}=flase", command_line(exp, f"{key}=flase"), key))
+                cases.append((f"{exp}:{key}=yes", command_line(exp, f"{key}=yes"), key))
+        # a misspelt field (its last two letters swapped): every third of an experiment's, each of a variant's
+        for key, _ in leaves if exp in VARIANTS else leaves[::3]:
             parent, _, leaf = key.rpartition(".")
             if len(leaf) > 3 and leaf[-1] != leaf[-2]:
                 typo = f"{parent}.{leaf[:-2]}{leaf[-1]}{leaf[-2]}"
-                cases.append((f"{exp}:{typo}", [*base, f"{typo}=1"], typo))
+                cases.append((f"{exp}:{typo}", command_line(exp, f"{typo}=1"), typo))
+        if exp in VARIANTS:
+            continue
+        base = [f"+experiment={exp}"]
         for group in ("privacy", "protocol", "env", "data", "aggregator", "planner"):
             cases.append((f"{exp}:+{group}.undeclared", [*base, f"+{group}.undeclared_field=5"],
                           f"{group}.undeclared_field"))
@@ -112,12 +154,19 @@ ENUM_CASES = enum_battery()
 
 def test_the_battery_covers_every_experiment_with_many_lines() -> None:
     assert len(CASES) >= 150
-    assert {case.split(":")[0] for case, _, _ in CASES} == set(EXPERIMENTS)
+    assert {case.split(":")[0] for case, _, _ in CASES} == {*EXPERIMENTS, *VARIANTS}
     assert sum("=flase" in case for case, _, _ in CASES) >= 20  # yes/no fields of several families
+    named = {field for _, _, field in CASES}
+    for field in ("attack.fractino", "attack.factro", "attack.knowledeg", "attack.target_itme", "server.bet1a",
+                  "server.bias_correction", "aggregator.iteratiosn", "aggregator.boudn", "privacy.placemetn",
+                  "privacy.adaptive_clip", "strategy.local_stesp", "strategy.participatino", "task.eval.negativse",
+                  "task.expansion.neighbousr", "task.side_graphs.biases", "privacy.laplace_splti",
+                  "privacy.calibratino", "protocol.noise_placemetn"):
+        assert field in named, field
 
 
 def test_the_enum_battery_covers_every_experiment_and_many_fields() -> None:
-    assert {case.split(":")[0] for case, *_ in ENUM_CASES} == set(EXPERIMENTS)
+    assert {case.split(":")[0] for case, *_ in ENUM_CASES} >= set(EXPERIMENTS)
     fields = {field for _, _, field, _ in ENUM_CASES}
     assert {"task.optimizer", "strategy.participation", "privacy.placement", "aggregator.weighting", "data.normalize",
             "model.head", "task.eval.ranking", "protocol.backend", "protocol.mode", "env.theta",

@@ -5,7 +5,6 @@ of another configuration is refused. Tested on Hydra's basic launcher (jobs in t
 (jobs in worker processes, which a SIGTERM to the launching process reaches only through the sweep's stop file)."""
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -24,21 +23,14 @@ from fedrec.build import build_task
 from fedrec.commands import python_command
 from fedrec.errors import Interrupted
 from fedrec.stop_request import STOP_FILE, requested_stop
-from fedrec.sweeps import StopOnSignal, job_folders, without_timings
+from fedrec.sweeps import StopOnSignal
 from fedrec.trainer import FederatedTrainer, RunInterrupted
 from fedrec.trainer.checkpoint import load_checkpoint
+from tests.helpers import SWEEP, summaries
 
 ROOT = Path(__file__).resolve().parents[1]
-#: three seeds of the default experiment, six rounds each, in the launching process (Hydra's basic launcher)
-SWEEP = ["-m", "task.steps=600", "task.steps_per_round=100", "env.num_clients=20", "seed=0,1,2", "plots=false",
-         "logger.tensorboard=false"]
 #: what a finished job holds; a rerun of its sweep leaves these files as they were
 RESULTS = ("summary.json", "metrics.csv", "checkpoints/last.ckpt")
-
-
-def summaries(sweep: Path) -> dict[str, dict[str, Any]]:
-    """Each job's summary.json without the fields that measure time."""
-    return {job.name: without_timings(json.loads((job / "summary.json").read_text())) for job in job_folders(sweep)}
 
 
 def stamps(job: Path) -> dict[str, tuple[int, bytes]]:
@@ -174,7 +166,9 @@ def test_a_sweep_continues_only_its_own_jobs(
 
     recorded = sweep / "0" / "config_resolved.yaml"
     recorded.write_text(recorded.read_text().replace("seed: 0", "seed: 3"))
-    train_py(*one)
+    with pytest.raises(SystemExit) as info:  # the refused job is a failed job of the sweep
+        train_py(*one)
+    assert info.value.code == 2
     err = capsys.readouterr().err
     assert (f"error: output: {sweep / '0'} holds a run of another configuration, differing in seed (3 in "
             "config_resolved.yaml, 0 here); a rerun of a sweep continues only its own jobs") in err

@@ -44,8 +44,10 @@ from fedrec.seeding import numpy_generator
 
 THETA_SOURCES = ("authors", "ortho_cap", "file", "ml100k")
 
+#: the folder of data_dir that holds the authors' files (copied from their repository)
+AUTHORS_FOLDER = "fclub-authors/"
 #: the authors' synthetic θ file, relative to data_dir
-AUTHORS_THETA = "fclub-authors/10_theta.npy"
+AUTHORS_THETA = f"{AUTHORS_FOLDER}10_theta.npy"
 
 #: slack on the [0, 1] mean-reward check: the authors' θ reach 0 and 1 exactly, up to rounding (≈ 6e-17)
 MEAN_TOLERANCE = 1e-9
@@ -119,6 +121,10 @@ class ClusteredLinearEnv(BanditEnv):
                 if theta == "file" and theta_file is None:
                     raise ConfigError("theta_file must name a user-vector .npy for theta=file")
                 path = root / (theta_file or AUTHORS_THETA)
+                if not path.exists() and not str(theta_file or AUTHORS_THETA).startswith(AUTHORS_FOLDER):
+                    raise ConfigError(f"env.theta_file: {path} does not exist; theta=file reads a .npy of your own "
+                                      f"user vectors, shape (users, {self.dim}), at a path relative to data_dir "
+                                      f"({root})")
                 vectors, where = _load_vectors(path, self.dim), f"theta_file {path}"
             pick = self._authors if theta == "authors" else self._kmeans_users
             self.theta, self.source_users = pick(vectors, where)

@@ -22,6 +22,8 @@ from fedrec.io import atomic_torch_save, remove_stale_temporaries
 CHECKPOINT_VERSION = 2
 #: differing fields an error lists before "and N more"
 LISTED_DIFFERENCES = 8
+#: what a resume can never change: the seed, and the digests of the dataset files the run read (``data_files``)
+IDENTITY = ("seed", "data_files")
 _ABSENT = object()
 
 
@@ -181,11 +183,20 @@ def listed(differences: Sequence[str]) -> str:
 
 def check_same_run(path: str | Path, saved: Mapping[str, Any], current: Mapping[str, Any],
                    allowed: Sequence[str] = ()) -> None:
-    """Refuse, with one line naming the differing fields, to resume checkpoint ``path`` of another run."""
+    """Refuse, with one line naming the differing fields, to resume checkpoint ``path`` of another run; the way
+    out it names is one that works (``resume_allow_changes`` cannot take an :data:`IDENTITY` field)."""
     diffs = identity_differences(saved, current, allowed)
-    if diffs:
-        raise ConfigError(f"ckpt_path: {path} is a checkpoint of another run, differing in {listed(diffs)}. Resume "
-                          "it with its run's settings, or name the fields meant to change in resume_allow_changes")
+    if not diffs:
+        return
+    names = [d.split(" ", 1)[0] for d in diffs]
+    fixed = list(dict.fromkeys(n.split(".")[0] for n in names if n.split(".")[0] in IDENTITY))
+    if fixed and len(fixed) == len({n.split(".")[0] for n in names}):
+        hint = (f"Resume it with the run's own {' and '.join(fixed)} (resume_allow_changes cannot take "
+                f"{'them' if len(fixed) > 1 else 'it'}), or start a new run")
+    else:
+        cannot = f" (not {' or '.join(fixed)}, which cannot change)" if fixed else ""
+        hint = f"Resume it with its run's settings, or name the fields meant to change in resume_allow_changes{cannot}"
+    raise ConfigError(f"ckpt_path: {path} is a checkpoint of another run, differing in {listed(diffs)}. {hint}")
 
 
 def _differences(old: Any, new: Any, name: str) -> list[tuple[str, Any, Any]]:

@@ -8,7 +8,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedrec.errors import ConfigError, check_float, check_int
+import torch
+
+from fedrec.errors import STOP_SIGNALS, ConfigError, check_float, check_int
 from fedrec.federation.collective import Collective
 from fedrec.io import writing
 from fedrec.stop_request import requested_stop
@@ -145,7 +147,7 @@ class FederatedTrainer:
         check_shardable(task, self.collective.world_size)
         if ckpt_path is not None:
             self.restore(task, ckpt_path)
-        total = task.num_rounds if self.max_rounds is None else min(self.max_rounds, task.num_rounds)
+        total = self.total_rounds(task)
         for metrics in self.history:  # a restored history is authoritative: loggers get its logged rounds again
             r = int(metrics["round"]) + 1
             if r % self.log_every == 0 or r == total or (r == self.round and self.should_stop):
@@ -177,6 +179,7 @@ class FederatedTrainer:
             signum = interrupted()
             if signum is None:
                 signum = requested_stop(self.stop_file)
+            signum = self._agreed_stop(signum)
             if signum is not None and self.round < total and not self.should_stop:
                 if saved is None and self.root is not None:
                     saved = self.save(task)
@@ -193,6 +196,19 @@ class FederatedTrainer:
     def _hook(self, name: str, task: FederatedTask, *args: Any) -> None:
         for cb in self.callbacks:
             getattr(cb, name)(self, task, *args)
+
+    def _agreed_stop(self, signum: int | None) -> int | None:
+        """The stop signal any process of the run took this round (the lowest number if several), on every process:
+        a signal may reach one process alone (``kill`` of a sweep's launching process, rank 0 of its job), and all
+        must save and stop after the same round. One process: ``signum`` itself."""
+        if self.collective.world_size == 1:
+            return signum
+        taken = torch.zeros(max(STOP_SIGNALS) + 1, dtype=torch.float64)
+        if signum is not None:
+            taken[signum] = 1.0
+        self.collective.all_reduce([taken])
+        found = torch.nonzero(taken).flatten().tolist()
+        return int(found[0]) if found else None
 
     def _log(self, metrics: dict[str, float]) -> None:
         for lg in self.loggers:
@@ -221,6 +237,14 @@ class FederatedTrainer:
         for cb in self.callbacks:
             cb.on_save_checkpoint(self, task, ckpt)
         return save_checkpoint(self.checkpoint_path, ckpt)
+
+    def total_rounds(self, task: FederatedTask) -> int:
+        """The rounds :meth:`fit` runs ``task`` to: its own, or ``max_rounds`` if fewer."""
+        return task.num_rounds if self.max_rounds is None else min(self.max_rounds, task.num_rounds)
+
+    def finished(self, task: FederatedTask) -> bool:
+        """Whether the run (restored from a checkpoint) has no round left to run on ``task``."""
+        return self.round >= self.total_rounds(task) or self.should_stop
 
     def restore(self, task: FederatedTask, ckpt_path: str | Path) -> None:
         """Load the run state of checkpoint ``ckpt_path`` into ``task``, the callbacks and this trainer; a checkpoint
