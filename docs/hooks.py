@@ -6,9 +6,13 @@
 * Links from a page to a repository file outside ``docs/`` (``../tests/test_vertical.py``, ``../scripts/...``) keep
   working on GitHub; in the site they become links into ``repo_url`` when the config sets one, else plain text. A
   link to a file that does not exist is a warning, so ``mkdocs build --strict`` fails on it.
+* A pipe in a table cell's code span is written ``\\|`` for GitHub and shown as ``|`` on the site, and code in
+  table cells wraps only at separators (``<wbr>``; docs/stylesheets/extra.css stops breaks inside words).
+* MathJax (for ``pymdownx.arithmatex``'s ``$...$`` formulas) is served from an installed package, not a CDN.
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import posixpath
 import re
@@ -17,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File, Files
 
 log = logging.getLogger("mkdocs.hooks.fedrec")
 
@@ -35,6 +41,15 @@ _KEY = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w.@/-]*)\s*:(?:\s+(?P<res
 _ITEM = re.compile(r"^\s*-\s+(?P<item>[^#]*?)\s*(?:#\s?(?P<comment>.*))?$")
 _NOT_A_REF = re.compile(r'<autoref (?P<attrs>[^>]*identifier="(?P<id>[^"]*[;\s][^"]*)"[^>]*)>(?P<title>.*?)</autoref>', re.S)
 _LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]+)\]\((?P<target>[^)\s]+)\)")
+_FENCE = re.compile(r"(^```.*?^```[^\n]*$)", re.S | re.M)
+_CODE_SPAN = re.compile(r"`[^`\n]+`")
+_TABLE_CELL = re.compile(r"<td\b[^>]*>.*?</td>", re.S)
+_CELL_CODE = re.compile(r"(<code>)([^<]*)(</code>)")
+#: where a long name in a table cell's code may wrap: after a path or list separator, before a dotted module part
+_CODE_BREAK = re.compile(r"(?<=[/|,=])(?=.)|(?<=\w)(?=\.[A-Za-z_])")
+#: where the site serves MathJax from (mkdocs.yml's extra_javascript); the file comes from the installed
+#: django-static-mathjax package (the docs extra), so formulas render without a network
+MATHJAX_URI = "javascripts/mathjax/tex-svg.js"
 
 
 # ---------------------------------------------------------------------------------------------------- reading conf/
@@ -296,7 +311,7 @@ def config_reference(conf: Path = CONF) -> str:
 
 # ------------------------------------------------------------------------------------------ links out of docs/
 def _outside_links(markdown: str, page_uri: str, docs_dir: Path, repo_url: str | None) -> str:
-    chunks = re.split(r"(^```.*?^```[^\n]*$)", markdown, flags=re.S | re.M)
+    chunks = _FENCE.split(markdown)
 
     def replace(match: re.Match[str]) -> str:
         target = match["target"]
@@ -318,14 +333,51 @@ def _outside_links(markdown: str, page_uri: str, docs_dir: Path, repo_url: str |
     return "".join(chunks)
 
 
+# --------------------------------------------------------------------------------------------- pipes in tables
+def _table_code_pipes(markdown: str) -> str:
+    """GitHub tables need ``\\|`` for a pipe even inside a code span (and show ``|``); Python-Markdown's tables
+    never split a row inside a code span and would show the backslash, so the site drops it there."""
+    chunks = _FENCE.split(markdown)
+    for i in range(0, len(chunks), 2):
+        lines = chunks[i].split("\n")
+        for j, line in enumerate(lines):
+            if line.lstrip().startswith("|"):
+                lines[j] = _CODE_SPAN.sub(lambda m: m[0].replace("\\|", "|"), line)
+        chunks[i] = "\n".join(lines)
+    return "".join(chunks)
+
+
+def _table_code_breaks(html: str) -> str:
+    """Let long commands and option lists in table cells wrap at separators only: the site's CSS keeps code from
+    breaking inside a word, and ``<wbr>`` marks where a line may break instead (copying the text is unchanged)."""
+    def cell(match: re.Match[str]) -> str:
+        return _CELL_CODE.sub(lambda m: m[1] + _CODE_BREAK.sub("<wbr>", m[2]) + m[3], match[0])
+
+    return _TABLE_CELL.sub(cell, html)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """MkDocs event: fill in the generated reference and resolve links to repository files outside docs/."""
+    """MkDocs event: fill in the generated reference, resolve links to repository files outside docs/ and unescape
+    pipes in tables' code spans."""
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, config_reference())
-    return _outside_links(markdown, page.file.src_uri, Path(config["docs_dir"]), config.get("repo_url"))
+    markdown = _outside_links(markdown, page.file.src_uri, Path(config["docs_dir"]), config.get("repo_url"))
+    return _table_code_pipes(markdown)
+
+
+def on_files(files: Files, config: Any) -> Files:
+    """MkDocs event: add MathJax's self-contained SVG build (no font files) from the installed package."""
+    spec = importlib.util.find_spec("mathjax")
+    source = Path(spec.origin).parent / "static" / "mathjax" / "es5" / "tex-svg.js" if spec and spec.origin else None
+    if source is None or not source.exists():
+        raise PluginError("MathJax is missing: install the docs extra (bash scripts/setup.sh), which brings "
+                          "django-static-mathjax")
+    files.append(File.generated(config, MATHJAX_URI, abs_src_path=str(source)))
+    return files
 
 
 def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
     """MkDocs event: bracketed math such as ``[x; y][x; y]ᵀ`` (in pages and docstrings) parses as a reference-style
-    link; an "identifier" with a semicolon or a space is no Python name or heading, so put the text back."""
-    return _NOT_A_REF.sub(lambda m: f"[{m['title']}][{m['id']}]", html)
+    link; an "identifier" with a semicolon or a space is no Python name or heading, so put the text back. Then mark
+    where code in table cells may wrap."""
+    return _table_code_breaks(_NOT_A_REF.sub(lambda m: f"[{m['title']}][{m['id']}]", html))

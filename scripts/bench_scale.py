@@ -251,12 +251,9 @@ def case_clients(args: argparse.Namespace) -> dict[str, Any]:
 
 def plot_clients(runs: list[dict[str, Any]], path: Path) -> None:
     """Peak memory and steps/s against clients, log-log, one line per protocol and layout."""
-    import matplotlib
+    from fedrec.plots import legend_below, save_figure, set_title, subplots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = subplots(1, 2, figsize=(10, 4.6))
     lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in runs:
         lines.setdefault((r["protocol"], r["layout"]), []).append(r)
@@ -271,12 +268,10 @@ def plot_clients(runs: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("clients (env.num_clients)")
         ax.set_ylabel(what)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
-    steps = runs[0]["steps"]
-    fig.suptitle(f"Client-server LinUCB protocols, d = K = 25, {steps:,} steps, one replicate")
-    fig.tight_layout()
+    legend_below(fig, axes[0], ncols=3)
+    set_title(fig, f"Client-server LinUCB protocols, d = K = 25, {runs[0]['steps']:,} steps, one replicate")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 CASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"sweep": case_sweep, "shard": case_shard,

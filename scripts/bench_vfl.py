@@ -153,9 +153,9 @@ def case_comm() -> None:
 
 
 def figure(rows: list[dict], path: Path) -> None:
-    from fedrec.plots import plt, save_figure
+    from fedrec.plots import legend_beside, save_figure, set_title, subplots
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=120)
+    fig, axes = subplots(1, 2, figsize=(12, 4))
     for ax, name, title in zip(axes, ("ucb", "ts"), ("VFUCB / LinUCB", "VFTS / LinTS")):
         for K in sorted({r["K"] for r in rows if r["K"] >= 100}):
             sel = [r for r in rows if r["K"] == K]
@@ -165,10 +165,9 @@ def figure(rows: list[dict], path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xlabel("context dimension d")
         ax.set_ylabel("relative cost")
-        ax.set_title(title + f" (M = {M})")
+        set_title(ax, title + f" (M = {M})")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+        legend_beside(ax)
     save_figure(fig, path)
 
 

@@ -28,6 +28,7 @@ import torch
 
 from fedrec.aggregation import FedAvgM
 from fedrec.models import FedGNN, MatrixFactorization
+from fedrec.plots import legend_below, save_figure, set_title, subplots
 from fedrec.privacy import ClientDP
 from fedrec.recsys import FedSGD, Strategy
 from fedrec.tasks import FedRecTask
@@ -96,28 +97,24 @@ def run(data: Any, model: str, placement: str, epsilon: float, args: argparse.Na
 
 
 def figure(rows: list[dict[str, Any]], bias: float, title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for model in MODELS:
+    fig, ax = subplots(figsize=(6, 4.8))
+    for colour, model in enumerate(MODELS):  # one colour per model, one line style per placement
         ref = [r["test_rmse"] for r in rows if r["model"] == model and r["placement"] == "none"]
         for placement, style in (("client", "o--"), ("server", "s-")):
             pts = sorted((r["epsilon"], r["test_rmse"]) for r in rows if r["model"] == model
                          and r["placement"] == placement)
             if pts:
-                ax.plot(*zip(*pts), style, label=f"{model}, {placement} placement")
+                ax.plot(*zip(*pts), style, color=f"C{colour}", label=f"{model}, {placement} placement")
         if ref:
-            ax.axhline(ref[0], ls=":", color="grey")
-            ax.annotate(f"{model} non-private", (1, ref[0]), fontsize=7)
-    ax.axhline(bias, color="black", lw=0.8)
-    ax.annotate("bias baseline", (1, bias), fontsize=7)
-    ax.set(xscale="log", xlabel="ε (δ = 1e-6)", ylabel="test RMSE (r / 5), val-selected round", title=title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+            ax.axhline(ref[0], ls=":", color=f"C{colour}", label=f"{model} non-private")
+    ax.axhline(bias, color="black", lw=0.8, label="bias baseline")
+    ax.set(xscale="log", xlabel="ε (δ = 1e-6)", ylabel="test RMSE (r / 5), val-selected round")
+    epsilons = sorted({r["epsilon"] for r in rows if math.isfinite(r["epsilon"])})
+    ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])  # the swept values, not 2 × 10⁰
+    ax.minorticks_off()
+    set_title(ax, title)
+    legend_below(fig, ax, ncols=2)
+    save_figure(fig, path)
 
 
 def main() -> None:

@@ -29,13 +29,15 @@ import csv
 import json
 import math
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import yaml
+from matplotlib.axes import Axes
 
-from fedrec.plots import plt, save_figure
+from fedrec.plots import integer_ticks, legend_below, legend_beside, plt, save_figure, set_title, subplots
 
 #: the methods in the paper's order (Table 3), each with a fixed colour across panels and figures
 #: (CDP-FCLUB-DC with protocol.noise_placement=trigger, the authors' code's, is not differentially private)
@@ -199,6 +201,11 @@ def sorted_runs(runs: list[Run]) -> list[Run]:
     return sorted(runs, key=key)
 
 
+def _fullest(axes: Iterable[Axes]) -> Axes:
+    """The panel with the most legend entries, whose legend stands for the figure's."""
+    return max(axes, key=lambda ax: len(ax.get_legend_handles_labels()[1]))
+
+
 def comparison(runs: list[Run], out: Path) -> None:
     """Fig. 2, Fig. 4 and the method × conventions table."""
     seen: dict[tuple[str, str], Path] = {}
@@ -211,24 +218,24 @@ def comparison(runs: list[Run], out: Path) -> None:
     runs = sorted_runs(runs)
     conventions = list(dict.fromkeys(r.conventions for r in runs))
 
-    fig, axes = plt.subplots(1, len(conventions), figsize=(6 * len(conventions), 4.4), dpi=120, squeeze=False)
+    fig, axes = subplots(1, len(conventions), figsize=(6 * len(conventions), 5), squeeze=False)
     for ax, conv in zip(axes[0], conventions):
         for r in (r for r in runs if r.conventions == conv):
             t, y, sd = curve(r)
             ax.plot(t, y, label=r.method, color=COLOURS.get(r.method))
             if sd is not None:
                 ax.fill_between(t, y - sd, y + sd, alpha=0.2, linewidth=0, color=COLOURS.get(r.method))
-        ax.set_title(f"cumulative regret, conventions={conv}", fontsize="medium")
+        set_title(ax, f"cumulative regret, conventions={conv}")
         ax.set_xlabel("round t")
+        integer_ticks(ax)
         ax.set_ylabel("cumulative regret (mean ± 1 std over seeds)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    legend_below(fig, _fullest(axes[0]))
     save_figure(fig, out / "fclub_fig2_regret.png")
 
     comm = [r for r in runs if r.method in COMMUNICATING]
     if comm:
-        fig, axes = plt.subplots(1, len(conventions), figsize=(6 * len(conventions), 4.4), dpi=120, squeeze=False)
+        fig, axes = subplots(1, len(conventions), figsize=(6 * len(conventions), 5), squeeze=False)
         for ax, conv in zip(axes[0], conventions):
             for r in (r for r in comm if r.conventions == conv):
                 t, c = r.cols["steps"], r.cols.get("comm_messages")
@@ -236,12 +243,12 @@ def comparison(runs: list[Run], out: Path) -> None:
                     ax.plot(t, np.where(c > 0, c, np.nan), label=r.method, color=COLOURS.get(r.method))
             ax.plot(t, t, ":", color="black", linewidth=0.8, label="one message per round")
             ax.set_yscale("log")
-            ax.set_title(f"cumulative communication, conventions={conv}", fontsize="medium")
+            set_title(ax, f"cumulative communication, conventions={conv}")
             ax.set_xlabel("round t")
+            integer_ticks(ax)
             ax.set_ylabel("messages (uploads + downloads, mean over seeds)")
             ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=7)
-        fig.tight_layout()
+        legend_below(fig, _fullest(axes[0]))
         save_figure(fig, out / "fclub_fig4_communication.png")
 
     print(setting_line(runs) + "\n")
@@ -299,7 +306,7 @@ def factor_report(runs: list[Run], key: str, png: Path) -> None:
     msg = [r.value("comm_messages") for r in runs]
     msg_std = [r.value("comm_messages_std", 0.0) for r in runs]
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), dpi=120)
+    fig, axes = subplots(1, 3, figsize=(15, 4.8))
     cmap = plt.get_cmap("viridis")
     for i, (r, v) in enumerate(zip(runs, values)):
         t, y, sd = curve(r)
@@ -308,8 +315,9 @@ def factor_report(runs: list[Run], key: str, png: Path) -> None:
         if sd is not None:
             axes[0].fill_between(t, y - sd, y + sd, alpha=0.15, linewidth=0, color=colour)
     axes[0].set_xlabel("round t")
+    integer_ticks(axes[0])
     axes[0].set_ylabel("cumulative regret (mean ± 1 std over seeds)")
-    axes[0].legend(fontsize=7)
+    legend_beside(axes[0])
     axes[1].errorbar(xs, means, yerr=stds, marker="o", capsize=3)
     axes[1].set_ylabel("regret at T (mean ± 1 std over seeds)")
     axes[2].errorbar(xs, msg, yerr=msg_std, marker="o", capsize=3, color="tab:green")
@@ -318,12 +326,12 @@ def factor_report(runs: list[Run], key: str, png: Path) -> None:
         ax.set_xlabel("U = D (spaced as U − 1, log)" if key == "UD" else label + (" (log)" if log_x else ""))
         if log_x:
             ax.set_xscale("log")
-        ax.set_xticks(xs, [show(v) for v in values], fontsize=7)
+        ax.set_xticks(xs, [show(v) for v in values], fontsize="small", rotation=30 if key == "UD" else 0,
+                      ha="right" if key == "UD" else "center")
         ax.minorticks_off()
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{runs[0].method} ({runs[0].conventions} conventions): {label} varied", fontsize="medium")
-    fig.tight_layout()
+    set_title(fig, f"{runs[0].method} ({runs[0].conventions} conventions): {label} varied")
     save_figure(fig, png)
 
     print(f"{runs[0].method}, conventions={runs[0].conventions}, {label} varied; " + setting_line(runs) + "\n")

@@ -12,7 +12,10 @@ import json
 import math
 from pathlib import Path
 
-from fedrec.plots import plt, save_figure
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter
+
+from fedrec.plots import legend_below, save_figure, set_title, subplots
 
 AT = 600_000
 
@@ -29,6 +32,24 @@ def regret_at(rows: list[dict[str, float]], t: int) -> float:
     return next(r["cumulative_regret"] for r in rows if r["steps"] >= t)
 
 
+def draw(runs: list[tuple[float, list[dict[str, float]]]], title: str) -> Figure:
+    """Mean regret against the round per ε, with the min–max band over trials; the legend under the axes."""
+    fig, ax = subplots(figsize=(5.5, 4.2))
+    for eps, rows in runs:
+        t = [r["steps"] for r in rows]
+        ax.plot(t, [r["cumulative_regret"] for r in rows], label=f"ε = {eps:g}".replace("inf", "∞"))
+        ax.fill_between(t, [r["cumulative_regret_min"] for r in rows], [r["cumulative_regret_max"] for r in rows],
+                        alpha=0.2)
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, 1M: no offset text beside the axis
+    ax.set_xlabel("round $t$")
+    ax.set_ylabel("regret (mean over agents and trials)")
+    if title:
+        set_title(ax, title)
+    ax.grid(alpha=0.3)
+    legend_below(fig, ax)
+    return fig
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
@@ -36,19 +57,7 @@ def main() -> None:
     p.add_argument("--title", default="")
     args = p.parse_args()
     runs = sorted((load(r) for r in args.runs), key=lambda e: e[0])
-    fig, ax = plt.subplots(figsize=(5.5, 3.8), dpi=120)
-    for eps, rows in runs:
-        t = [r["steps"] for r in rows]
-        ax.plot(t, [r["cumulative_regret"] for r in rows], label=f"ε = {eps:g}")
-        ax.fill_between(t, [r["cumulative_regret_min"] for r in rows], [r["cumulative_regret_max"] for r in rows],
-                        alpha=0.2)
-    ax.set_xlabel("round t")
-    ax.set_ylabel("regret (mean over agents and trials)")
-    ax.set_title(args.title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    save_figure(fig, args.out)
+    save_figure(draw(runs, args.title), args.out)
     at = {eps: regret_at(rows, AT) for eps, rows in runs if rows[-1]["steps"] >= AT}
     base = at.get(math.inf, 0.0)
     print("| ε | R(6·10^5) | in excess of ε = ∞ | final R(T) (min–max over trials) |\n|---|---|---|---|")

@@ -14,9 +14,10 @@ import argparse
 import json
 from pathlib import Path
 
+from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from fedrec.plots import plt, save_figure
+from fedrec.plots import label_points, legend_below, save_figure, set_title, subplots
 
 PROTOCOL_NAMES = {"AsyncLinUCB": "Async-LinUCB", "SyncLinUCB": "Sync-LinUCB", "AsyncLinUCBAM": "Async-LinUCB-AM",
                   "CentralizedLinUCB": "centralised"}
@@ -36,6 +37,28 @@ def load_jobs(folders: list[Path]) -> list[dict]:
     return jobs
 
 
+def draw(jobs: list[dict], metric: str) -> Figure:
+    """``metric`` against communication, one point per job labelled with its threshold, one colour per protocol."""
+    fig, ax = subplots(figsize=(6, 4.8))
+    names = sorted({j["protocol"] for j in jobs})
+    for name in names:
+        rows = sorted((j for j in jobs if j["protocol"] == name), key=lambda j: j["threshold"])
+        ax.scatter([j["comm_messages"] for j in rows], [j[metric] for j in rows], label=name)
+    ax.set_xscale("symlog", linthresh=1.0)
+    values = [j[metric] for j in jobs]
+    if min(values) > 0 and max(values) / min(values) > 10:
+        ax.set_yscale("log")
+    ax.set_xlabel("communication cost $C_T$ (messages)")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.grid(alpha=0.3)
+    set_title(ax, f"{metric.replace('_', ' ')} against communication of {', '.join(names)}; each point is labelled "
+                  "with its threshold ($\\gamma_U$, or $D$)")
+    legend_below(fig, ax)
+    label_points(ax, [j["comm_messages"] for j in jobs], [j[metric] for j in jobs],
+                 [f"{j['threshold']:g}" for j in jobs])
+    return fig
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, help="Hydra multirun folders")
@@ -50,26 +73,12 @@ def main() -> None:
     out = args.out or args.folders[0] / "tradeoff.png"
     metric = args.metric or ("normalized_reward" if "normalized_reward" in jobs[0] else "cumulative_regret")
 
-    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=120)
     print(f"| protocol | threshold | C_T (messages) | {metric} | replicates |")
     print("|---|---|---|---|---|")
-    for name in sorted({j["protocol"] for j in jobs}):
-        rows = sorted((j for j in jobs if j["protocol"] == name), key=lambda j: j["threshold"])
-        ax.scatter([j["comm_messages"] for j in rows], [j[metric] for j in rows], label=name)
-        for j in rows:
-            ax.annotate(f"{j['threshold']:g}", (j["comm_messages"], j[metric]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
-            print(f"| {name} | {j['threshold']:g} | {j['comm_messages']:.0f} | {j[metric]:.4g} | {j['replicates']} |")
-    ax.set_xscale("symlog", linthresh=1.0)
-    values = [j[metric] for j in jobs]
-    if min(values) > 0 and max(values) / min(values) > 10:
-        ax.set_yscale("log")
-    ax.set_xlabel("communication cost C_T (messages)")
-    ax.set_ylabel(metric.replace("_", " "))
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    save_figure(fig, out)
+    for j in sorted(jobs, key=lambda j: (j["protocol"], j["threshold"])):
+        print(f"| {j['protocol']} | {j['threshold']:g} | {j['comm_messages']:.0f} | {j[metric]:.4g} | "
+              f"{j['replicates']} |")
+    save_figure(draw(jobs, metric), out)
     print(f"\nwrote {out}")
 
 

@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+from matplotlib.figure import Figure
 
 from fedrec.errors import ConfigError, run_script
+from fedrec.plots import integer_ticks, legend_below, save_figure, set_title, subplots
 from fedrec.sweeps import finished_runs, read_rounds, refuse_pooling
 
 #: the models in the page's order: a run's ``summary["model"]`` (its class name) -> the name in the table
@@ -115,35 +117,37 @@ def table(runs: pd.DataFrame, k: int, pop: dict[str, list[float]] | None) -> str
 
 
 def figure(runs: pd.DataFrame, k: int, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rounds = {sweep: read_rounds(Path(sweep)) for sweep in dict.fromkeys(runs["sweep"])}
-    settings = settings_of(runs)
-    fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.4), sharey=True, squeeze=False)
+    curves: dict[str, dict[str, list[pd.DataFrame]]] = {}
     column = f"test_ndcg@{k}"
-    for ax, s in zip(axes[0], settings):
+    for s in settings_of(runs):
         for model in models_of(runs):
             jobs = runs[(runs["model"] == model) & (runs["setting"] == s)]
             members = [rounds[sweep][str(job)].dropna(subset=[column])
                        for sweep, job in zip(jobs["sweep"], jobs["job"])]
-            if not members:
-                continue
-            length = min(len(m) for m in members)
-            curves = np.stack([m[column].to_numpy()[:length] for m in members])
-            steps = members[0]["step"].to_numpy()[:length] + 1
-            ax.plot(steps, curves.mean(0), label=f"{MODELS[model]} ({len(members)})")
-            ax.fill_between(steps, curves.min(0), curves.max(0), alpha=0.2)
-        ax.set_title(s)
+            if members:
+                curves.setdefault(s, {})[MODELS[model]] = [(m["step"].to_numpy() + 1, m[column].to_numpy())
+                                                           for m in members]
+    save_figure(draw(curves, f"test NDCG@{k}"), path)
+
+
+def draw(curves: dict[str, dict[str, list[tuple[np.ndarray, np.ndarray]]]], ylabel: str) -> Figure:
+    """One panel per setting, one line per model: the mean over seeds of (round, value) curves with the min–max
+    band; the models' legend (with their seed counts) under the panels."""
+    fig, axes = subplots(1, len(curves), figsize=(4.2 * len(curves), 3.9), sharey=True, squeeze=False)
+    for ax, (setting, models) in zip(axes[0], curves.items()):
+        for model, members in models.items():
+            length = min(len(y) for _, y in members)
+            stacked = np.stack([y[:length] for _, y in members])
+            ax.plot(members[0][0][:length], stacked.mean(0), label=f"{model} ({len(members)} seeds)")
+            ax.fill_between(members[0][0][:length], stacked.min(0), stacked.max(0), alpha=0.2)
+        set_title(ax, setting)
         ax.set_xlabel("round")
+        integer_ticks(ax)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"test NDCG@{k}")
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    axes[0][0].set_ylabel(ylabel)
+    legend_below(fig, axes[0][0])
+    return fig
 
 
 def write(args: argparse.Namespace) -> None:

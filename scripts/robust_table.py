@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from fedrec.errors import ConfigError, run_script
+from fedrec.plots import integer_ticks, legend_below, save_figure, set_title, subplots
 from fedrec.sweeps import finished_runs, read_rounds, refuse_pooling
 
 #: rule label of each aggregator class, in the table's order
@@ -136,12 +137,7 @@ def grid(dirs: list[Path], out: Path) -> str:
 
 def plot_grid(stats: dict, rules: list[str], fractions: list[float], privacies: list[str], path: Path,
               title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(METRICS), len(privacies), figsize=(5 * len(privacies), 7), squeeze=False)
+    fig, axes = subplots(len(METRICS), len(privacies), figsize=(5 * len(privacies), 7.8), squeeze=False)
     for row, (metric, label) in enumerate(METRICS.items()):
         for col, privacy in enumerate(privacies):
             ax = axes[row][col]
@@ -151,15 +147,13 @@ def plot_grid(stats: dict, rules: list[str], fractions: list[float], privacies: 
                 if pts:
                     x, m, s = (np.array(v) for v in zip(*pts))
                     ax.errorbar(x, m, yerr=s, marker="o", capsize=3, label=RULES[rule])
-            ax.set_title(f"{label}, privacy {privacy}", fontsize=10)
+            set_title(ax, f"{label}, privacy {privacy}")
             ax.set_xlabel("malicious clients, %")
             ax.set_xticks([100 * f for f in fractions])
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    set_title(fig, title, fontsize="large")
+    legend_below(fig, axes[0][0])
+    save_figure(fig, path)
 
 
 def server_names(overrides: pd.DataFrame, results: pd.DataFrame) -> pd.Series:
@@ -198,24 +192,18 @@ def mean_std(values: pd.Series) -> tuple[float, float, int]:
 
 
 def plot_servers(curves: dict[str, list[np.ndarray]], order: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = subplots(figsize=(6.5, 4.4))
     for name in order:
         length = min(len(c) for c in curves[name])
         mean = np.mean([c[:length] for c in curves[name]], axis=0)
         ax.plot(np.arange(1, length + 1), mean, label=SERVERS[name])
     ax.set_xlabel("round")
+    integer_ticks(ax)
     ax.set_ylabel("test RMSE (ratings / 5)")
-    ax.set_title("FedGNN on ML-100K (FedSGD clients): server optimisers", fontsize=10)
+    set_title(ax, "FedGNN on ML-100K (FedSGD clients): server optimisers")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    legend_below(fig, ax)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

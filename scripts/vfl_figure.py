@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from matplotlib.figure import Figure
 
-from fedrec.plots import plt, save_figure
+from fedrec.plots import integer_ticks, legend_beside, save_figure, set_title, subplots
 
 
 def identify(run: Path) -> tuple[str, str, str]:
@@ -58,21 +59,13 @@ def replay_table(out: Path) -> None:
               f"{s['ctr']:.4f} | {s['matched_steps']:.0f} | {s['wall_seconds']:.0f} |")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", type=Path)
-    p.add_argument("--replay", action="store_true", help="print the replay (relative CTR) table instead")
-    args = p.parse_args()
-    if args.replay:
-        replay_table(args.out)
-        return
-    runs: dict[tuple[str, str], tuple[str, dict, dict[str, np.ndarray]]] = {}
-    for path in sorted(args.out.glob("*/summary.json")):
-        name, label, family = identify(path.parent)
-        runs[(family, name)] = (label, *load(path.parent))
-    order = ("vertical", "central", "partial 0.2", "partial 0.8")
-    runs = {k: runs[k] for f in ("ucb", "ts") for n in order for k in [(f, n)] if k in runs}
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), dpi=120)
+Runs = dict[tuple[str, str], tuple[str, dict, dict[str, np.ndarray]]]
+
+
+def draw_fig4(runs: Runs) -> Figure:
+    """Fig. 4: per family (rows), the regret of vertical, central and partial 0.2 (log y) and their differences to
+    central (‖θ‖ and regret)."""
+    fig, axes = subplots(2, 2, figsize=(12, 7.5))
     for row, family in enumerate(("ucb", "ts")):
         central = runs.get((family, "central"))
         for (fam, name), (label, _, cols) in runs.items():
@@ -83,33 +76,58 @@ def main() -> None:
                 axes[row, 1].plot(cols["steps"], cols["theta_norm_diff_central"], label=f"{label}: ‖θ‖ − ‖θ_central‖")
                 axes[row, 1].plot(cols["steps"], cols["cumulative_regret"] - central[2]["cumulative_regret"], "--",
                                   label=f"{label}: regret − central")
+        policy = {"ucb": "LinUCB", "ts": "LinTS"}[family]
         axes[row, 0].set_yscale("log")
         axes[row, 0].set_ylabel("cumulative regret (mean of seeds)")
+        set_title(axes[row, 0], f"{policy}: cumulative regret")
         axes[row, 1].set_yscale("symlog", linthresh=1e-3)
         axes[row, 1].set_ylabel("difference to central")
+        set_title(axes[row, 1], f"{policy}: difference to the central run")
         for ax in axes[row]:
             ax.set_xlabel("round t")
+            integer_ticks(ax)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    save_figure(fig, args.out / "vfl_fig4.png")
+            legend_beside(ax)
+    return fig
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=120)
+
+def draw_fig6(runs: Runs) -> Figure:
+    """Fig. 6(a, b): the regret of full (central) and partial 0.2 / 0.8, one panel per family (log y)."""
+    fig, axes = subplots(1, 2, figsize=(12, 3.8))
     for ax, family in zip(axes, ("ucb", "ts")):
         for (fam, name), (label, _, cols) in runs.items():
             if fam == family and name != "vertical":
                 ax.plot(cols["steps"], cols["cumulative_regret"], label=label.replace("central", "full"))
+        set_title(ax, f"{'LinUCB' if family == 'ucb' else 'LinTS'}: full and partial contexts")
         ax.set_yscale("log")
         ax.set_xlabel("round t")
+        integer_ticks(ax)
         ax.set_ylabel("cumulative regret (mean of seeds)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, args.out / "vfl_fig6.png")
+        legend_beside(ax)
+    return fig
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", type=Path)
+    p.add_argument("--replay", action="store_true", help="print the replay (relative CTR) table instead")
+    args = p.parse_args()
+    if args.replay:
+        replay_table(args.out)
+        return
+    runs: Runs = {}
+    for path in sorted(args.out.glob("*/summary.json")):
+        name, label, family = identify(path.parent)
+        runs[(family, name)] = (label, *load(path.parent))
+    order = ("vertical", "central", "partial 0.2", "partial 0.8")
+    runs = {k: runs[k] for f in ("ucb", "ts") for n in order for k in [(f, n)] if k in runs}
+    save_figure(draw_fig4(runs), args.out / "vfl_fig4.png")
+    save_figure(draw_fig6(runs), args.out / "vfl_fig6.png")
 
     print("| method | R(T) mean ± std over seeds | ÷ central | ‖θ‖ − ‖θ_central‖ at T | seconds |")
     print("|---|---|---|---|---|")
-    for (family, name), (label, summary, _) in runs.items():
+    for (family, _), (label, summary, _) in runs.items():
         base = runs[(family, "central")][1]["cumulative_regret"] if (family, "central") in runs else float("nan")
         print(f"| {label} | {summary['cumulative_regret']:.2f} ± {summary.get('cumulative_regret_std', 0.0):.2f} | "
               f"{summary['cumulative_regret'] / base:.2f} | {summary['theta_norm_diff_central']:.2e} | "
