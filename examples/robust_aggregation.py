@@ -20,8 +20,17 @@ import argparse
 
 import torch
 
-from fedrec.aggregation import (FedAdam, FedAvgM, FedYogi, ServerOptimizer, coordinate_median, krum,
-                                norm_bounded_mean, trimmed_mean, weighted_mean)
+from fedrec.aggregation import (
+    FedAdam,
+    FedAvgM,
+    FedYogi,
+    ServerOptimizer,
+    coordinate_median,
+    krum,
+    norm_bounded_mean,
+    trimmed_mean,
+    weighted_mean,
+)
 
 
 def rules_against_attackers(seed: int) -> dict[str, float]:

@@ -46,11 +46,11 @@ def main() -> None:
     for name, (privacy, theirs) in CASES.items():
         ours = None if privacy is None else TreeGaussian(**privacy, horizon=args.steps)
 
-        def fedrec_run(rows: slice = one) -> torch.Tensor:
+        def fedrec_run(rows: slice = one, ours: TreeGaussian | None = ours) -> torch.Tensor:
             proto = FederatedClustering(env.num_clients, env.dim, rows.stop - rows.start, privacy=ours)
             return proto.run(batch.clients[rows], batch.contexts[rows], batch.rewards[rows])
 
-        def reference_run():
+        def reference_run(theirs: dict = theirs):
             ref = RefFCLUB(env.servers, env.dim, **theirs, horizon=args.steps)
             return ref.run(batch.clients[0].numpy(), batch.contexts[0].numpy(), batch.rewards[0].numpy())
 

@@ -9,35 +9,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedrec.aggregation import (FedAdagrad, FedAdam, FedAvgM, FedYogi, coordinate_median, krum, norm_bounded_mean,
-                                trimmed_mean, weighted_mean)
+from fedrec.aggregation import (
+    FedAdagrad,
+    FedAdam,
+    FedAvgM,
+    FedYogi,
+    coordinate_median,
+    krum,
+    norm_bounded_mean,
+    trimmed_mean,
+    weighted_mean,
+)
 from fedrec.errors import ConfigError
-
-
-def random_case(seed: int, clients: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(clients, dim)) * rng.uniform(0.1, 3.0), rng.uniform(0.1, 5.0, clients)
-
-
-def t(x: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(x, dtype=np.float64))
-
-
-# ---------------------------------------------------------------------------------------------- numpy references
-def ref_krum(u: np.ndarray, w: np.ndarray, f: int, m: int) -> np.ndarray:
-    """Blanchard et al.'s Krum / Multi-Krum written out: scores from the C − f − 2 nearest others, least first."""
-    C = len(u)
-    scores = []
-    for i in range(C):
-        d = sorted(float(np.sum((u[i] - u[j]) ** 2)) for j in range(C) if j != i)
-        scores.append(sum(d[:C - f - 2]))
-    best = sorted(range(C), key=lambda i: (scores[i], i))[:m]
-    return u[best[0]] if m == 1 else np.average(u[best], axis=0, weights=w[best])
-
-
-def ref_norm_bounded(u: np.ndarray, w: np.ndarray, bound: float) -> np.ndarray:
-    scaled = [x * min(1.0, bound / np.linalg.norm(x)) if np.linalg.norm(x) > 0 else x for x in u]
-    return np.average(np.array(scaled), axis=0, weights=w)
+from tests.helpers import random_case, t
+from tests.reference.aggregation import algorithm_2, ref_krum, ref_norm_bounded
 
 
 # ------------------------------------------------------------------------------------------------------- rules
@@ -150,30 +135,6 @@ def test_bad_rule_settings_are_one_line_errors_naming_the_field(call, field: str
 
 
 # ------------------------------------------------------------------------------------------- server optimisers
-def algorithm_2(kind: str, x0: np.ndarray, deltas: list[np.ndarray], lr: float, b1: float, b2: float, tau: float,
-                bias_correction: bool = False) -> list[np.ndarray]:
-    """Reddi et al. (ICLR 2021) Algorithm 2 (and FedAvgM, Hsu et al. 2019), written out on numpy arrays: the
-    models after each round, from x0 and the rounds' pseudo-gradients Δ_t."""
-    x, m, v = x0.copy(), np.zeros_like(x0), np.full_like(x0, tau**2)
-    out = []
-    for step, d in enumerate(deltas, start=1):
-        if kind == "fedavgm":
-            m = b1 * m + d
-            x = x + lr * m
-        else:
-            m = b1 * m + (1 - b1) * d
-            if kind == "fedadagrad":
-                v = v + d**2
-            elif kind == "fedadam":
-                v = b2 * v + (1 - b2) * d**2
-            else:  # fedyogi
-                v = v - (1 - b2) * d**2 * np.sign(v - d**2)
-            eta = lr * np.sqrt(1 - b2**step) / (1 - b1**step) if bias_correction else lr
-            x = x + eta * m / (np.sqrt(v) + tau)
-        out.append(x.copy())
-    return out
-
-
 def make(kind: str, lr: float, b1: float, b2: float, tau: float, bias_correction: bool = False):
     if kind == "fedavgm":
         return FedAvgM(lr=lr, beta1=b1)

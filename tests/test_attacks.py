@@ -8,9 +8,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_fedrec import write_ml1m
-from test_robust_fedrec import random_uploads
-from test_sharding import _reference_uniform
 
 from fedrec.aggregation import FedAvgM
 from fedrec.data import RatingData, load_ratings
@@ -22,12 +19,10 @@ from fedrec.recsys.evaluate import benign_test_rmse, target_exposure
 from fedrec.rng import stream_key
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
+from tests.helpers import random_uploads, tiny_fixture, with_malicious
+from tests.reference.keyed import reference_uniform
 
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> RatingData:
-    folder = write_ml1m(tmp_path_factory.mktemp("ml1m"), users=60, items=40, seed=7)
-    return load_ratings("ml-1m", folder, seed=0, rounds=4, num_clients=33)
+tiny = tiny_fixture(users=60, items=40, seed=7, rounds=4, num_clients=33)
 
 
 def _round(data: RatingData, r: int = 0):
@@ -42,7 +37,7 @@ def test_the_malicious_clients_are_the_smallest_draws_of_the_keyed_stream(tiny: 
     attack = ScaledUpdates(fraction)
     attack.setup(tiny, seed)
     key = int(stream_key(seed, "attack.clients"))
-    draws = [_reference_uniform(key, c, 0) for c in range(tiny.num_clients)]
+    draws = [reference_uniform(key, c, 0) for c in range(tiny.num_clients)]
     count = math.floor(fraction * tiny.num_clients + 1e-9)
     want = sorted(sorted(range(tiny.num_clients), key=lambda c: draws[c])[:count])
     assert torch.nonzero(attack.malicious).reshape(-1).tolist() == want
@@ -72,18 +67,11 @@ def test_a_target_beyond_the_items_is_refused(tiny: RatingData) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ what they send
-def _with_malicious(attack, tiny: RatingData, up) -> torch.Tensor:
-    attack.setup(tiny, 0)
-    attack.malicious = torch.zeros(tiny.num_clients, dtype=torch.bool)
-    attack.malicious[up.clients[[1, 4, 5]]] = True
-    return attack.malicious[up.clients]
-
-
 @pytest.mark.parametrize("factor", [-1.0, 10.0])
 def test_scaled_updates_multiply_the_malicious_uploads_alone(tiny: RatingData, factor: float) -> None:
     up = random_uploads(0)
     attack = ScaledUpdates(0.1, factor)
-    bad = _with_malicious(attack, tiny, up)
+    bad = with_malicious(attack, tiny, up)
     got = attack(up, 0, None, None)
     assert torch.equal(got.shared[bad], factor * up.shared[bad]) and torch.equal(got.shared[~bad], up.shared[~bad])
     row_bad = bad[up.row_client]
@@ -94,7 +82,7 @@ def test_scaled_updates_multiply_the_malicious_uploads_alone(tiny: RatingData, f
 def test_noise_replaces_every_malicious_part_by_a_direction_of_the_given_norm(tiny: RatingData) -> None:
     up = random_uploads(1)
     attack = GaussianNoise(0.1, norm=2.5)
-    bad = _with_malicious(attack, tiny, up)
+    bad = with_malicious(attack, tiny, up)
     got = attack(up, 3, None, None)
     row_bad = bad[up.row_client]
     torch.testing.assert_close(got.shared[bad].norm(dim=1), torch.full((3,), 2.5, dtype=torch.float64))

@@ -31,14 +31,9 @@ from fedrec.privacy.tree import fclub_accounted_sigma, fclub_node_sigma, laplace
 from fedrec.privacy.tree_noise import LAPLACE, cover, node_noise_many
 from fedrec.recsys.privatize import privatize_uploads
 from fedrec.rng import KeyedRows, stream_key
+from tests.helpers import exceedances_allowed
 
 ALPHA = 0.05
-
-
-def exceedances_allowed(seeds: int, alpha: float = ALPHA) -> int:
-    """The most bounds above the true ε that ``seeds`` independent audits at confidence 1 − α may show before a
-    binomial test (at 0.1 %) says their failure rate is above α."""
-    return int(binom.ppf(0.999, seeds, alpha))
 
 
 # ------------------------------------------------------------------------------------------------ statistics

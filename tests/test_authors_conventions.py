@@ -11,7 +11,6 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 from scipy import stats
-from test_fedrec import write_ml1m
 
 from fedrec.cli import run
 from fedrec.data import RatingData, load_ratings
@@ -24,6 +23,7 @@ from fedrec.recsys.privatize import privatize_uploads
 from fedrec.rng import KeyedRows
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
+from tests.helpers import write_ml1m
 
 CLIP = 0.1
 

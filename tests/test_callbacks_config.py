@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
-from test_cli import CONF, ROOT, Compose, read_csv
 
 from fedrec.cli import run
 from fedrec.errors import ConfigError
 from fedrec.schema import check_command_line
 from fedrec.trainer import EarlyStopping
 from fedrec.trainer.checkpoint import load_checkpoint
+from tests.helpers import CONF, ROOT, Compose, read_csv
 
 #: a 12-round bandit run that checkpoints every 4 rounds (tests/test_cli.py's resume run)
 BANDIT = ("task.steps=600", "task.steps_per_round=50", "env.num_clients=20", "env.dim=5", "env.num_arms=5",

@@ -7,7 +7,6 @@ multirun sweep; it starts with the module's first test so that it overlaps with 
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -25,45 +24,30 @@ from omegaconf import DictConfig, OmegaConf
 from fedrec.cli import run
 from fedrec.errors import ConfigError, DatasetNotFoundError
 from fedrec.io import strict_json
-from fedrec.presets import expand_quick
-from fedrec.schema import check_command_line
+from tests.helpers import (
+    ALL_EXPERIMENTS,
+    FEDREC_PREFIXES,
+    PNG_MAGIC,
+    ROOT,
+    Compose,
+    event_tags,
+    quick_command_line,
+    read_csv,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
-ALL_EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
-#: federated recommendation experiments (tested in test_fedrec_cli.py); the others are bandit runs
-FEDREC_PREFIXES = ("fedgnn_", "fedpergnn_", "bgtplanner_", "mf_", "neumf_", "lightgcn_")
 #: experiments on data that is not in the data directory (tested on files the tests write: test_criteo.py)
 NEEDS_FILE = ("vfl_criteo",)
 EXPERIMENTS = [e for e in ALL_EXPERIMENTS if not e.startswith(FEDREC_PREFIXES) and e not in NEEDS_FILE]
 SUMMARY_KEYS = {"steps", "cumulative_regret", "comm_messages", "comm_scalars", "comm_bytes", "wall_seconds", "seed"}
 RUN_FILES = ("config_resolved.yaml", "metrics.csv", "summary.json", "regret.png", "regret_vs_comm.png")
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SUBPROCESS_TIMEOUT = 240
 CHEAP = ("plots=false", "logger.tensorboard=false")  # the multirun checks the sweep, not the run outputs
 
-Compose = Callable[..., DictConfig]
-
 
 # ------------------------------------------------------------------------------------------------ helpers
-def quick_command_line(experiment: str | None, data_dir: Path, *extra: str) -> list[str]:
-    """The command line ``train.py`` runs for ``+experiment=NAME quick=true``: the experiment's own short recipe,
-    expanded and checked as ``train.py`` expands and checks it."""
-    argv = [*([f"+experiment={experiment}"] if experiment else []), "quick=true", f"data_dir={data_dir}",
-            "logger.tensorboard=false", *extra]
-    argv = expand_quick(CONF, argv)
-    check_command_line(CONF, argv)
-    return argv
-
-
 def is_replay(cfg: DictConfig) -> bool:
     """Whether the experiment replays a log (fedrec.envs.replay): CTR metrics instead of regret."""
     return bool(getattr(get_class(cfg.env._target_), "replay", False))
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def check_run_dir(out: Path, cfg: DictConfig, summary: dict[str, Any], steps: int, rounds: int) -> None:
@@ -92,14 +76,6 @@ def check_run_dir(out: Path, cfg: DictConfig, summary: dict[str, Any], steps: in
     assert float(rows[-1]["comm_messages"]) == on_disk["comm_messages"]
     for png in plots:
         assert (out / png).read_bytes()[:8] == PNG_MAGIC
-
-
-def event_tags(tb_dir: Path) -> set[str]:
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-
-    files = sorted(tb_dir.glob("**/events.out.tfevents.*"))
-    assert files, f"no TensorBoard events file under {tb_dir}"
-    return {v.tag for f in files for ev in EventFileLoader(str(f)).Load() for v in ev.summary.value}
 
 
 # ------------------------------------------------------------------------------------------------ train.py

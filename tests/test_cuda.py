@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from test_fedrec import write_ml1m
 
 from fedrec.aggregation import FedAdam, FedAvgM, FedYogi
 from fedrec.data.implicit import load_implicit
@@ -27,6 +26,7 @@ from fedrec.recsys import FedAvg, FedSGD, Strategy
 from fedrec.recsys.aggregate import CoordinateMedian, Krum, TrimmedMean
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
+from tests.helpers import write_ml1m
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),

@@ -10,7 +10,6 @@ arrays at first use (replacing the channel later is not supported; the tests nev
 from __future__ import annotations
 
 import copy
-import functools
 import math
 
 import numpy as np
@@ -18,35 +17,20 @@ import pytest
 import torch
 from torch import Tensor
 
-from fedrec.bandits import LinTS
 from fedrec.bandits.linear import outer
-from fedrec.envs.synthetic import LinearEnv
 from fedrec.errors import ConfigError
 from fedrec.federation import Channel
-from fedrec.federation.ledger import KINDS, SIDES, UNITS
+from fedrec.federation.ledger import UNITS
 from fedrec.protocols import AsyncLinUCB, AsyncLinUCBAM, CentralizedLinUCB, SyncLinUCB, paper_linucb
 from fedrec.protocols.async_linucb_am import project_unit_ball
+from tests.helpers import BACKENDS, LAM, assert_same_ledger, lints, stream, ucb
 from tests.reference.async_linucb import RefAsyncLinUCB
 
-LAM = 0.1
-BACKENDS = ("compiled", "torch")
 #: state agreement between the backends (float buffers); integer and bool buffers must agree exactly
 ATOL = 1e-10
 
 
 # ------------------------------------------------------------------------------------------------- helpers
-def stream(N=12, d=4, K=6, T=300, seed=0, replicates=1, arrival="uniform", global_dim=None):
-    env = LinearEnv(num_clients=N, dim=d, num_arms=K, replicates=replicates, seed=seed, contexts="ball",
-                    arrival=arrival, global_dim=global_dim)
-    return env.interactions(0, T)
-
-
-def lints(v=0.3):
-    return functools.partial(LinTS, v=v, lam=LAM)
-
-
-def ucb(bound="determinant", alpha=None):
-    return paper_linucb(lam=LAM, radius_bound=bound, alpha=alpha)
 
 
 def assert_same_state(a: torch.nn.Module, b: torch.nn.Module, exact: bool = False) -> None:
@@ -63,18 +47,6 @@ def assert_same_state(a: torch.nn.Module, b: torch.nn.Module, exact: bool = Fals
             assert torch.equal(x, y), k
         else:
             assert torch.allclose(x, y, rtol=0, atol=ATOL), (k, (x - y).abs().max().item())
-
-
-def assert_same_ledger(a, b) -> None:
-    for role, n in (("client", a.num_clients), ("server", 1)):
-        for kind in KINDS:
-            for unit in UNITS:
-                for side in SIDES:
-                    x = a.ledger.per_endpoint(role, kind, unit, side)
-                    assert x.shape == (a.replicates, n)
-                    assert torch.equal(x, b.ledger.per_endpoint(role, kind, unit, side)), (role, kind, unit, side)
-    ta, tb = a.ledger.totals(), b.ledger.totals()
-    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
 def snapshot(p) -> dict:

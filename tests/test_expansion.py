@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import DictConfig
-from test_neumf import tiny_round
 
 import fedrec.recsys.expansion as expansion_module
 from fedrec.cli import run
@@ -27,6 +26,7 @@ from fedrec.recsys.data import round_data
 from fedrec.recsys.expansion import ROLE, GraphExpansion, keyed_hashes, server_match
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.objectives import rmse_losses
+from tests.helpers import tiny_round
 
 QUICK = ("+experiment=fedgnn_synthetic", "task.rounds=4", "data.users=120", "data.items=60", "data.ratings=2500",
          "data.num_clients=12", "task.pseudo_items=8", "plots=false", "logger.tensorboard=false")

@@ -11,29 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedrec.data import RatingData, load_ratings
-from fedrec.data.integrity import write_sums
 from fedrec.errors import ConfigError
 from fedrec.metrics import rating_metrics
 from fedrec.models import FedGNN, MatrixFactorization, StarGAT
 from fedrec.privacy import ClientDP, GaussianMechanism, LaplaceMechanism
-from fedrec.recsys import Aggregator, FedAvg, FedSGD, Strategy, Uploads
+from fedrec.recsys import Aggregator, FedSGD, Strategy, Uploads
 from fedrec.recsys.data import round_data
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.upload import pseudo_item_rows, sample_pseudo_items
+from tests.helpers import write_ml1m
 from tests.reference.fedrec_round import reference_client_gradients
-
-
-def write_ml1m(folder: Path, users: int = 40, items: int = 60, seed: int = 0) -> Path:
-    """A small file in MovieLens-1M's format (``user::item::rating::timestamp``)."""
-    rng = np.random.default_rng(seed)
-    lines = []
-    for u in range(1, users + 1):
-        for i in rng.choice(items, size=int(rng.integers(4, 16)), replace=False):
-            lines.append(f"{u}::{i + 1}::{int(rng.integers(1, 6))}::978300760")
-    (folder / "ml-1m").mkdir(parents=True, exist_ok=True)
-    (folder / "ml-1m" / "ratings.dat").write_text("\n".join(lines) + "\n")
-    write_sums(folder / "ml-1m")  # a file of its own, not the published one: listed, so its line count is not checked
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
-from test_cli import ALL_EXPERIMENTS, FEDREC_PREFIXES, PNG_MAGIC, quick_command_line, read_csv
-from test_fedrec import write_ml1m
 
 from fedrec.cli import run
 from fedrec.errors import ConfigError, DatasetNotFoundError
+from tests.helpers import ALL_EXPERIMENTS, FEDREC_PREFIXES, PNG_MAGIC, quick_command_line, read_csv, write_ml1m
 
 FEDREC_EXPERIMENTS = [e for e in ALL_EXPERIMENTS if e.startswith(FEDREC_PREFIXES)]
 QUICK = ("task.rounds=3", "logger.tensorboard=false")

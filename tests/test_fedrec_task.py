@@ -11,7 +11,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_fedrec import write_ml1m
 
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
@@ -23,20 +22,10 @@ from fedrec.recsys.local import local_updates
 from fedrec.recsys.upload import sample_pseudo_items, upload_item_ids
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import Callback, FederatedTrainer
+from tests.helpers import make_task, tiny_fixture
 
 ROUNDS = 6
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> RatingData:
-    folder = write_ml1m(tmp_path_factory.mktemp("ml1m"), users=30, items=40, seed=1)
-    return load_ratings("ml-1m", folder, seed=0, rounds=ROUNDS, num_clients=8)
-
-
-def make_task(data: RatingData, privacy: ClientDP | None = None, model_cls=FedGNN, aggregator=None, **kw) -> FedRecTask:
-    torch.manual_seed(0)
-    model = model_cls(data.num_users, data.num_items, 4)
-    return FedRecTask(data, model, aggregator or FedSGD(), privacy, rounds=data.rounds, pseudo_items=5, seed=3, **kw)
+tiny = tiny_fixture(users=30, items=40, seed=1, rounds=ROUNDS, num_clients=8)
 
 
 class SetBudget(Callback):

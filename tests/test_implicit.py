@@ -20,8 +20,8 @@ from fedrec.data import (
     read_ratings,
     sample_negatives,
 )
-from fedrec.data.integrity import write_sums
 from fedrec.errors import ConfigError, DatasetNotFoundError
+from tests.helpers import write_ratings_dat
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +44,6 @@ def id_pairs(data: ImplicitData, sets: ItemSets) -> set[tuple[int, int]]:
     """``sets`` as (dataset user id, dataset item id) pairs."""
     user, item = sets.pairs()
     return set(zip(data.user_ids[user].tolist(), data.item_ids[item].tolist()))
-
-
-def write_ml1m(root: Path, lines: list[tuple[int, int, int, int]]) -> None:
-    (root / "ml-1m").mkdir(parents=True, exist_ok=True)
-    (root / "ml-1m" / "ratings.dat").write_text("".join("::".join(map(str, line)) + "\n" for line in lines))
-    write_sums(root / "ml-1m")  # a file of its own, not the published one: listed, so its line count is not checked
 
 
 # ------------------------------------------------------------------------------------ leave-one-out
@@ -121,7 +115,7 @@ def test_users_with_too_few_positives_train_only(tmp_path: Path) -> None:
     # user 1: 3 positives; user 2: 2; user 3: 1 (ratings >= 4 only); user 4: none at >= 4
     lines = [(1, 10, 5, 100), (1, 11, 4, 300), (1, 12, 4, 200), (2, 10, 5, 100), (2, 11, 5, 50), (3, 12, 4, 9),
              (3, 11, 2, 10), (4, 10, 1, 1)]
-    write_ml1m(tmp_path, lines)
+    write_ratings_dat(tmp_path, lines)
     data = load_implicit("ml-1m", tmp_path, threshold=4)
     assert [data.test.row(u).tolist() for u in range(4)] == [[1], [], [], []]  # item 11 (ts 300)
     assert [data.val.row(u).tolist() for u in range(4)] == [[2], [], [], []]  # item 12 (ts 200)
@@ -134,7 +128,7 @@ def test_users_with_too_few_positives_train_only(tmp_path: Path) -> None:
 
 
 def test_equal_timestamps_put_the_larger_item_last(tmp_path: Path) -> None:
-    write_ml1m(tmp_path, [(7, 30, 3, 5), (7, 20, 3, 5), (7, 10, 3, 5), (7, 40, 3, 1)])
+    write_ratings_dat(tmp_path, [(7, 30, 3, 5), (7, 20, 3, 5), (7, 10, 3, 5), (7, 40, 3, 1)])
     data = load_implicit("ml-1m", tmp_path)
     assert data.test.row(0).tolist() == [2] and data.val.row(0).tolist() == [1]  # items 30, then 20
     assert data.train.row(0).tolist() == [0, 3]
@@ -230,7 +224,7 @@ def test_random_split_is_seeded_and_not_by_time(data_dir: Path, raw: pd.DataFram
 
 
 def test_random_split_caps_to_leave_a_training_positive(tmp_path: Path) -> None:
-    write_ml1m(tmp_path, [(1, i, 5, i) for i in range(1, 4)] + [(2, i, 5, i) for i in range(1, 6)])
+    write_ratings_dat(tmp_path, [(1, i, 5, i) for i in range(1, 4)] + [(2, i, 5, i) for i in range(1, 6)])
     data = load_implicit("ml-1m", tmp_path, split="random", test_fraction=0.5, val_fraction=0.45)
     assert data.test.counts().tolist() == [1, 3] and data.val.counts().tolist() == [1, 1]  # 2 wanted, 1 left
     assert data.train.counts().tolist() == [1, 1]
@@ -302,11 +296,11 @@ def test_negatives_are_uniform_over_the_allowed_items(loo: ImplicitData) -> None
 
 def test_negatives_on_a_nearly_full_row(tmp_path: Path) -> None:
     # user 1 rated items 1..5 (item 5 latest: test; 4: validation), user 2 rated item 6 only: catalogue of 6
-    write_ml1m(tmp_path, [(1, i, 5, i) for i in range(1, 6)] + [(2, 6, 5, 1), (2, 1, 5, 0)])
+    write_ratings_dat(tmp_path, [(1, i, 5, i) for i in range(1, 6)] + [(2, 6, 5, 1), (2, 1, 5, 0)])
     data = load_implicit("ml-1m", tmp_path, val=False)
     t = sample_negatives(data, [0], 0, 0, n_per_positive=50)
     assert t.positive.tolist() == [0, 1, 2, 3] and set(t.negative.ravel().tolist()) == {4, 5}
-    write_ml1m(tmp_path, [(1, i, 5, i) for i in range(1, 7)] + [(2, 6, 5, 1)])
+    write_ratings_dat(tmp_path, [(1, i, 5, i) for i in range(1, 7)] + [(2, 6, 5, 1)])
     full = load_implicit("ml-1m", tmp_path, split="random", test_fraction=0.01, val=False)
     full = replace(full, train=ItemSets.from_pairs(np.zeros(6, dtype=np.int64), np.arange(6), 2))
     with pytest.raises(ConfigError, match="user 0 has every item among its training positives"):

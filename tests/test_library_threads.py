@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_fedrec import write_ml1m
 
 from fedrec.data import load_ratings
 from fedrec.errors import ConfigError
@@ -20,6 +19,7 @@ from fedrec.recsys import FedSGD
 from fedrec.tasks import FedRecTask
 from fedrec.tasks.base import FederatedTask
 from fedrec.trainer import Callback, FederatedTrainer, torch_threads
+from tests.helpers import write_ml1m
 
 CALLER = 3  # the caller's own thread count in these tests: neither the default (1) nor a configured count (2)
 

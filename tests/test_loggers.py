@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from test_cli import Compose, read_csv
 
 from fedrec.cli import PublicMetricsLogger, run, sweep_job_name, takes_metrics
 from fedrec.errors import ConfigError
+from tests.helpers import Compose, read_csv
 
 #: a 4-round bandit run
 BANDIT = ("task.steps=400", "env.num_clients=20", "env.dim=5", "env.num_arms=5", "plots=false")

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import DictConfig
-from test_neumf import tiny_round
 
 from fedrec.build import build_task
 from fedrec.cli import run
@@ -17,6 +16,7 @@ from fedrec.errors import ConfigError
 from fedrec.models import FedGNN, MatrixFactorization, NeuMF
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.objectives import OBJECTIVES
+from tests.helpers import tiny_round
 
 QUICK = ("+experiment=fedgnn_synthetic", "task.rounds=3", "data.users=150", "data.items=80", "data.ratings=4000",
          "data.num_clients=15", "task.pseudo_items=10", "plots=false", "logger.tensorboard=false")

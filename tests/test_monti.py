@@ -10,7 +10,6 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from test_cli import read_csv
 
 from fedrec.cli import run
 from fedrec.data import RatingData, load_ratings
@@ -18,6 +17,7 @@ from fedrec.data.download import REGISTRY, ensure_dataset
 from fedrec.data.monti import MONTI_FILE, read_monti
 from fedrec.errors import ConfigError, DatasetNotFoundError
 from fedrec.metrics import metrics_from_sums, rating_sums
+from tests.helpers import read_csv
 
 #: GC-MC (Berg et al. 2017) Table 1: users, items, ratings; the test sizes are sRMGCNN's split (the files' Otest)
 PUBLISHED = {

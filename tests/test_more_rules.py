@@ -9,9 +9,6 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from test_aggregation import random_case, t
-from test_attacks import _with_malicious, tiny  # noqa: F401  (the fixture)
-from test_robust_fedrec import random_uploads, reference
 
 from fedrec.aggregation import (
     bulyan,
@@ -25,6 +22,11 @@ from fedrec.aggregation import (
 )
 from fedrec.errors import ConfigError
 from fedrec.recsys import ALittleIsEnough, Bulyan, CenteredClipping, GeometricMedian, MinMax
+from tests.helpers import random_case, random_uploads, t, tiny_fixture, with_malicious
+from tests.reference.aggregation import item_by_item
+
+#: the data of test_attacks.py
+tiny = tiny_fixture(users=60, items=40, seed=7, rounds=4, num_clients=33)
 
 RULES = {
     "median": lambda u, w: coordinate_median(u, w),
@@ -228,7 +230,7 @@ CASES = [
 def test_each_new_aggregator_equals_its_item_by_item_loop(aggregator, group_rule, seed: int) -> None:
     up = random_uploads(seed)
     shared, items, rows = aggregator(up)
-    want_shared, want_items, want_rows = reference(up, group_rule)
+    want_shared, want_items, want_rows = item_by_item(up, group_rule)
     assert items.tolist() == want_items
     torch.testing.assert_close(shared, torch.from_numpy(want_shared), rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(rows, torch.from_numpy(want_rows), rtol=1e-9, atol=1e-11)
@@ -260,13 +262,13 @@ def _check_crafted(up, got, bad: torch.Tensor, knowledge: str, craft) -> None:
 def test_alie_uploads_mean_minus_z_std_of_the_known_updates(tiny, knowledge: str) -> None:  # noqa: F811
     up = random_uploads(2)
     attack = ALittleIsEnough(0.1, knowledge=knowledge)
-    bad = _with_malicious(attack, tiny, up)
+    bad = with_malicious(attack, tiny, up)
     n, f = tiny.num_clients, share_count_ref(0.1, tiny.num_clients)
     s = n // 2 + 1 - f
     assert attack.z == pytest.approx(scipy.stats.norm.ppf((n - s) / n), abs=1e-12)
     _check_crafted(up, attack(up, 0, None, None), bad, knowledge, lambda k: ref_alie(k, attack.z))
     fixed = ALittleIsEnough(0.1, z=1.5, knowledge=knowledge)
-    _with_malicious(fixed, tiny, up)
+    with_malicious(fixed, tiny, up)
     _check_crafted(up, fixed(up, 0, None, None), bad, knowledge, lambda k: ref_alie(k, 1.5))
 
 
@@ -287,7 +289,7 @@ def test_min_max_uploads_mean_plus_the_largest_gamma_that_fits(tiny, perturbatio
                                                                knowledge: str) -> None:
     up = random_uploads(3)
     attack = MinMax(0.1, perturbation=perturbation, tolerance=1e-7, knowledge=knowledge)
-    bad = _with_malicious(attack, tiny, up)
+    bad = with_malicious(attack, tiny, up)
     got = attack(up, 0, None, None)
 
     def craft(known: np.ndarray) -> np.ndarray:

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import DictConfig
-from test_neumf import tiny_round
 from torch import Tensor, nn
 
 from fedrec.build import build_task
@@ -18,6 +17,7 @@ from fedrec.errors import ConfigError
 from fedrec.models import FederatedRecommender, PlainRecommender
 from fedrec.recsys.local import local_updates
 from fedrec.schema import check_command_line
+from tests.helpers import tiny_round
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 QUICK = ("+experiment=fedgnn_synthetic", "model=mf", "task.rounds=2", "data.users=120", "data.items=60",

@@ -12,13 +12,11 @@ import scipy.sparse as sp
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_fedrec import write_ml1m
 from threadpoolctl import threadpool_info
 
 import fedrec.planners.bgtplanner as bgt
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
-from fedrec.models import MatrixFactorization
 from fedrec.planners.bgtplanner import (
     DENSE_SIDE,
     BGTPlanner,
@@ -30,9 +28,8 @@ from fedrec.planners.bgtplanner import (
     upload_context,
 )
 from fedrec.privacy import ClientDP
-from fedrec.recsys import FedSGD
-from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
+from tests.helpers import planner_task, tiny_fixture, write_ml1m
 
 
 def dense_context(X, dim: int = 5) -> np.ndarray:
@@ -204,7 +201,7 @@ def test_affordable_levels_are_the_prefix_the_accountant_allows(mechanism, histo
 
 def test_the_base_check_reuses_the_settled_prefix_only_for_the_same_clients(tiny) -> None:
     p = BGTPlanner(num_actions=3, initial_rounds=2, min_rounds=8, seed=0)
-    task = make_task(tiny)
+    task = planner_task(tiny)
     p.on_fit_start(None, task)
     holding = task.clients_holding_data(0)
     calls: list[float] = []
@@ -220,12 +217,9 @@ def test_the_base_check_reuses_the_settled_prefix_only_for_the_same_clients(tiny
 
 # ------------------------------------------------------------------------------------------------ whole runs
 ROUNDS = 14
+tiny = tiny_fixture(users=24, items=30, seed=2, rounds=ROUNDS, num_clients=6, val_fraction=0.2)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> RatingData:
-    folder = write_ml1m(tmp_path_factory.mktemp("ml1m"), users=24, items=30, seed=2)
-    return load_ratings("ml-1m", folder, seed=0, rounds=ROUNDS, num_clients=6, val_fraction=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -233,13 +227,6 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> RatingData:
     """150 clients × 400 items: X^t takes the ARPACK route."""
     folder = write_ml1m(tmp_path_factory.mktemp("ml1m_wide"), users=300, items=400, seed=4)
     return load_ratings("ml-1m", folder, seed=0, rounds=ROUNDS, num_clients=150, val_fraction=0.2)
-
-
-def make_task(data: RatingData, epsilon: float = 4.0) -> FedRecTask:
-    torch.manual_seed(0)
-    dp = ClientDP(data.num_clients, "gaussian", epsilon=epsilon, delta=1e-5)
-    return FedRecTask(data, MatrixFactorization(data.num_users, data.num_items, 4), FedSGD(), dp,
-                      rounds=data.rounds, pseudo_items=3, seed=1)
 
 
 class ReferencePlanner(BGTPlanner):
@@ -278,7 +265,7 @@ def test_runs_choose_as_the_reference_planner(request, monkeypatch, data_name, k
     args = {"num_actions": 3, "initial_rounds": 2, "min_rounds": 8, "seed": 11, **kwargs}
     fast, ref = RecordingPlanner(**args), ReferencePlanner(**args)
     fast.means, ref.means = [], []
-    fast_task, ref_task = make_task(data, 50.0), make_task(data, 50.0)
+    fast_task, ref_task = planner_task(data, epsilon=50.0), planner_task(data, epsilon=50.0)
     FederatedTrainer(callbacks=[fast], enable_progress_bar=False).fit(fast_task)
     with monkeypatch.context() as m:
         m.setattr(bgt, "upload_context", dense_context)
@@ -313,7 +300,7 @@ def test_the_planner_leaves_thread_counts_as_it_found_them(tiny) -> None:
     torch.set_num_threads(2)
     try:
         p = BGTPlanner(num_actions=3, initial_rounds=2, min_rounds=8)
-        FederatedTrainer(callbacks=[p], enable_progress_bar=False).fit(make_task(tiny))
+        FederatedTrainer(callbacks=[p], enable_progress_bar=False).fit(planner_task(tiny))
         assert torch.get_num_threads() == 2 and blas() == before_blas
     finally:
         torch.set_num_threads(before_torch)
@@ -336,7 +323,7 @@ def test_gp_effect_diagnostics(tiny, mean, changed) -> None:
     penalty ranks last, changes it in every planned round."""
     p = FixedMeanPlanner(num_actions=3, initial_rounds=2, min_rounds=8, seed=0)
     p.mean = mean
-    FederatedTrainer(callbacks=[p], enable_progress_bar=False).fit(make_task(tiny, 50.0))
+    FederatedTrainer(callbacks=[p], enable_progress_bar=False).fit(planner_task(tiny, epsilon=50.0))
     s = p.summary()
     assert s["planner_planned_rounds"] == len(p.gp_effect) == len(p.actions) - p.stage_rounds > 0
     if not changed:
@@ -349,7 +336,7 @@ def test_reward_scale_scales_what_the_gp_sees(tiny) -> None:
     plain, scaled = BGTPlanner(num_actions=3, initial_rounds=2, min_rounds=8, seed=3), \
         BGTPlanner(num_actions=3, initial_rounds=2, min_rounds=8, seed=3, reward_scale=1000.0)
     for p in (plain, scaled):
-        FederatedTrainer(callbacks=[p], enable_progress_bar=False).fit(make_task(tiny, 50.0))
+        FederatedTrainer(callbacks=[p], enable_progress_bar=False).fit(planner_task(tiny, epsilon=50.0))
     n = min(len(plain.r), len(scaled.r))
     assert plain.rewards[: plain.stage_rounds] == scaled.rewards[: scaled.stage_rounds]  # same initial stage
     assert np.allclose(np.array(scaled.r[:n]), 1000.0 * np.array(scaled.rewards[:n]), rtol=1e-12)
@@ -365,11 +352,11 @@ def test_a_schedule_runs_without_a_validation_split_and_a_reward_planner_does_no
     folder = write_ml1m(tmp_path, users=24, items=30, seed=2)
     data = load_ratings("ml-1m", folder, seed=0, rounds=ROUNDS, num_clients=6)
     for planner in (UniformPlanner(), ADPMLPlanner()):
-        FederatedTrainer(callbacks=[planner], enable_progress_bar=False).fit(make_task(data))
+        FederatedTrainer(callbacks=[planner], enable_progress_bar=False).fit(planner_task(data))
         assert len(planner.rewards) == ROUNDS and all(math.isnan(r) for r in planner.rewards)
     for planner in (ADAPPlanner(), BGTPlanner(num_actions=3, initial_rounds=2, min_rounds=8)):
         with pytest.raises(ConfigError, match="data.val_fraction"):
-            FederatedTrainer(callbacks=[planner], enable_progress_bar=False).fit(make_task(data))
+            FederatedTrainer(callbacks=[planner], enable_progress_bar=False).fit(planner_task(data))
 
 
 # ------------------------------------------------------------------------------------------------ Gram operator

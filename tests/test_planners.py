@@ -11,9 +11,8 @@ import scipy.sparse as sp
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_fedrec import write_ml1m
 
-from fedrec.data import RatingData, load_ratings
+from fedrec.data import load_ratings
 from fedrec.errors import ConfigError
 from fedrec.models import MatrixFactorization
 from fedrec.planners import ADAPPlanner, ADPMLPlanner, UniformPlanner
@@ -30,21 +29,13 @@ from fedrec.privacy import ClientDP
 from fedrec.recsys import FedSGD
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
+from tests.helpers import planner_task as make_task
+from tests.helpers import tiny_fixture, write_ml1m
 
 ROUNDS = 14
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> RatingData:
-    folder = write_ml1m(tmp_path_factory.mktemp("ml1m"), users=24, items=30, seed=2)
-    return load_ratings("ml-1m", folder, seed=0, rounds=ROUNDS, num_clients=6, val_fraction=0.2)
-
-
-def make_task(data: RatingData, mechanism: str = "gaussian", epsilon: float = 4.0) -> FedRecTask:
-    torch.manual_seed(0)
-    dp = ClientDP(data.num_clients, mechanism, epsilon=epsilon, delta=1e-5)
-    return FedRecTask(data, MatrixFactorization(data.num_users, data.num_items, 4), FedSGD(), dp,
-                      rounds=data.rounds, pseudo_items=3, seed=1)
+tiny = tiny_fixture(users=24, items=30, seed=2, rounds=ROUNDS, num_clients=6, val_fraction=0.2)
 
 
 def small_bgt(**kw) -> BGTPlanner:

@@ -2,6 +2,7 @@
 sensitivity, deployment-grade randomness, and logs that keep raw-data metrics out when asked."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -14,11 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
-from test_cli import event_tags, read_csv
-from test_fedrec import write_ml1m
 
 from fedrec.cli import run
-from fedrec.data import RatingData, load_ratings
+from fedrec.data import RatingData
 from fedrec.envs.synthetic import LinearEnv
 from fedrec.errors import ConfigError
 from fedrec.models import FedGNN, MatrixFactorization
@@ -29,22 +28,17 @@ from fedrec.recsys import Aggregator, FedSGD, Uploads
 from fedrec.recsys.upload import upload_order
 from fedrec.rng import KeyedRows, stream_key
 from fedrec.tasks import FedRecTask
+from tests import helpers
+from tests.helpers import event_tags, read_csv, tiny_fixture, write_ml1m
 
 #: significance level of the uniformity tests (their seeds are fixed, so each outcome is deterministic)
 ALPHA = 1e-3
 SHUFFLE_ROUNDS = 60
+tiny = tiny_fixture(users=30, items=40, seed=1, rounds=SHUFFLE_ROUNDS, num_clients=8)
+#: this module's tasks train matrix factorisation unless they say otherwise
+make_task = functools.partial(helpers.make_task, model_cls=MatrixFactorization)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> RatingData:
-    folder = write_ml1m(tmp_path_factory.mktemp("ml1m"), users=30, items=40, seed=1)
-    return load_ratings("ml-1m", folder, seed=0, rounds=SHUFFLE_ROUNDS, num_clients=8)
-
-
-def make_task(data: RatingData, privacy: ClientDP | None = None, model_cls=MatrixFactorization) -> FedRecTask:
-    torch.manual_seed(0)
-    model = model_cls(data.num_users, data.num_items, 4)
-    return FedRecTask(data, model, FedSGD(), privacy, rounds=data.rounds, pseudo_items=5, seed=3)
 
 
 # ------------------------------------------------------------------------------------------------ 1. shuffled uploads

@@ -18,8 +18,15 @@ from fedrec.federation import Channel
 from fedrec.federation.topology import ring
 from fedrec.jit import F64, I64, build
 from fedrec.protocols import (
-    AsyncLinUCB, AsyncLinUCBAM, CentralizedLinUCB, FederatedClustering, GossipUCB, LocalClustering,
-    MultiAgentProtocol, SyncLinUCB, VerticalLinearBandit,
+    AsyncLinUCB,
+    AsyncLinUCBAM,
+    CentralizedLinUCB,
+    FederatedClustering,
+    GossipUCB,
+    LocalClustering,
+    MultiAgentProtocol,
+    SyncLinUCB,
+    VerticalLinearBandit,
 )
 from fedrec.tasks.multi_agent import MultiAgentTask
 

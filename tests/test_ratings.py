@@ -22,6 +22,7 @@ from fedrec.data import (
 )
 from fedrec.data.integrity import write_sums
 from fedrec.errors import ConfigError, DatasetNotFoundError
+from tests.helpers import write_ratings_dat
 
 #: The warning loading the shipped FilmTrust file gives: lines 7411, 7412 and 7414 repeat later pairs.
 FILMTRUST_WARNING = (
@@ -59,14 +60,6 @@ def keys(r: Ratings) -> np.ndarray:
     return r.user * 1_000_000 + r.item
 
 
-def write_ml1m(root: Path, lines: list[str]) -> Path:
-    (root / "ml-1m").mkdir(parents=True, exist_ok=True)
-    path = root / "ml-1m" / "ratings.dat"
-    path.write_text("".join(line + "\n" for line in lines))
-    write_sums(path.parent)  # a file of its own, not the published one: listed, so its line count is not checked
-    return path
-
-
 def tiny_ml1m(root: Path, users: int = 30, per_user: int = 7) -> Path:
     """A valid ratings.dat: user ids 1..users (shuffled lines), item ids spread out, ratings 1..5."""
     rng = np.random.default_rng(0)
@@ -75,7 +68,7 @@ def tiny_ml1m(root: Path, users: int = 30, per_user: int = 7) -> Path:
         for u in range(1, users + 1)
         for k in range(per_user)
     ]
-    return write_ml1m(root, [lines[i] for i in rng.permutation(len(lines))])
+    return write_ratings_dat(root, [lines[i] for i in rng.permutation(len(lines))])
 
 
 #: Each dataset's file under the data folder and its separator.
@@ -321,7 +314,7 @@ def test_missing_file_names_path_and_source(tmp_path: Path, name: str, path: str
     ],
 )
 def test_malformed_ml1m_names_file_and_line(tmp_path: Path, lines: list[str], line: int, what: str) -> None:
-    path = write_ml1m(tmp_path, lines)
+    path = write_ratings_dat(tmp_path, lines)
     with pytest.raises(ConfigError) as info:
         read_ratings("ml-1m", tmp_path)
     message = str(info.value)
@@ -354,13 +347,13 @@ def test_malformed_names_file_and_line(
 
 
 def test_empty_ml1m_file(tmp_path: Path) -> None:
-    path = write_ml1m(tmp_path, [])
+    path = write_ratings_dat(tmp_path, [])
     with pytest.raises(ConfigError, match=rf"{path}, line 1: the file is empty"):
         load_ratings("ml-1m", tmp_path, num_clients=1)
 
 
 def test_constant_ratings_cannot_be_minmax_normalised(tmp_path: Path) -> None:
-    write_ml1m(tmp_path, ["1::1::4::0", "2::1::4::0"])
+    write_ratings_dat(tmp_path, ["1::1::4::0", "2::1::4::0"])
     with pytest.raises(ConfigError, match="minmax"):
         read_ratings("ml-1m", tmp_path, normalize="minmax")
     assert read_ratings("ml-1m", tmp_path).rating.tolist() == [1.0, 1.0]

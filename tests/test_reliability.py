@@ -18,13 +18,13 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
-from test_cli import ROOT, Compose, read_csv
 
 from fedrec.cli import run
-from fedrec.run_folder import OutputError
 from fedrec.errors import ConfigError
 from fedrec.io import atomic_write
+from fedrec.run_folder import OutputError
 from fedrec.trainer.checkpoint import load_checkpoint, save_checkpoint
+from tests.helpers import ROOT, Compose, read_csv
 
 #: a 12-round bandit run that checkpoints every 4 rounds
 BANDIT = ("task.steps=600", "task.steps_per_round=50", "env.num_clients=20", "env.dim=5", "env.num_arms=5",

@@ -10,9 +10,6 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from test_aggregation import algorithm_2, ref_krum
-from test_fedrec import write_ml1m
-from test_sharding import ThreadCollective, _Hub, _Trainer
 
 from fedrec.aggregation import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from fedrec.data import RatingData, load_ratings
@@ -20,47 +17,32 @@ from fedrec.errors import ConfigError
 from fedrec.federation.collective import Collective
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP
-from fedrec.recsys import (AggregateSums, CoordinateMedian, FedAvg, FedSGD, ItemPromotion, Krum, MultiKrum, NormBound,
-                           Strategy, TrimmedMean, Uploads)
+from fedrec.recsys import (
+    AggregateSums,
+    CoordinateMedian,
+    FedAvg,
+    FedSGD,
+    ItemPromotion,
+    Krum,
+    MultiKrum,
+    NormBound,
+    Strategy,
+    TrimmedMean,
+    Uploads,
+)
 from fedrec.recsys.data import round_data
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.server import AdaptiveServerStep
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
+from tests.helpers import StubTrainer, ThreadCollective, ThreadHub, make_task, random_uploads, tiny_fixture
+from tests.reference.aggregation import algorithm_2, item_by_item, ref_krum
 from tests.reference.fedrec_round import reference_client_gradients
 
 ROUNDS = 5
+tiny = tiny_fixture(users=40, items=30, seed=4, rounds=ROUNDS, num_clients=12)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> RatingData:
-    folder = write_ml1m(tmp_path_factory.mktemp("ml1m"), users=40, items=30, seed=4)
-    return load_ratings("ml-1m", folder, seed=0, rounds=ROUNDS, num_clients=12)
-
-
-def random_uploads(seed: int, clients: int = 11, items: int = 9, k: int = 3, P: int = 4) -> Uploads:
-    """Random uploads with items of 1, 2, 3 and many uploaders (items 0, 1, 2 and the rest)."""
-    rng = np.random.default_rng(seed)
-    pairs = {(c, int(i)) for c in range(clients) for i in rng.choice(np.arange(3, items), size=4, replace=False)}
-    pairs |= {(int(rng.integers(clients)), 0)}
-    pairs |= {(c, 1) for c in rng.choice(clients, 2, replace=False)}
-    pairs |= {(c, 2) for c in rng.choice(clients, 3, replace=False)}
-    pairs = sorted(pairs, key=lambda p: (p[0], rng.random()))  # grouped by client, rows in random order
-    return Uploads(clients=torch.arange(clients) * 3, shared=torch.from_numpy(rng.normal(size=(clients, P))),
-                   row_client=torch.tensor([c for c, _ in pairs]), row_item=torch.tensor([i for _, i in pairs]),
-                   rows=torch.from_numpy(rng.normal(size=(len(pairs), k)) * rng.uniform(0.1, 3, (len(pairs), 1))),
-                   num_ratings=None)
-
-
-def reference(up: Uploads, group_rule) -> tuple[np.ndarray, list[int], np.ndarray]:
-    """ω by ``group_rule(updates, weights, C)`` over the clients, and each item's row over its uploaders (rows in
-    upload order), written out item by item; weights = uploaded items per client."""
-    C = up.clients.numel()
-    w = np.bincount(up.row_client.numpy(), minlength=C).astype(float)
-    rows, row_item, row_client = up.rows.numpy(), up.row_item.numpy(), up.row_client.numpy()
-    items = sorted(set(row_item.tolist()))
-    out = np.array([group_rule(rows[row_item == i], w[row_client[row_item == i]], C) for i in items])
-    return group_rule(up.shared.numpy(), w, C), items, out
 
 
 def krum_group(f: int, m: int | None = None, multi: bool = False):
@@ -95,7 +77,7 @@ CASES = [
 def test_each_rule_equals_its_item_by_item_loop(aggregator, group_rule, seed: int) -> None:
     up = random_uploads(seed)
     shared, items, rows = aggregator(up)
-    want_shared, want_items, want_rows = reference(up, group_rule)
+    want_shared, want_items, want_rows = item_by_item(up, group_rule)
     assert items.tolist() == want_items
     torch.testing.assert_close(shared, torch.from_numpy(want_shared), rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(rows, torch.from_numpy(want_rows), rtol=1e-10, atol=1e-12)
@@ -211,16 +193,10 @@ def test_fedprox_local_steps_equal_a_per_client_loop(tiny: RatingData) -> None:
                                    rtol=1e-4, atol=1e-5)
 
 
-def _task(data: RatingData, aggregator=None, privacy: ClientDP | None = None, model_cls=FedGNN, **kw) -> FedRecTask:
-    torch.manual_seed(0)
-    return FedRecTask(data, model_cls(data.num_users, data.num_items, 4), aggregator or FedSGD(), privacy,
-                      rounds=data.rounds, pseudo_items=5, seed=3, **kw)
-
-
 def test_fedprox_with_mu_zero_is_fedavg(tiny: RatingData) -> None:
     runs = {}
     for name, kw in (("fedavg", {}), ("mu0", {"prox_mu": 0.0}), ("mu", {"prox_mu": 0.5})):
-        task = _task(tiny, FedAvg(), strategy=Strategy(local_steps=3, local_lr=0.2), **kw)
+        task = make_task(tiny, aggregator=FedAvg(), strategy=Strategy(local_steps=3, local_lr=0.2), **kw)
         runs[name] = (FederatedTrainer(enable_progress_bar=False).fit(task), task.state_dict()["model"])
     assert runs["mu0"][0] == runs["fedavg"][0]
     assert all(torch.equal(v, runs["fedavg"][1][k]) for k, v in runs["mu0"][1].items())
@@ -231,8 +207,8 @@ def test_fedprox_with_mu_zero_is_fedavg(tiny: RatingData) -> None:
 def test_a_run_with_a_server_optimiser_resumes_exactly(tiny: RatingData, tmp_path: Path) -> None:
     def fresh() -> FedRecTask:
         dp = ClientDP(tiny.num_clients, "gaussian", epsilon=8.0, delta=1e-5)
-        return _task(tiny, MultiKrum(f=2), dp, server=FedYogi(lr=0.05, bias_correction=True),
-                     attack=ItemPromotion(fraction=0.25))
+        return make_task(tiny, dp, MultiKrum(f=2), server=FedYogi(lr=0.05, bias_correction=True),
+                         attack=ItemPromotion(fraction=0.25))
 
     full_task = fresh()
     full = FederatedTrainer(default_root_dir=tmp_path / "full", enable_progress_bar=False).fit(full_task)
@@ -256,7 +232,7 @@ def test_the_rule_is_post_processing_epsilon_and_noised_uploads_are_unchanged(ti
     for aggregator, server in ((FedSGD(), None), (CoordinateMedian(), None), (Krum(f=3), FedAdam()),
                                (TrimmedMean(0.2), None), (NormBound(0.05), FedAvgM())):
         dp = ClientDP(tiny.num_clients, mechanism, epsilon=4.0, delta=1e-5)
-        task = _task(tiny, aggregator, dp, server=server)
+        task = make_task(tiny, dp, aggregator, server=server)
         task.run_round(0)
         first = task.last_uploads
         for r in range(1, ROUNDS):
@@ -277,34 +253,36 @@ def ml100k(data_dir: Path) -> RatingData:
 @pytest.mark.parametrize("aggregator", [CoordinateMedian(), TrimmedMean(0.1), Krum(f=20), MultiKrum(f=20),
                                         NormBound(0.1)], ids=lambda a: type(a).__name__)
 def test_every_rule_trains_on_ml100k(ml100k: RatingData, model_cls, aggregator) -> None:
-    hist = FederatedTrainer(enable_progress_bar=False).fit(_task(ml100k, aggregator, model_cls=model_cls))
+    task = make_task(ml100k, aggregator=aggregator, model_cls=model_cls)
+    hist = FederatedTrainer(enable_progress_bar=False).fit(task)
     assert all(np.isfinite(h["test_rmse"]) for h in hist) and hist[-1]["test_rmse"] < hist[0]["test_rmse"]
 
 
 def test_rules_that_need_every_upload_and_attacks_refuse_several_processes(tiny: RatingData) -> None:
-    hub = _Hub(2)
+    hub = ThreadHub(2)
     for kw, message in (({"aggregator": CoordinateMedian()}, r"trainer\.devices=2: CoordinateMedian"),
                         ({"attack": ItemPromotion(0.1)}, r"trainer\.devices=2: attacks run in one process")):
-        task = _task(tiny, **kw)
+        task = make_task(tiny, **kw)
         with pytest.raises(ConfigError, match=message):
-            task.setup(_Trainer(ThreadCollective(0, hub)))
-    _task(tiny, NormBound(0.1), server=FedAdam()).setup(_Trainer(ThreadCollective(0, hub)))  # sums: sharded fine
+            task.setup(StubTrainer(ThreadCollective(0, hub)))
+    sums = make_task(tiny, aggregator=NormBound(0.1), server=FedAdam())
+    sums.setup(StubTrainer(ThreadCollective(0, hub)))  # sums: sharded fine
 
 
 def test_norm_bound_and_a_server_optimiser_sharded_equal_one_process(tiny: RatingData) -> None:
     import threading
 
     def fresh() -> FedRecTask:
-        return _task(tiny, NormBound(0.05), server=FedAdam(lr=0.05))
+        return make_task(tiny, aggregator=NormBound(0.05), server=FedAdam(lr=0.05))
 
     single = fresh()
-    single.setup(_Trainer(Collective()))
+    single.setup(StubTrainer(Collective()))
     want = [single.run_round(r) for r in range(ROUNDS)]
-    hub, tasks = _Hub(2), [fresh(), fresh()]
+    hub, tasks = ThreadHub(2), [fresh(), fresh()]
     got: list[list[dict]] = [[], []]
 
     def work(rank: int) -> None:
-        tasks[rank].setup(_Trainer(ThreadCollective(rank, hub)))
+        tasks[rank].setup(StubTrainer(ThreadCollective(rank, hub)))
         got[rank].extend(tasks[rank].run_round(r) for r in range(ROUNDS))
 
     threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]

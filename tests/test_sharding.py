@@ -15,7 +15,6 @@ import math
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
-from test_fedrec import write_ml1m
 
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
@@ -41,37 +39,23 @@ from fedrec.sweeps import without_timings
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
 from fedrec.trainer.distributed import check_distribution
+from tests.helpers import StubTrainer, play_sharded, write_ml1m
+from tests.reference.keyed import MASK, mix, reference_uniform
 
 ROOT = Path(__file__).resolve().parents[1]
-MASK = (1 << 64) - 1
-
-
-# ------------------------------------------------------------------------------------------------ keyed draws
-def _mix(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-    return z ^ (z >> 31)
-
-
-def _reference_uniform(key: int, owner: int, counter: int) -> float:
-    """Uniform ``counter`` of ``owner``'s stream, in plain Python integers (splitmix64's output function)."""
-    golden = 0x9E3779B97F4A7C15
-    state = _mix(key ^ _mix((owner + golden) & MASK))
-    bits = _mix((state + (counter + 1) * golden) & MASK)
-    return ((bits >> 11) + 0.5) * 2.0 ** -53
 
 
 def test_keyed_uniforms_equal_a_plain_python_splitmix() -> None:
     key, owners, starts = 0xDEADBEEF12345678, [0, 7, 2 ** 40], [0, 3, 11]
     got = KeyedRows(key, owners, starts).draw("uniform", 5)
-    want = [[_reference_uniform(key, o, s + j) for j in range(5)] for o, s in zip(owners, starts)]
+    want = [[reference_uniform(key, o, s + j) for j in range(5)] for o, s in zip(owners, starts)]
     assert got.tolist() == want
 
 
 def _reference_state(key: int, *owners: int) -> int:
     """The state of the stream of ``owners`` nested under ``key`` (a stream of a stream), in plain Python integers."""
     for owner in owners:
-        key = _mix(key ^ _mix((owner + 0x9E3779B97F4A7C15) & MASK))
+        key = mix(key ^ mix((owner + 0x9E3779B97F4A7C15) & MASK))
     return key
 
 
@@ -79,7 +63,7 @@ def _reference_draw(state: int, c: int, dist: str) -> float:
     """Draw ``c`` of a stream from the plain-Python uniforms: as is, Box–Muller on pair c // 2 (cosine for even c,
     sine for odd c), or the Laplace(0, 1) inverse CDF."""
     def unit(j: int) -> float:
-        bits = _mix((state + (j + 1) * 0x9E3779B97F4A7C15) & MASK)
+        bits = mix((state + (j + 1) * 0x9E3779B97F4A7C15) & MASK)
         return ((bits >> 11) + 0.5) * 2.0 ** -53
 
     if dist == "uniform":
@@ -270,46 +254,6 @@ def test_metric_sums_add_up_over_disjoint_pairs() -> None:
     assert got == pytest.approx(rating_metrics(pred, target), rel=1e-12)
 
 
-# ------------------------------------------------------------------------------------------------ threads as ranks
-class _Hub:
-    """What the ranks of an in-process sharded run exchange."""
-
-    def __init__(self, world: int) -> None:
-        self.barrier = threading.Barrier(world)
-        self.slots: list[Any] = [None] * world
-
-
-class ThreadCollective(Collective):
-    """A rank of an in-process sharded run: the ranks are threads, the all-reduce adds their buffers in rank order."""
-
-    def __init__(self, rank: int, hub: _Hub) -> None:
-        super().__init__()
-        self.global_rank, self.world_size, self.hub = rank, len(hub.slots), hub
-
-    def _exchange(self, value: Any) -> list[Any]:
-        self.hub.slots[self.global_rank] = value
-        self.hub.barrier.wait()
-        seen = list(self.hub.slots)
-        self.hub.barrier.wait()
-        return seen
-
-    def all_reduce(self, tensors: list[torch.Tensor]) -> None:
-        flat = torch.cat([t.reshape(-1).double() for t in tensors]) if tensors else torch.zeros(0)
-        total = sum(self._exchange(flat))
-        offset = 0
-        for t in tensors:
-            t.copy_(total[offset:offset + t.numel()].view_as(t).to(t.dtype))
-            offset += t.numel()
-
-    def broadcast(self, obj: Any) -> Any:
-        return self._exchange(obj)[0]
-
-
-class _Trainer:
-    def __init__(self, collective: Collective) -> None:
-        self.collective, self.should_stop = collective, False
-
-
 @pytest.fixture(scope="module")
 def grouped(tmp_path_factory: pytest.TempPathFactory) -> RatingData:
     folder = write_ml1m(tmp_path_factory.mktemp("ml1m"), users=60, items=50, seed=2)
@@ -325,32 +269,6 @@ def _task(data: RatingData, privacy: str | None, conventions: str = "paper", mod
                       pseudo_items=5, seed=11)
 
 
-def play_sharded(tasks: list[FedRecTask], rounds: range) -> list[list[dict[str, float]]]:
-    """Run ``tasks`` as the ranks of one sharded run (a thread each; one task: a one-process run) for ``rounds``;
-    each rank's metrics."""
-    hub = _Hub(len(tasks))
-    histories: list[list[dict[str, float]]] = [[] for _ in tasks]
-    errors: list[BaseException] = []
-
-    def work(rank: int) -> None:
-        try:
-            tasks[rank].setup(_Trainer(ThreadCollective(rank, hub) if len(tasks) > 1 else Collective()))
-            for r in rounds:
-                histories[rank].append(tasks[rank].run_round(r))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-            hub.barrier.abort()
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(tasks))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return histories
-
-
 def _sharded(data: RatingData, world: int, **kw: Any) -> tuple[list[FedRecTask], list[list[dict[str, float]]]]:
     tasks = [_task(data, **kw) for _ in range(world)]
     return tasks, play_sharded(tasks, range(data.rounds))
@@ -362,7 +280,7 @@ def _sharded(data: RatingData, world: int, **kw: Any) -> tuple[list[FedRecTask],
 def test_a_sharded_run_equals_the_one_process_run(grouped: RatingData, privacy: str | None, conventions: str,
                                                   world: int) -> None:
     single = _task(grouped, privacy, conventions)
-    single.setup(_Trainer(Collective()))
+    single.setup(StubTrainer(Collective()))
     want = [single.run_round(r) for r in range(grouped.rounds)]
     tasks, histories = _sharded(grouped, world, privacy=privacy, conventions=conventions)
     for history in histories:  # every rank reports the same metrics as the one-process run
@@ -386,7 +304,7 @@ def test_a_sharded_run_equals_the_one_process_run(grouped: RatingData, privacy: 
 def test_a_client_draws_the_same_noise_in_any_shard(grouped: RatingData) -> None:
     """The privatised upload of a client is the same whichever rank computes it (noise keyed by client)."""
     single = _task(grouped, "gaussian", model=MatrixFactorization)
-    single.setup(_Trainer(Collective()))
+    single.setup(StubTrainer(Collective()))
     for r in range(grouped.rounds):
         single.run_round(r)
     tasks, _ = _sharded(grouped, 2, privacy="gaussian", model=MatrixFactorization)  # the last round's uploads
@@ -414,7 +332,7 @@ def test_more_ranks_than_clients_leave_some_ranks_idle(tmp_path: Path) -> None:
     folder = write_ml1m(tmp_path, users=6, items=30, seed=3)
     data = load_ratings("ml-1m", folder, seed=0, rounds=2, num_clients=2)
     single = _task(data, "laplace")
-    single.setup(_Trainer(Collective()))
+    single.setup(StubTrainer(Collective()))
     want = [single.run_round(r) for r in range(data.rounds)]
     _, histories = _sharded(data, 3, privacy="laplace")
     for history in histories:

@@ -20,7 +20,7 @@ from fedrec.privacy import ClientDP
 from fedrec.recsys import FedSGD
 from fedrec.recsys.side_graphs import SideGraphs, laplacian
 from fedrec.tasks import FedRecTask
-from tests.test_fedrec import write_ml1m
+from tests.helpers import write_ml1m
 
 
 def _graph(n: int, p: float, seed: int) -> sp.csr_matrix:

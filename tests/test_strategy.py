@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from fedrec.aggregation import FedAdam
-from fedrec.data import load_ratings
 from fedrec.data.ratings import RatingData
 from fedrec.errors import ConfigError
 from fedrec.federation.collective import Collective
@@ -23,22 +22,11 @@ from fedrec.privacy import ClientDP
 from fedrec.recsys import FedAvg, FedSGD, Krum, Strategy
 from fedrec.rng import KeyedRows
 from fedrec.tasks import FedRecTask
-from tests.test_fedrec import write_ml1m
-from tests.test_sharding import _Trainer, play_sharded
+from tests.helpers import StubTrainer, make_task, play_sharded, tiny_fixture
 
 ROUNDS = 4
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> RatingData:
-    folder = write_ml1m(tmp_path_factory.mktemp("ml1m"), users=30, items=40, seed=1)
-    return load_ratings("ml-1m", folder, seed=0, rounds=ROUNDS, num_clients=8)
-
-
-@pytest.fixture(scope="module")
-def grouped(tmp_path_factory: pytest.TempPathFactory) -> RatingData:
-    folder = write_ml1m(tmp_path_factory.mktemp("ml1m"), users=60, items=50, seed=2)
-    return load_ratings("ml-1m", folder, seed=0, rounds=ROUNDS, num_clients=13)
+tiny = tiny_fixture(users=30, items=40, seed=1, rounds=ROUNDS, num_clients=8)
+grouped = tiny_fixture(users=60, items=50, seed=2, rounds=ROUNDS, num_clients=13)
 
 
 def _dp(data: RatingData, mechanism: str | None, **kw) -> ClientDP | None:
@@ -48,12 +36,6 @@ def _dp(data: RatingData, mechanism: str | None, **kw) -> ClientDP | None:
 def _server_dp(data: RatingData, **kw) -> ClientDP:
     return ClientDP(data.num_clients, "gaussian", epsilon=4.0, placement="server", adjacency="add_remove",
                     sensitivity_factor=1.0, **kw)
-
-
-def _task(data: RatingData, privacy: ClientDP | None = None, aggregator=None, model_cls=FedGNN, **kw) -> FedRecTask:
-    torch.manual_seed(0)
-    return FedRecTask(data, model_cls(data.num_users, data.num_items, 4), aggregator or FedSGD(), privacy,
-                      rounds=data.rounds, pseudo_items=5, seed=3, **kw)
 
 
 # ------------------------------------------------------------------------------------------------ the default
@@ -82,8 +64,8 @@ PINNED_METRICS = ("train_loss", "test_rmse", "clients", "epsilon_spent", "comm_u
 def test_the_default_strategy_is_the_round_before_strategies(tiny: RatingData, case: str) -> None:
     model_cls, mechanism, aggregator, steps, server = CASES[case]
     strategy = None if steps is None else Strategy(local_steps=steps)
-    task = _task(tiny, _dp(tiny, mechanism, delta=1e-5), aggregator(), model_cls, strategy=strategy,
-                 server=None if server is None else server())
+    task = make_task(tiny, _dp(tiny, mechanism, delta=1e-5), aggregator(), model_cls, strategy=strategy,
+                     server=None if server is None else server())
     metrics = []
     for r in range(ROUNDS):
         m = task.run_round(r)
@@ -99,11 +81,11 @@ def test_the_default_strategy_is_the_round_before_strategies(tiny: RatingData, c
 
 
 def test_local_steps_come_from_the_strategy_or_the_aggregator(tiny: RatingData) -> None:
-    assert _task(tiny, aggregator=FedAvg()).strategy.local_steps == 5
-    assert _task(tiny, aggregator=Krum(f=1)).strategy.local_steps == 1
-    assert _task(tiny, aggregator=Krum(f=1), strategy=Strategy(local_steps=3)).strategy.local_steps == 3
+    assert make_task(tiny, aggregator=FedAvg()).strategy.local_steps == 5
+    assert make_task(tiny, aggregator=Krum(f=1)).strategy.local_steps == 1
+    assert make_task(tiny, aggregator=Krum(f=1), strategy=Strategy(local_steps=3)).strategy.local_steps == 3
     with pytest.raises(ConfigError, match="FedSGD uploads one gradient"):
-        _task(tiny, strategy=Strategy(local_steps=2))
+        make_task(tiny, strategy=Strategy(local_steps=2))
 
 
 # ------------------------------------------------------------------------------------------------ participation
@@ -124,7 +106,7 @@ def test_bad_strategy_settings_name_the_field(kwargs: dict, message: str) -> Non
 
 def test_more_clients_per_round_than_clients_is_refused(tiny: RatingData) -> None:
     with pytest.raises(ConfigError, match="strategy.clients_per_round=9 is more than the run's 8"):
-        _task(tiny, strategy=Strategy("fixed", clients_per_round=9))
+        make_task(tiny, strategy=Strategy("fixed", clients_per_round=9))
 
 
 def _rates(strategy: Strategy, num_clients: int = 2000, rounds: int = 40) -> tuple[Tensor, Tensor]:
@@ -172,7 +154,7 @@ def test_dropouts_have_their_rate_and_stragglers_miss_the_deadline() -> None:
 
 
 def test_a_round_below_min_clients_is_skipped(tiny: RatingData) -> None:
-    task = _task(tiny, strategy=Strategy("poisson", sample_rate=0.05, min_clients=3))
+    task = make_task(tiny, strategy=Strategy("poisson", sample_rate=0.05, min_clients=3))
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
     m = task.run_round(0)
     assert m["clients"] == 0 and m["clients_selected"] == 0 and math.isnan(m["train_loss"])
@@ -187,7 +169,7 @@ def test_the_same_clients_take_part_at_one_and_two_processes(grouped: RatingData
     def task() -> FedRecTask:
         dp = _dp(grouped, "gaussian") if placement == "client" else _server_dp(grouped)
         aggregator = FedSGD() if placement == "client" else FedSGD(weighting="uniform")
-        return _task(grouped, dp, aggregator, strategy=Strategy(**SAMPLED))
+        return make_task(grouped, dp, aggregator, strategy=Strategy(**SAMPLED))
 
     one = play_sharded([task()], range(ROUNDS))[0]
     tasks = [task(), task()]
@@ -210,7 +192,7 @@ def test_the_same_clients_take_part_at_one_and_two_processes(grouped: RatingData
 def test_a_resumed_sampled_run_repeats_the_uninterrupted_one(tiny: RatingData, placement: str) -> None:
     def task() -> FedRecTask:
         dp = _dp(tiny, "gaussian") if placement == "client" else _server_dp(tiny, adaptive_clip=True)
-        return _task(tiny, dp, FedSGD(weighting="uniform"), strategy=Strategy(**SAMPLED))
+        return make_task(tiny, dp, FedSGD(weighting="uniform"), strategy=Strategy(**SAMPLED))
 
     full = task()
     want = [full.run_round(r) for r in range(ROUNDS)]
@@ -240,13 +222,13 @@ def _poison(task: FedRecTask, client: int) -> None:
 def test_a_non_finite_upload_is_dropped_and_counted_like_an_absent_client(tiny: RatingData,
                                                                           mechanism: str | None) -> None:
     bad = int(tiny.client_of_user[tiny.training_until(0).user[0]])
-    task = _task(tiny, _dp(tiny, mechanism), strategy=Strategy(on_bad_update="drop"))
+    task = make_task(tiny, _dp(tiny, mechanism), strategy=Strategy(on_bad_update="drop"))
     _poison(task, bad)
     m = task.run_round(0)
     assert m["clients_bad"] == 1 and m["clients"] == 7
     assert math.isfinite(m["train_loss"])
     # the reference: the same client left out by the plan (its data never grouped, nothing sent)
-    ref = _task(tiny, _dp(tiny, mechanism), strategy=Strategy(on_bad_update="drop"))
+    ref = make_task(tiny, _dp(tiny, mechanism), strategy=Strategy(on_bad_update="drop"))
     _poison(ref, bad)
     plan = ref._plan
 
@@ -264,20 +246,20 @@ def test_a_non_finite_upload_is_dropped_and_counted_like_an_absent_client(tiny: 
 
 
 def test_abort_still_aborts_on_a_non_finite_upload(tiny: RatingData) -> None:
-    task = _task(tiny)
+    task = make_task(tiny)
     _poison(task, int(tiny.client_of_user[tiny.training_until(0).user[0]]))
     with pytest.raises(FloatingPointError, match="round 0: a client's update is not finite"):
         task.run_round(0)
 
 
 def test_over_size_uploads_are_dropped_or_abort(tiny: RatingData) -> None:
-    task = _task(tiny, strategy=Strategy(on_bad_update="drop", max_update_norm=1e-9))
+    task = make_task(tiny, strategy=Strategy(on_bad_update="drop", max_update_norm=1e-9))
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
     m = task.run_round(0)
     assert m["clients"] == 0 and m["clients_bad"] == 8 and math.isnan(m["train_loss"])
     assert all(torch.equal(v, task.model.state_dict()[k]) for k, v in before.items())  # nothing used: no step
     with pytest.raises(FloatingPointError, match="exceeds strategy.max_update_norm=1e-09"):
-        _task(tiny, strategy=Strategy(max_update_norm=1e-9)).run_round(0)
+        make_task(tiny, strategy=Strategy(max_update_norm=1e-9)).run_round(0)
 
 
 # ------------------------------------------------------------------------------------------------ server placement
@@ -286,7 +268,7 @@ def test_server_placement_adds_one_noise_draw_of_the_stated_scale_to_the_clipped
     included) to the clip, sum densely over the item table, add σ = z·clip times the keyed normals of owner 0, and
     divide by the expected clients (q · holding)."""
     dp = _server_dp(tiny, clip=0.05)
-    task = _task(tiny, dp, FedSGD(weighting="uniform"), strategy=Strategy("poisson", sample_rate=0.6))
+    task = make_task(tiny, dp, FedSGD(weighting="uniform"), strategy=Strategy("poisson", sample_rate=0.6))
     got = {}
     step = task.strategy.server_step
 
@@ -318,10 +300,10 @@ def test_server_placement_adds_one_noise_draw_of_the_stated_scale_to_the_clipped
 
 
 def test_server_placement_spends_epsilon_over_the_run_and_then_stops(tiny: RatingData) -> None:
-    task = _task(tiny, _server_dp(tiny), FedSGD(weighting="uniform"), strategy=Strategy("poisson", sample_rate=0.5))
+    task = make_task(tiny, _server_dp(tiny), FedSGD(weighting="uniform"), strategy=Strategy("poisson", sample_rate=0.5))
     eps = [task.run_round(r)["epsilon_spent"] for r in range(ROUNDS)]
     assert all(a < b for a, b in zip(eps, eps[1:])) and 3.9 < eps[-1] <= 4.0
-    trainer = _Trainer(Collective())
+    trainer = StubTrainer(Collective())
     task.setup(trainer)
     m = task.run_round(ROUNDS)  # one more round would pass ε: no one is admitted, the run stops
     assert m["clients"] == 0 and trainer.should_stop and task.summary()["epsilon_spent"] == eps[-1]
@@ -329,11 +311,11 @@ def test_server_placement_spends_epsilon_over_the_run_and_then_stops(tiny: Ratin
 
 def test_adaptive_clipping_moves_the_clip_towards_the_quantile(tiny: RatingData) -> None:
     dp = _server_dp(tiny, clip=1e-6, adaptive_clip=True, count_stddev=5.0)
-    task = _task(tiny, dp, FedSGD(weighting="uniform"))
+    task = make_task(tiny, dp, FedSGD(weighting="uniform"))
     clips = [task.run_round(r)["clip"] for r in range(ROUNDS)]
     assert all(b > a for a, b in zip(clips, clips[1:]))  # every update is clipped: the clip grows
     with pytest.raises(ConfigError, match="privacy.count_stddev"):
-        _task(tiny, _server_dp(tiny, adaptive_clip=True, count_stddev=0.01), FedSGD(weighting="uniform"))
+        make_task(tiny, _server_dp(tiny, adaptive_clip=True, count_stddev=0.01), FedSGD(weighting="uniform"))
 
 
 @pytest.mark.parametrize("kwargs, aggregator, message", [
@@ -347,7 +329,7 @@ def test_server_placement_refuses_what_it_cannot_account(tiny: RatingData, kwarg
     base = {"mechanism": "gaussian", "epsilon": 4.0, "placement": "server", "adjacency": "add_remove",
             "sensitivity_factor": 1.0}
     with pytest.raises(ConfigError, match=message):
-        _task(tiny, ClientDP(tiny.num_clients, **{**base, **kwargs}), aggregator)
+        make_task(tiny, ClientDP(tiny.num_clients, **{**base, **kwargs}), aggregator)
 
 
 def test_the_default_delta_stays_below_one_over_the_clients() -> None:
@@ -386,8 +368,8 @@ def test_a_strategy_subclass_overriding_aggregate_changes_only_the_server_step(t
     round ω and the item table equal a default run's at lr/2, while the clients' own rows (stepped at lr in both)
     equal the default run's at lr."""
     sgd = {"optimizer": "sgd", "weight_decay": 0.0}
-    half = _task(tiny, strategy=_HalfStep(), lr=0.2, **sgd)
-    slow, plain = _task(tiny, lr=0.1, **sgd), _task(tiny, lr=0.2, **sgd)
+    half = make_task(tiny, strategy=_HalfStep(), lr=0.2, **sgd)
+    slow, plain = make_task(tiny, lr=0.1, **sgd), make_task(tiny, lr=0.2, **sgd)
     for task in (half, slow, plain):
         task.run_round(0)
     shared = half.model.shared_parameters()

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_neumf import tiny_round
 
 from fedrec.errors import ConfigError
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.recsys.aggregate import FedSGD, Uploads
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.objectives import OBJECTIVES
+from tests.helpers import tiny_round
 
 
 def _uploads(upd, d) -> Uploads:

@@ -28,9 +28,9 @@ import torch
 from torch import Tensor
 
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
-from fedrec.privacy.client_dp import BUDGET_MARGIN
 from fedrec.planners.base import BudgetPlanner
 from fedrec.planners.gram import gram_operator, load_kernels
+from fedrec.privacy.client_dp import BUDGET_MARGIN
 from fedrec.seeding import numpy_generator
 from fedrec.threads import torch_threads
 

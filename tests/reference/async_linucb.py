@@ -204,7 +204,7 @@ if __name__ == "__main__":  # a tiny smoke run
     theta /= np.linalg.norm(theta)
     alg = RefAsyncLinUCB(d, lam=0.1, alpha=0.3, gamma_u=2.0, gamma_d=2.0)
     regret = 0.0
-    for t in range(T):
+    for _ in range(T):
         arms = rng.standard_normal((K, d))
         arms /= np.linalg.norm(arms, axis=1, keepdims=True)
         mean = arms @ theta
