@@ -17,7 +17,7 @@ CONF = Path(__file__).resolve().parent / "conf"
 def experiment(cfg: DictConfig) -> float:
     """Run the composed config; a bad value or a missing dataset (not downloaded) is one ``error:`` line, and an
     interrupt (SIGINT, SIGTERM) after the round's checkpoint one ``interrupted:`` line saying how to resume. In a
-    sweep, an interrupted job asks the sweep to stop (:class:`~fedrec.sweeps.StopOnSignal`) and a job of a sweep
+    sweep, an interrupted job asks the sweep to stop (:class:`~fedrec.app.sweeps.StopOnSignal`) and a job of a sweep
     asked to stop does not start: the sweep's end says how to continue it."""
     import logging
     import math
@@ -25,14 +25,14 @@ def experiment(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from fedrec.cli import resume_command, run
+    from fedrec.app.cli import resume_command, run
+    from fedrec.app.presets import job_recipe, quick_notes
+    from fedrec.app.run_folder import discard_failed_run
+    from fedrec.app.sweeps import StopOnSignal, describe, objective, record_job_error
     from fedrec.errors import ConfigError, DatasetNotFoundError
-    from fedrec.presets import job_recipe, quick_notes
-    from fedrec.run_folder import discard_failed_run
-    from fedrec.stop_request import STOP_FILE, request_stop, requested_stop
-    from fedrec.sweeps import StopOnSignal, describe, objective, record_job_error
     from fedrec.trainer import RunInterrupted
     from fedrec.trainer.distributed import launched_as_secondary
+    from fedrec.utils.stop_request import STOP_FILE, request_stop, requested_stop
 
     hydra = HydraConfig.get()
     stop_file = Path(hydra.sweep.dir) / STOP_FILE if hydra.mode == RunMode.MULTIRUN else None
@@ -83,7 +83,7 @@ def stopped(e: Interrupted) -> NoReturn:
     saved): one ``interrupted:`` line, the run folder removed if this process made it and it holds no result yet,
     exit code 128 + the signal's number (130 for SIGINT, 143 for SIGTERM)."""
     ignore_interrupts()
-    run_folder = sys.modules.get("fedrec.run_folder")  # not imported yet: no run folder was made
+    run_folder = sys.modules.get("fedrec.app.run_folder")  # not imported yet: no run folder was made
     removed = run_folder.discard_failed_runs() if run_folder is not None else []
     print(f"interrupted: {e}" + "".join(f"; its run folder {out} was removed" for out in removed), file=sys.stderr)
     sys.exit(128 + e.signum)
@@ -98,10 +98,10 @@ def main() -> float | None:
         try:
             import hydra
 
-            import fedrec.resolvers  # noqa: F401  (${by_conventions:...} in the configs)
+            import fedrec.app.resolvers  # noqa: F401  (${by_conventions:...} in the configs)
+            from fedrec.app.presets import expand_quick
+            from fedrec.app.schema import check_command_line
             from fedrec.errors import run_script
-            from fedrec.presets import expand_quick
-            from fedrec.schema import check_command_line
 
             def checked() -> None:
                 sys.argv[1:] = expand_quick(CONF, sys.argv[1:])  # quick=true: the experiment's short recipe

@@ -24,7 +24,7 @@ reports ``selected_test_*`` (the test metrics of the round with the best ``val_n
   reloaded best model; the same matrix is also scored by fedrec's :func:`fedrec.recsys.ranking.ranking_metrics`
   (must agree) and RecBole's own test evaluation is printed beside them (``recbole_own_hr@10``).
 
-fedrec's runs go through the library's entry point (:func:`fedrec.cli.run` on the config ``train.py`` composes for
+fedrec's runs go through the library's entry point (:func:`fedrec.app.cli.run` on the config ``train.py`` composes for
 ``+experiment=<model>_ml100k_implicit task.federated=false`` plus the settings in :data:`FEDREC`), in this process.
 RecBole is an optional dependency (``pip install recbole==1.2.1``); without it ``--skip-reference`` still runs
 fedrec's side. RecBole 1.2.1 predates NumPy 2 and SciPy 1.12: before importing it the
@@ -178,10 +178,10 @@ def run_fedrec(model: str, seed: int, rounds: int, data_dir: Path, out: Path, ex
     metrics from its summary, and the check of :func:`ranking_hr_ndcg` against its last round."""
     from hydra import compose, initialize_config_dir
 
-    import fedrec.resolvers  # noqa: F401  (the configs' ${by_conventions:...})
-    from fedrec.cli import run
+    import fedrec.app.resolvers  # noqa: F401  (the configs' ${by_conventions:...})
+    from fedrec.app.cli import run
+    from fedrec.app.schema import check_command_line
     from fedrec.recsys.ranking import load_topk
-    from fedrec.schema import check_command_line
 
     argv = fedrec_overrides(model, seed, rounds, data_dir, extra)
     check_command_line(CONF, argv)

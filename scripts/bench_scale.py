@@ -46,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedrec.sweeps import job_folders, without_timings
+from fedrec.app.sweeps import job_folders, without_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -251,7 +251,7 @@ def case_clients(args: argparse.Namespace) -> dict[str, Any]:
 
 def plot_clients(runs: list[dict[str, Any]], path: Path) -> None:
     """Peak memory and steps/s against clients, log-log, one line per protocol and layout."""
-    from fedrec.plots import legend_below, save_figure, set_title, subplots
+    from fedrec.app.plots import legend_below, save_figure, set_title, subplots
 
     fig, axes = subplots(1, 2, figsize=(10, 4.6))
     lines: dict[tuple[str, str], list[dict[str, Any]]] = {}

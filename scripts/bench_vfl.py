@@ -153,7 +153,7 @@ def case_comm() -> None:
 
 
 def figure(rows: list[dict], path: Path) -> None:
-    from fedrec.plots import legend_beside, save_figure, set_title, subplots
+    from fedrec.app.plots import legend_beside, save_figure, set_title, subplots
 
     fig, axes = subplots(1, 2, figsize=(12, 4))
     for ax, name, title in zip(axes, ("ucb", "ts"), ("VFUCB / LinUCB", "VFTS / LinTS")):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from fedrec.plots import legend_below, save_figure, set_title, subplots
+from fedrec.app.plots import legend_below, save_figure, set_title, subplots
 
 PLANNERS = ("bgtplanner", "uniform", "adpml", "adap")
 

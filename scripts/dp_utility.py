@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from fedrec.aggregation import FedAvgM
+from fedrec.app.plots import legend_below, save_figure, set_title, subplots
 from fedrec.models import FedGNN, MatrixFactorization
-from fedrec.plots import legend_below, save_figure, set_title, subplots
 from fedrec.privacy import ClientDP
 from fedrec.recsys import FedSGD, Strategy
 from fedrec.tasks import FedRecTask

@@ -37,7 +37,7 @@ import numpy as np
 import yaml
 from matplotlib.axes import Axes
 
-from fedrec.plots import integer_ticks, legend_below, legend_beside, plt, save_figure, set_title, subplots
+from fedrec.app.plots import integer_ticks, legend_below, legend_beside, plt, save_figure, set_title, subplots
 
 #: the methods in the paper's order (Table 3), each with a fixed colour across panels and figures
 #: (CDP-FCLUB-DC with protocol.noise_placement=trigger, the authors' code's, is not differentially private)

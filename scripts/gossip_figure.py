@@ -15,7 +15,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
-from fedrec.plots import legend_below, save_figure, set_title, subplots
+from fedrec.app.plots import legend_below, save_figure, set_title, subplots
 
 AT = 600_000
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from fedrec.plots import label_points, legend_below, save_figure, set_title, subplots
+from fedrec.app.plots import label_points, legend_below, save_figure, set_title, subplots
 
 PROTOCOL_NAMES = {"AsyncLinUCB": "Async-LinUCB", "SyncLinUCB": "Sync-LinUCB", "AsyncLinUCBAM": "Async-LinUCB-AM",
                   "CentralizedLinUCB": "centralised"}

@@ -1,6 +1,6 @@
 """The recommendation kit's table and figure (docs/papers/recsys_kit.md) from the sweeps of the implicit experiments.
 
-Reads the ``runs.csv`` and ``rounds.csv`` of every sweep folder under the given directories (fedrec.sweeps writes
+Reads the ``runs.csv`` and ``rounds.csv`` of every sweep folder under the given directories (fedrec.app.sweeps writes
 them when a multirun ends; only finished jobs count), groups the jobs by model and setting (central:
 ``task.federated=false``; federated; federated with client DP, named by its ε) and writes ``<out>.md``, one row per
 model with the final test HR@K and NDCG@K (mean ± sample std over seeds, K = ``--k``), and ``<out>.png``, the test
@@ -24,9 +24,9 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
+from fedrec.app.plots import integer_ticks, legend_below, save_figure, set_title, subplots
+from fedrec.app.sweeps import finished_runs, read_rounds, refuse_pooling
 from fedrec.errors import ConfigError, run_script
-from fedrec.plots import integer_ticks, legend_below, save_figure, set_title, subplots
-from fedrec.sweeps import finished_runs, read_rounds, refuse_pooling
 
 #: the models in the page's order: a run's ``summary["model"]`` (its class name) -> the name in the table
 MODELS = {"MatrixFactorization": "MF", "NeuMF": "NeuMF", "LightGCN": "LightGCN", "FedGNN": "FedGNN"}

@@ -1,7 +1,7 @@
 """Tables and figures of the robust-aggregation reproduction (scripts/reproduce_robust.sh) from Hydra multiruns.
 
 Reads the ``runs.csv`` (server mode: and ``rounds.csv``) of every sweep folder under the given directories, the
-tables fedrec.sweeps writes when a multirun ends; only finished jobs count.
+tables fedrec.app.sweeps writes when a multirun ends; only finished jobs count.
 
 Grid mode (``DIRS``): every job is one (rule, attack fraction, privacy, seed); the script writes ``<out>.md`` (the
 final round's benign test RMSE and the target item's exposure, mean ± std over seeds, one row per rule, one column
@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedrec.app.plots import integer_ticks, legend_below, save_figure, set_title, subplots
+from fedrec.app.sweeps import finished_runs, read_rounds, refuse_pooling
 from fedrec.errors import ConfigError, run_script
-from fedrec.plots import integer_ticks, legend_below, save_figure, set_title, subplots
-from fedrec.sweeps import finished_runs, read_rounds, refuse_pooling
 
 #: rule label of each aggregator class, in the table's order
 RULES = {"FedSGD": "mean (FedSGD)", "FedAvg": "mean (FedAvg, 5 local steps)", "CoordinateMedian": "median",

@@ -19,7 +19,7 @@ import numpy as np
 import yaml
 from matplotlib.figure import Figure
 
-from fedrec.plots import integer_ticks, legend_beside, save_figure, set_title, subplots
+from fedrec.app.plots import integer_ticks, legend_beside, save_figure, set_title, subplots
 
 
 def identify(run: Path) -> tuple[str, str, str]:

@@ -17,9 +17,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hypothesis import settings
 from omegaconf import DictConfig
 
 torch.set_num_threads(1)
+# no wall-clock limits: an example's first call may compile a numba kernel, and CI machines are loaded
+settings.register_profile("fedrec", deadline=None)
+settings.load_profile("fedrec")
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig
 from scipy.stats import binom
 
+from fedrec.app.sweeps import job_folders, without_timings
 from fedrec.bandits import LinTS
 from fedrec.data import RatingData, load_ratings
 from fedrec.data.integrity import write_sums
@@ -29,7 +30,6 @@ from fedrec.models import FedGNN
 from fedrec.protocols import paper_linucb
 from fedrec.recsys import FedSGD, Uploads
 from fedrec.recsys.data import RoundData, round_data
-from fedrec.sweeps import job_folders, without_timings
 from fedrec.tasks import FedRecTask
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -46,8 +46,8 @@ Compose = Callable[..., DictConfig]
 def quick_command_line(experiment: str | None, data_dir: Path, *extra: str) -> list[str]:
     """The command line ``train.py`` runs for ``+experiment=NAME quick=true``: the experiment's own short recipe,
     expanded and checked as ``train.py`` expands and checks it."""
-    from fedrec.presets import expand_quick
-    from fedrec.schema import check_command_line
+    from fedrec.app.presets import expand_quick
+    from fedrec.app.schema import check_command_line
 
     argv = [*([f"+experiment={experiment}"] if experiment else []), "quick=true", f"data_dir={data_dir}",
             "logger.tensorboard=false", *extra]
@@ -73,7 +73,7 @@ def event_tags(tb_dir: Path) -> set[str]:
 
 def run_two_rounds(compose_cfg: Compose, data_dir: Path, out: Path, *overrides: str) -> dict:
     """Two rounds of the FedGNN ML-100K experiment with ``overrides`` (the model's), through the CLI's run."""
-    from fedrec.cli import run
+    from fedrec.app.cli import run
 
     cfg = compose_cfg("+experiment=fedgnn_ml100k", *overrides, "task.rounds=2", f"data_dir={data_dir}",
                       "plots=false", "logger.tensorboard=false")

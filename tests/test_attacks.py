@@ -16,9 +16,9 @@ from fedrec.models import MatrixFactorization
 from fedrec.recsys import FedSGD, GaussianNoise, ItemPromotion, NormBound, ScaledUpdates
 from fedrec.recsys.data import round_data
 from fedrec.recsys.evaluate import benign_test_rmse, target_exposure
-from fedrec.rng import stream_key
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
+from fedrec.utils.rng import stream_key
 from tests.helpers import random_uploads, tiny_fixture, with_malicious
 from tests.reference.keyed import reference_uniform
 

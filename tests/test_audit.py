@@ -30,7 +30,7 @@ from fedrec.privacy.audit import (
 from fedrec.privacy.tree import fclub_accounted_sigma, fclub_node_sigma, laplace_node_scale
 from fedrec.privacy.tree_noise import LAPLACE, cover, node_noise_many
 from fedrec.recsys.privatize import privatize_uploads
-from fedrec.rng import KeyedRows, stream_key
+from fedrec.utils.rng import KeyedRows, stream_key
 from tests.helpers import exceedances_allowed
 
 ALPHA = 0.05

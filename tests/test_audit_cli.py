@@ -1,4 +1,4 @@
-"""``python -m fedrec.audit``: a run's configuration audited through its own privatiser, one headline line and
+"""``python -m fedrec.app.audit_cli``: a run's configuration audited through its own privatiser, one headline line and
 ``audit.json`` in the output folder; bad values and configurations it cannot audit are one ``error:`` line."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import hydra_state_restored
 
-import fedrec.audit
+import fedrec.app.audit_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a small synthetic FedGNN run with client DP (the experiment's default data is ML-1M's size, its 400 pseudo items
@@ -27,10 +27,10 @@ KEYS = {"epsilon_lower", "epsilon_reported", "confidence", "trials", "threat_mod
 
 @pytest.fixture
 def audit_cli(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
-    """``audit_cli(*args)`` runs ``python -m fedrec.audit *args`` in this process (Hydra parses ``sys.argv``)."""
+    """``audit_cli(*args)`` runs ``python -m fedrec.app.audit_cli *args`` in this process (Hydra parses ``sys.argv``)."""
     def call(*args: str) -> Any:
-        monkeypatch.setattr(sys, "argv", ["fedrec.audit", *args])
-        return fedrec.audit.cli()
+        monkeypatch.setattr(sys, "argv", ["fedrec.app.audit_cli", *args])
+        return fedrec.app.audit_cli.cli()
 
     with hydra_state_restored():
         yield call
@@ -80,7 +80,7 @@ def test_a_server_placed_run_is_audited_with_a_sampled_canary(audit_cli, tmp_pat
     ("audit.trials=5", "trials=5 is too few for confidence=0.95"),
     ("audit.trials=1e12", "audit.trials: the run needs about"),
     ("audit.rows=-1", "audit.rows"),
-    ("privacy=none", "privacy: python -m fedrec.audit audits the client-level DP"),
+    ("privacy=none", "privacy: python -m fedrec.app.audit_cli audits the client-level DP"),
 ])
 def test_bad_values_are_one_error_line(audit_cli, tmp_path: Path, capsys, override: str, message: str) -> None:
     args = BASE if override.startswith("privacy=") else SMALL
@@ -100,7 +100,7 @@ def test_a_bandit_run_is_refused_with_a_pointer_to_the_script(audit_cli, tmp_pat
 
 def test_python_dash_m_fedrec_audit_runs(tmp_path: Path) -> None:
     out = tmp_path / "sub"
-    proc = subprocess.run([sys.executable, "-m", "fedrec.audit", *SMALL, "audit.rounds=1", f"hydra.run.dir={out}"],
+    proc = subprocess.run([sys.executable, "-m", "fedrec.app.audit_cli", *SMALL, "audit.rounds=1", f"hydra.run.dir={out}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr
     assert "ε ≥" in proc.stdout and (out / "audit.json").is_file()

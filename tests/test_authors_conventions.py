@@ -12,7 +12,7 @@ import torch
 from opacus.accountants import RDPAccountant
 from scipy import stats
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
 from fedrec.models import FedGNN
@@ -20,9 +20,9 @@ from fedrec.privacy import ClientDP
 from fedrec.privacy.client_dp import rdp_conversion_cost
 from fedrec.recsys import FedSGD
 from fedrec.recsys.privatize import privatize_uploads
-from fedrec.rng import KeyedRows
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
+from fedrec.utils.rng import KeyedRows
 from tests.helpers import write_ml1m
 
 CLIP = 0.1

@@ -110,7 +110,7 @@ def test_the_memory_check_respects_the_address_space_limit(monkeypatch: pytest.M
     """Under ``ulimit -v`` a run may map no more than the limit less what the process has mapped already."""
     import resource
 
-    from fedrec import build
+    from fedrec.app import build
 
     mapped = build.capacity._proc_field("/proc/self/status", "VmSize:")
     limits = {resource.RLIMIT_AS: (mapped + 2**30, resource.RLIM_INFINITY)}

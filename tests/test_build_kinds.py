@@ -1,4 +1,4 @@
-"""A task kind registers its builder and groups (fedrec.build.kinds): a kind registered from this test module builds
+"""A task kind registers its builder and groups (fedrec.app.build.kinds): a kind registered from this test module builds
 through build_task and is checked like fedrec's own, with no table of fedrec edited."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig
 
-from fedrec import build
+from fedrec.app import build
 from fedrec.errors import ConfigError
 from fedrec.tasks.base import FederatedTask
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 
-from fedrec.cli import run
+from fedrec.app.cli import run
+from fedrec.app.schema import check_command_line
 from fedrec.errors import ConfigError
-from fedrec.schema import check_command_line
 from fedrec.trainer import EarlyStopping
 from fedrec.trainer.checkpoint import load_checkpoint
 from tests.helpers import CONF, ROOT, Compose, read_csv

@@ -12,7 +12,7 @@ from fedrec.errors import ConfigError
 from fedrec.privacy.audit import audit_server_dp, batched_noised, server_trial_key
 from fedrec.privacy.central import ClippedSums, ServerNoise
 from fedrec.privacy.mechanisms import GaussianMechanism
-from fedrec.rng import stream_key
+from fedrec.utils.rng import stream_key
 
 DELTA = 1e-5
 

@@ -1,6 +1,6 @@
 """The Hydra CLI: every experiment config runs end to end, run directories, resume, train.py, bad input.
 
-Most runs are in-process, through Hydra's compose API and :func:`fedrec.cli.run`, or through ``train.main()``
+Most runs are in-process, through Hydra's compose API and :func:`fedrec.app.cli.run`, or through ``train.main()``
 itself with a patched ``sys.argv`` (Hydra's real command-line path, without paying the ~3 s ``import lightning_fabric``
 of a new interpreter). One real ``python train.py -m ...`` subprocess covers the script entry point and a
 multirun sweep; it starts with the module's first test so that it overlaps with the in-process tests.
@@ -21,9 +21,9 @@ from hydra.errors import MissingConfigException
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 from fedrec.errors import ConfigError, DatasetNotFoundError
-from fedrec.io import strict_json
+from fedrec.utils.io import strict_json
 from tests.helpers import (
     ALL_EXPERIMENTS,
     FEDREC_PREFIXES,

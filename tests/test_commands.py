@@ -1,4 +1,4 @@
-"""The commands fedrec prints for the user (fedrec.commands) name the Python that runs them as it can be typed: a
+"""The commands fedrec prints for the user (fedrec.utils.commands) name the Python that runs them as it can be typed: a
 path below the working directory, ``python`` when the PATH finds that same interpreter, else the absolute path."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrec import commands
+from fedrec.utils import commands
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_elsewhere_it_is_python_when_the_path_finds_it_else_its_absolute_path(
 
 def test_a_printed_command_runs_as_printed(venv: Path, tmp_path: Path) -> None:
     """Printed from tmp_path by a Python under it, the command runs in a shell there with no PATH to Python."""
-    code = "from fedrec.commands import python_command; print(python_command('-c', 'print(\"ran as printed\")'))"
+    code = "from fedrec.utils.commands import python_command; print(python_command('-c', 'print(\"ran as printed\")'))"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/nonexistent"}
     printed = subprocess.run([str(venv), "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                              check=True).stdout.strip()

@@ -12,13 +12,13 @@ from types import ModuleType
 import numba
 import pytest
 
-from fedrec.jit import COMPILE_NOTICE, compile_notice
+from fedrec.utils.jit import COMPILE_NOTICE, compile_notice
 
 ROOT = Path(__file__).resolve().parents[1]
 
 #: two kernels of a module of the test's own, compiled as fedrec's are (cached on disk)
 KERNELS = """
-from fedrec.jit import jit
+from fedrec.utils.jit import jit
 
 
 @jit

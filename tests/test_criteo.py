@@ -316,7 +316,7 @@ def test_vfl_criteo_experiment_runs_end_to_end(log: tuple, tmp_path: Path,
                                                compose_cfg: Callable[..., DictConfig]) -> None:
     """The experiment config on a written log: replay metrics and the parties' traffic in the summary, and
     VFUCB's CTR equal to central LinUCB's (the replay path is the same, spec §6 test 10)."""
-    from fedrec.cli import run
+    from fedrec.app.cli import run
 
     events = len(CriteoReplayEnv(log[0], num_arms=K)._clicks)
     summaries = {}

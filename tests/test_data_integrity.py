@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 from fedrec.data.integrity import SUMS, line_count, listed_digest, write_sums
 from fedrec.data.ratings import read_raw_ratings
 from fedrec.errors import ConfigError

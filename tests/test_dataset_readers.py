@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedrec.commands import python_command
 from fedrec.data import load_ratings
 from fedrec.data.download import REGISTRY
 from fedrec.data.integrity import write_sums
@@ -25,6 +24,7 @@ from fedrec.envs import (
     MovieLensReplayEnv,
 )
 from fedrec.errors import ConfigError, DatasetNotFoundError
+from fedrec.utils.commands import python_command
 
 #: every reader of ``ml-100k/u.data``, called on a data directory
 RATING_USERS: dict[str, Callable[[Path], Any]] = {

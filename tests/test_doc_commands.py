@@ -11,8 +11,8 @@ a bare ``python`` or ``pip`` fails the tests, as it would outside an activated e
 What runs where:
 
 * default suite
-    * every ``train.py`` and ``python -m fedrec.audit`` command: ``quick=true`` appended, expanded and checked against
-      the config files in process (``fedrec.presets.expand_quick``, then ``fedrec.schema.check_command_line``: what
+    * every ``train.py`` and ``python -m fedrec.app.audit_cli`` command: ``quick=true`` appended, expanded and checked against
+      the config files in process (``fedrec.app.presets.expand_quick``, then ``fedrec.app.schema.check_command_line``: what
       ``train.py`` does before Hydra runs anything);
     * the commands of :data:`RUN_BY_DEFAULT` (one or two per page or experiment family, the known failures among
       them): run in process with ``quick=true``, ``hydra.run.dir``/``hydra.sweep.dir`` in the workspace unless the
@@ -32,7 +32,7 @@ What runs where:
   (:func:`cached_hydra`: each config file read once, each group listing and composition of the same command-line
   groups and values made once; the answers are Hydra's own).
 * ``slow`` (``-m slow``): every command run in full as above, ``quick=true`` appended to ``train.py`` and
-  ``fedrec.audit`` commands (the scripts with their documented arguments, minutes to an hour each); every
+  ``fedrec.app.audit_cli`` commands (the scripts with their documented arguments, minutes to an hour each); every
   ``train.py`` line of every script checked in full, each composed with its own values, without the shared
   compositions; and every ``python`` page (``docs/library.md`` trains FedGNN for 100 rounds, about 25 s).
 
@@ -74,7 +74,7 @@ _MARKER = re.compile(r"<!--\s*doc-test:\s*(skip|compose-only|defines)\s*(?:\"([^
 
 #: (page, a text of the command): run in full in the default suite, one or two per page or experiment family
 RUN_BY_DEFAULT = (
-    ("docs/running.md", "fedrec.audit +experiment=fedgnn_ml100k_dp"),
+    ("docs/running.md", "fedrec.app.audit_cli +experiment=fedgnn_ml100k_dp"),
     ("docs/getting-started.md", "train.py +experiment=fedgnn_ml100k"),
     ("docs/papers/recsys_kit.md", "task.eval.ranking=sampled task.eval.save_topk=true"),
     ("docs/extending.md", "'hydra.searchpath=[pkg://myrec.conf]' +experiment=myrec_synthetic quick=true"),
@@ -140,7 +140,7 @@ class Command:
             return f"other: a python that is not {VENV_PYTHON}"
         if Path(argv[1]).name == "train.py":
             return "train"
-        module = {"fedrec.audit": "audit", "fedrec.data": "data"}
+        module = {"fedrec.app.audit_cli": "audit", "fedrec.data": "data"}
         return module.get(argv[2], f"other: -m {argv[2]}") if argv[1] == "-m" else f"other: {argv[1]}"
 
     @property
@@ -329,9 +329,9 @@ def run_command(command: Command, workspace: Path, monkeypatch: pytest.MonkeyPat
                                                            *with_run_dirs([*arguments, "quick=true"], out)]):
             return _exit_code(train_script.main)
     if kind == "audit":
-        from fedrec import audit
+        from fedrec.app import audit_cli as audit
 
-        with _as_command(command, workspace, monkeypatch, ["fedrec.audit", *with_run_dirs([*arguments, "quick=true"],
+        with _as_command(command, workspace, monkeypatch, ["fedrec.app.audit_cli", *with_run_dirs([*arguments, "quick=true"],
                                                                                            out)]):
             return _exit_code(audit.cli)
     if kind == "data":
@@ -344,7 +344,7 @@ def run_command(command: Command, workspace: Path, monkeypatch: pytest.MonkeyPat
 
 #: Hydra's answers within the test session (each worker's), by everything they depend on (see :func:`_where`); the
 #: config files do not change while the tests run: the config files as loaded, the group options and the
-#: compositions of ``fedrec.schema.hydra_lookups``
+#: compositions of ``fedrec.app.schema.hydra_lookups``
 _LOADED: dict[tuple[Any, ...], bytes] = {}
 _OPTIONS: dict[tuple[Any, ...], list[str]] = {}
 _COMPOSED: dict[tuple[Any, ...], Any] = {}
@@ -358,7 +358,7 @@ def _where(*key: Any) -> tuple[Any, ...]:
 @pytest.fixture
 def cached_hydra(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hydra's answers kept for the session, the same answers sooner (its compositions take most of the checks'
-    time): each config file is read once, each load a copy of its own; ``fedrec.schema.hydra_lookups``' group
+    time): each config file is read once, each load a copy of its own; ``fedrec.app.schema.hydra_lookups``' group
     listings and compositions are kept by the config, the initialised Hydra's search path and the command line's
     ``hydra.searchpath`` (the schemas a check composes, one per group sweep option, are the same for every command
     of the same groups), shared read only; errors are not kept."""
@@ -368,7 +368,7 @@ def cached_hydra(monkeypatch: pytest.MonkeyPatch) -> None:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from fedrec import schema
+    from fedrec.app import schema
 
     real_load = ConfigRepository.load_config
 
@@ -404,10 +404,10 @@ def cached_hydra(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def check_command(command: Command, workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What ``train.py`` (or ``fedrec.audit``) checks before Hydra runs: ``quick=true`` expanded, the command line
+    """What ``train.py`` (or ``fedrec.app.audit_cli``) checks before Hydra runs: ``quick=true`` expanded, the command line
     against the config files."""
-    from fedrec.presets import expand_quick
-    from fedrec.schema import check_command_line
+    from fedrec.app.presets import expand_quick
+    from fedrec.app.schema import check_command_line
 
     name = "audit" if command.kind == "audit" else "config"
     if "hydra/launcher=slurm" in command.arguments:  # checked as on a cluster's login node, where srun is
@@ -527,7 +527,7 @@ def check_script_calls(calls: list[list[str]], every: bool) -> None:
     Calls of one shape have the same schemas; only the config they compose with their values differs."""
     from hydra._internal.utils import get_args_parser
 
-    from fedrec import schema
+    from fedrec.app import schema
 
     shapes: set[tuple[Any, ...]] = set()
     for arguments in calls:

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from fedrec import plots
+from fedrec.app import plots
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -176,7 +176,7 @@ def _shrunk(box: Bbox) -> Bbox:
 
 @pytest.fixture
 def drawn(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], list[Figure]]]:
-    """Import a figure script with its ``save_figure`` (and fedrec.plots') capturing the figures it saves."""
+    """Import a figure script with its ``save_figure`` (and fedrec.app.plots') capturing the figures it saves."""
     figures: list[Figure] = []
 
     def capture(fig: Figure, path: str | Path) -> Path:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.build import RunDataset, run_dataset
+from fedrec.app.build import RunDataset, run_dataset
 from fedrec.data import download as dl
 from fedrec.data import read_ratings
 from fedrec.data.__main__ import main

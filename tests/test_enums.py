@@ -1,4 +1,4 @@
-"""The table of :mod:`fedrec.enums` cannot drift from the code: every ``check_choice("group.field", value, CONSTANT)``
+"""The table of :mod:`fedrec.app.enums` cannot drift from the code: every ``check_choice("group.field", value, CONSTANT)``
 in fedrec (a literal dotted name, a constant) has its entry, pointing at that very constant; every entry resolves to
 strings, and every class it names takes the field."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from fedrec import enums, schema
+from fedrec.app import enums, schema
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fedrec"
 #: dotted names whose check_choice passes choices computed where it is called (no constant to point at), and why
@@ -73,14 +73,14 @@ def test_the_scan_finds_the_calls_it_was_written_for() -> None:
 def test_every_dotted_check_choice_has_its_entry(module: str, field: str, where: str | None) -> None:
     if where is None:
         assert field in UNREGISTERED, (f"{module}: check_choice({field!r}, ...) passes no constant; name its choices "
-                                       "in a module constant and add it to fedrec/enums.py")
+                                       "in a module constant and add it to fedrec/app/enums.py")
         return
     leaf = field.rpartition(".")[2]
     entries = [w for k, w in enums.CHOICES.items() if k == field]
     entries += [w for (_, name), w in enums.CLASS_CHOICES.items() if name == leaf]  # where it depends on the class
-    assert entries, f"{module}: check_choice({field!r}, ..., {where.partition(':')[2]}) has no entry in fedrec/enums.py"
+    assert entries, f"{module}: check_choice({field!r}, ..., {where.partition(':')[2]}) has no entry in fedrec/app/enums.py"
     assert any(obj(w) is obj(where) for w in entries), (
-        f"fedrec/enums.py points {field} at {entries}, but {module} checks it against {where}")
+        f"fedrec/app/enums.py points {field} at {entries}, but {module} checks it against {where}")
 
 
 @pytest.mark.parametrize("where", sorted({*enums.CHOICES.values(), *enums.CLASS_CHOICES.values()}))

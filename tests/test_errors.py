@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 from fedrec.errors import ConfigError, check_choice, did_you_mean
 from fedrec.federation.topology import KINDS
 

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 import fedrec.recsys.expansion as expansion_module
-from fedrec.cli import run
+from fedrec.app.cli import run
 from fedrec.errors import ConfigError
 from fedrec.federation.channel import Channel
 from fedrec.models import FedGNN

@@ -81,8 +81,8 @@ def test_its_rule_against_a_plain_loop() -> None:
 
 
 def test_other_config_folders_are_checked_too() -> None:
+    from fedrec.app.schema import check_command_line
     from fedrec.errors import ConfigError
-    from fedrec.schema import check_command_line
 
     conf = ROOT / "conf"
     with pytest.raises(ConfigError, match="^task.roundz: task=fedrec has no field 'roundz'"):

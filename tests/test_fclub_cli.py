@@ -1,5 +1,5 @@
 """Every method of the FCLUB comparison under both conventions, end to end through the CLI (Hydra composition,
-fedrec.cli.run), on each FCLUB experiment's world: what the summary reports and what the switch changes."""
+fedrec.app.cli.run), on each FCLUB experiment's world: what the summary reports and what the switch changes."""
 from __future__ import annotations
 
 import statistics
@@ -11,7 +11,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 from fedrec.protocols.club import LocalClustering
 from fedrec.protocols.fclub import FederatedClustering
 

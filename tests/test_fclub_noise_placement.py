@@ -18,13 +18,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from scipy.sparse.csgraph import connected_components
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 from fedrec.envs.clustered import ClusteredLinearEnv
 from fedrec.errors import ConfigError
 from fedrec.privacy import TreeGaussian
 from fedrec.protocols.fclub import FederatedClustering
 from fedrec.protocols.kernels.fclub import release
-from fedrec.rng import stream_key
+from fedrec.utils.rng import stream_key
 
 STEPS = 1500
 LAM, BETA, U, D = 1.0, 0.05, 1.01, 1.01  # the authors' CDP ridge (§8.4), a fixed β (the loop needs no recipe), U, D

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedrec.jit import ArrayType, build, field_types
 from fedrec.privacy import TreeGaussian
 from fedrec.protocols import FederatedClustering, LocalClustering
 from fedrec.protocols.kernels.club import LocalSettings, LocalState
 from fedrec.protocols.kernels.clustering import ClusterParams
 from fedrec.protocols.kernels.fclub import Clusters, Partition, PhaseSettings, Traffic, Users
+from fedrec.utils.jit import ArrayType, build, field_types
 
 FCLUB = {"settings": PhaseSettings, "partition": Partition, "users": Users, "clusters": Clusters}
 CLUB = {"settings": LocalSettings, "state": LocalState}

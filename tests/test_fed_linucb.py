@@ -98,7 +98,7 @@ def test_bad_period_is_refused_by_name():
 
 
 def test_the_config_runs_end_to_end(compose_cfg, tmp_path):
-    from fedrec.cli import run as cli_run
+    from fedrec.app.cli import run as cli_run
 
     cfg = compose_cfg("protocol=fed_linucb", "protocol.period=40", "task.steps=400", "replicates=2",
                       "logger.tensorboard=false", "plots=false")

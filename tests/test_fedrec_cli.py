@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 from fedrec.errors import ConfigError, DatasetNotFoundError
 from tests.helpers import ALL_EXPERIMENTS, FEDREC_PREFIXES, PNG_MAGIC, quick_command_line, read_csv, write_ml1m
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+from fedrec.app.presets import expand_quick, quick_notes
 from fedrec.errors import ConfigError
-from fedrec.presets import expand_quick, quick_notes
 from fedrec.trainer.checkpoint import check_same_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ from typing import Callable
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.build import check_privacy
-from fedrec.cli import run
+from fedrec.app.build import check_privacy
+from fedrec.app.cli import run
 from fedrec.errors import ConfigError, DatasetNotFoundError
 from fedrec.privacy import TreeLaplace
 from fedrec.protocols import FedUCB, GossipUCB

@@ -15,7 +15,7 @@ from fedrec.errors import ConfigError
 from fedrec.federation.topology import complete, ring
 from fedrec.privacy import TreeLaplace
 from fedrec.protocols.gossip import FedUCB
-from fedrec.rng import substream, uniform
+from fedrec.utils.rng import substream, uniform
 
 
 def test_clipped_rewards_are_the_gaussian_ones_clipped() -> None:

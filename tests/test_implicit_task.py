@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedrec.cli import run
+from fedrec.app.cli import run
+from fedrec.app.sweeps import headline
 from fedrec.data import load_implicit, load_ratings
 from fedrec.data.implicit import ImplicitData, sample_negatives
 from fedrec.errors import ConfigError
 from fedrec.models import LightGCN, MatrixFactorization
 from fedrec.privacy import ClientDP
 from fedrec.recsys.ranking import UserItems, load_topk, split_popularity
-from fedrec.sweeps import headline
 from fedrec.tasks.recommendation import higher_is_better
 from fedrec.trainer import FederatedTrainer
 from tests import helpers

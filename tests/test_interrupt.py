@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.build import build_task
+from fedrec.app.build import build_task
 from fedrec.errors import Interrupted, interrupts_raise
 from fedrec.trainer import Callback, FederatedTrainer, RunInterrupted
 from fedrec.trainer.checkpoint import load_checkpoint

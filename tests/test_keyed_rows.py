@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrec import rng
+from fedrec.utils import rng
 
 
 @pytest.mark.parametrize("distribution", ["uniform", "normal", "laplace"])

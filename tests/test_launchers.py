@@ -18,7 +18,7 @@ import pytest
 import yaml
 from omegaconf import DictConfig
 
-from fedrec.sweeps import job_folders, without_timings
+from fedrec.app.sweeps import job_folders, without_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the fastest sweep there is (a run is mostly start-up): two seeds of the quick default experiment, 200 steps

@@ -12,13 +12,16 @@ import pytest
 #: fedrec's layers, highest first; each is a group of entries (packages or modules). A module belongs to the longest
 #: entry that is its dotted name or a prefix of it. An import may point to a lower layer, or to a module of the
 #: same entry (a package's own modules); one pointing to another entry of the same layer (sideways) or to a higher
-#: layer (upwards) is a violation. ``train.py``, the entry point, sits above them all and calls ``fedrec.cli``.
+#: layer (upwards) is a violation. ``train.py``, the entry point, sits above them all and calls ``fedrec.app.cli``.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("fedrec.cli", "fedrec.audit"),  # app: the command lines (train.py's run, python -m fedrec.audit)
-    ("fedrec.presets",),  # app: quick=true expanded into the experiment's recipe, then checked like any override
-    ("fedrec.schema",),  # app: a command line checked against the config files before anything is built
-    ("fedrec.enums",),  # app: where the config's fixed-choice fields find their choices (imported by name, lazily)
-    ("fedrec.build", "fedrec.sweeps", "fedrec.run_folder", "fedrec.plots"),  # app: what the command line runs on
+    # the application layer, fedrec.app
+    ("fedrec.app.cli", "fedrec.app.audit_cli"),  # the command lines: train.py's run, python -m fedrec.app.audit_cli
+    ("fedrec.app.presets",),  # quick=true expanded into the experiment's recipe, then checked like any override
+    ("fedrec.app.schema",),  # a command line checked against the config files before anything is built
+    ("fedrec.app.enums",),  # where the config's fixed-choice fields find their choices (imported by name, lazily)
+    ("fedrec.app.build", "fedrec.app.sweeps", "fedrec.app.run_folder", "fedrec.app.plots"),  # what the lines run on
+    ("fedrec.app.resolvers", "fedrec.app.hydra_private"),  # the configs' resolvers; Hydra's private API, wrapped
+    # the library
     ("fedrec.trainer", "fedrec.planners"),  # the round loop, and the budget planners that steer it
     ("fedrec.trainer.callbacks",),  # the hooks the trainer calls and planners implement
     ("fedrec.tasks",),
@@ -26,11 +29,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fedrec.models",),
     ("fedrec.federation", "fedrec.privacy", "fedrec.bandits", "fedrec.envs", "fedrec.aggregation"),
     ("fedrec.data",),  # dataset files, splits and downloads, read by environments and tasks
-    # utilities
-    ("fedrec.rng", "fedrec.tables", "fedrec.threads", "fedrec.blocks", "fedrec.metrics", "fedrec.resolvers",
-     "fedrec._exports", "fedrec.stop_request", "fedrec.commands"),
-    ("fedrec.errors", "fedrec.io", "fedrec.jit", "fedrec.seeding"),  # what the utilities build on
-    ("fedrec",),  # the package itself (it imports nothing)
+    ("fedrec.metrics",),  # rating metrics
+    # the utilities, fedrec.utils
+    ("fedrec.utils.rng", "fedrec.utils.tables", "fedrec.utils.threads", "fedrec.utils.blocks",
+     "fedrec.utils.exports", "fedrec.utils.stop_request", "fedrec.utils.commands"),
+    ("fedrec.errors", "fedrec.utils.io", "fedrec.utils.jit", "fedrec.utils.seeding"),  # what the utilities build on
+    ("fedrec", "fedrec.app", "fedrec.utils"),  # the packages themselves (they import nothing)
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,3 +171,11 @@ def test_the_rule_flags_the_leaks_it_was_written_for(source: str, target: str, w
 def test_modules_import_one_another_without_circles() -> None:
     cycles = [sorted(c) for c in nx.strongly_connected_components(import_graph()) if len(c) > 1]
     assert not cycles, f"import circles (each set imports itself through the others): {cycles}"
+
+
+def test_the_top_level_holds_packages_and_a_few_substantial_modules() -> None:
+    """Small helpers live in ``fedrec.utils`` and the application in ``fedrec.app``: a module directly under
+    ``fedrec/`` (other than ``__init__.py``) is a public library module of at least 30 lines."""
+    small = {path.name: n for path in PACKAGE.glob("*.py") if path.name != "__init__.py"
+             and (n := len(path.read_text(encoding="utf-8").splitlines())) < 30}
+    assert not small, f"top-level modules under 30 lines (move them into fedrec/utils or a package): {small}"

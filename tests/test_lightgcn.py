@@ -12,11 +12,11 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
+from fedrec.app.schema import check_command_line
 from fedrec.errors import ConfigError
 from fedrec.models import CentralLightGCN, LightGCN
 from fedrec.recsys.data import round_data
 from fedrec.recsys.local import local_updates
-from fedrec.schema import check_command_line
 from tests.helpers import CONF, central_losses, read_csv, run_two_rounds
 
 

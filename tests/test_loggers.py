@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
-from fedrec.cli import PublicMetricsLogger, run, sweep_job_name, takes_metrics
+from fedrec.app.cli import PublicMetricsLogger, run, sweep_job_name, takes_metrics
 from fedrec.errors import ConfigError
 from tests.helpers import Compose, read_csv
 

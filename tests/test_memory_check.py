@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from omegaconf import DictConfig
 
-from fedrec import build
+from fedrec.app import build
 from fedrec.errors import ConfigError
 
 Compose = Callable[..., DictConfig]

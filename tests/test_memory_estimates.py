@@ -1,4 +1,4 @@
-"""The memory estimates the objects state (``memory_estimate``, gathered by fedrec.build.capacity) against the memory
+"""The memory estimates the objects state (``memory_estimate``, gathered by fedrec.app.build.capacity) against the memory
 runs actually take: for one run of each kind, the growth of ``train.py``'s peak resident memory between a small
 and a large size lies within 25 % of the growth of the estimate; and synthetic data's generation likewise."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from fedrec import build
+from fedrec.app import build
 from fedrec.data.synthetic import synthetic_ratings
 from fedrec.errors import ConfigError
 

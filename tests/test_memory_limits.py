@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from fedrec import build
+from fedrec.app import build
 from fedrec.errors import ConfigError
 
 Compose = Callable[..., DictConfig]

@@ -1,4 +1,4 @@
-"""``metrics.csv`` (:class:`fedrec.cli.MetricsCSVLogger`): the bytes Lightning's CSV logger writes, and a file that a
+"""``metrics.csv`` (:class:`fedrec.app.cli.MetricsCSVLogger`): the bytes Lightning's CSV logger writes, and a file that a
 kill during the rewrite forced by a new column leaves whole."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from lightning_fabric.loggers import CSVLogger
 
-from fedrec.cli import MetricsCSVLogger
+from fedrec.app.cli import MetricsCSVLogger
 
 #: rounds as a run logs them: a column appears in round 2 (e.g. an evaluation every other round)
 ROUNDS = [{"loss": 1.5}, {"loss": 1.25}, {"loss": 1.0, "test_rmse": 0.9}, {"loss": 0.75, "test_rmse": 0.8}]

@@ -10,8 +10,8 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from fedrec.build import build_task
-from fedrec.cli import run
+from fedrec.app.build import build_task
+from fedrec.app.cli import run
 from fedrec.errors import ConfigError
 from fedrec.models import FedGNN, MatrixFactorization, NeuMF
 from fedrec.recsys.local import local_updates

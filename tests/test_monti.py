@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 from fedrec.data import RatingData, load_ratings
 from fedrec.data.download import REGISTRY, ensure_dataset
 from fedrec.data.monti import MONTI_FILE, read_monti

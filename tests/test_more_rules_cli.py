@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 
 QUICK = ("task.rounds=2", "data.users=300", "data.items=120", "data.ratings=6000", "data.num_clients=60",
          "task.pseudo_items=20", "plots=false", "logger.tensorboard=false")

@@ -9,10 +9,10 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
+from fedrec.app.schema import check_command_line
 from fedrec.errors import ConfigError
 from fedrec.models import NeuMF
 from fedrec.recsys.local import local_updates
-from fedrec.schema import check_command_line
 from tests.helpers import CONF, central_losses, read_csv, run_two_rounds, tiny_round
 
 

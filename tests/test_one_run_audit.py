@@ -23,8 +23,8 @@ from fedrec.recsys import FedSGD, Strategy
 from fedrec.recsys.aggregate import Uploads
 from fedrec.recsys.attack import Attack
 from fedrec.recsys.canaries import CanaryClients, audit_one_run
-from fedrec.rng import KeyedRows, stream_key
 from fedrec.tasks import FedRecTask
+from fedrec.utils.rng import KeyedRows, stream_key
 from tests.helpers import exceedances_allowed
 
 ALPHA = 1.0 - 0.95  # the bound's α at its default confidence, as it computes it

@@ -1,4 +1,4 @@
-"""The per-replicate wrapper written once (:func:`fedrec.jit.over_replicates`): its serial and parallel kernels run a
+"""The per-replicate wrapper written once (:func:`fedrec.utils.jit.over_replicates`): its serial and parallel kernels run a
 body once for every replicate, keep the body's writes through named structures (which numba's parallel loops lose
 when made in their own body), compile the body once for an int64 index, load from numba's cache in the next
 process, and refuse a body whose parameters would shadow the loop's names."""
@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from fedrec.jit import F64, I64, jit, over_replicates
+from fedrec.utils.jit import F64, I64, jit, over_replicates
 
 
 class Acc(NamedTuple):
@@ -71,7 +71,7 @@ def test_a_body_parameter_that_shadows_the_loop_is_refused() -> None:
 #: a script whose two kernels report numba's cache hits and misses
 CACHED = """
 import numpy as np
-from fedrec.jit import jit, over_replicates
+from fedrec.utils.jit import jit, over_replicates
 
 
 @jit

@@ -11,12 +11,12 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from fedrec.build import build_task
-from fedrec.cli import run
+from fedrec.app.build import build_task
+from fedrec.app.cli import run
+from fedrec.app.schema import check_command_line
 from fedrec.errors import ConfigError
 from fedrec.models import FederatedRecommender, PlainRecommender
 from fedrec.recsys.local import local_updates
-from fedrec.schema import check_command_line
 from tests.helpers import tiny_round
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -1,4 +1,4 @@
-"""A run's plots say what it did (fedrec.plots): titles carry the overrides, the spread over replicates is a band,
+"""A run's plots say what it did (fedrec.app.plots): titles carry the overrides, the spread over replicates is a band,
 real-data bandit runs plot the normalised reward and rating plots state the RMSE's scale."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
-from fedrec import plots
-from fedrec.cli import run, run_title
+from fedrec.app import plots
+from fedrec.app.cli import run, run_title
 from fedrec.data import load_ratings
 
 QUICK = ("logger.tensorboard=false", "task.steps=200", "task.steps_per_round=100", "++env.max_users=30")

@@ -1,4 +1,4 @@
-"""quick=true: each experiment's short recipe expanded into ordinary overrides (fedrec.presets)."""
+"""quick=true: each experiment's short recipe expanded into ordinary overrides (fedrec.app.presets)."""
 from __future__ import annotations
 
 import csv
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from fedrec.app.presets import expand_quick
 from fedrec.errors import ConfigError
-from fedrec.presets import expand_quick
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))

@@ -27,7 +27,7 @@ from fedrec.privacy import (
     uniform_epsilon_per_round,
     uniform_noise_multiplier,
 )
-from fedrec.seeding import torch_generator
+from fedrec.utils.seeding import torch_generator
 
 MECHANISMS = [GaussianMechanism, LaplaceMechanism]
 

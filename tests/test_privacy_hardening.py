@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 from fedrec.data import RatingData
 from fedrec.envs.synthetic import LinearEnv
 from fedrec.errors import ConfigError
@@ -26,8 +26,8 @@ from fedrec.privacy.mechanisms import check_sensitivity
 from fedrec.protocols import AsyncLinUCB, paper_linucb
 from fedrec.recsys import Aggregator, FedSGD, Uploads
 from fedrec.recsys.upload import upload_order
-from fedrec.rng import KeyedRows, stream_key
 from fedrec.tasks import FedRecTask
+from fedrec.utils.rng import KeyedRows, stream_key
 from tests import helpers
 from tests.helpers import event_tags, read_csv, tiny_fixture, write_ml1m
 

@@ -16,7 +16,6 @@ from fedrec.envs.synthetic import LinearEnv
 from fedrec.errors import ConfigError
 from fedrec.federation import Channel
 from fedrec.federation.topology import ring
-from fedrec.jit import F64, I64, build
 from fedrec.protocols import (
     AsyncLinUCB,
     AsyncLinUCBAM,
@@ -29,6 +28,7 @@ from fedrec.protocols import (
     VerticalLinearBandit,
 )
 from fedrec.tasks.multi_agent import MultiAgentTask
+from fedrec.utils.jit import F64, I64, build
 
 
 class Doubling(Channel):

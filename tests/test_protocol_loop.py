@@ -18,10 +18,10 @@ import torch
 from fedrec.bandits import LinUCB
 from fedrec.envs.synthetic import LinearEnv
 from fedrec.errors import check_int
-from fedrec.jit import I64
 from fedrec.protocols import TriggeredLinUCB
 from fedrec.protocols.kernels.linear import PolicyRows
 from fedrec.protocols.kernels.triggered import SyncState, compiled_loop
+from fedrec.utils.jit import I64
 
 LAM, ALPHA, N, D, K = 0.1, 0.3, 8, 4, 6
 
@@ -160,7 +160,7 @@ def test_one_compiled_loop_per_trigger_named_by_its_code():
 
 
 def test_a_protocol_defined_outside_the_library_runs_from_a_config(compose_cfg, tmp_path):
-    from fedrec.cli import run as cli_run
+    from fedrec.app.cli import run as cli_run
 
     cfg = compose_cfg("protocol=fed_linucb", f"protocol._target_={__name__}.BatchSyncLinUCB", "~protocol.period",
                       "+protocol.batch=3", "task.steps=300", "logger.tensorboard=false", "plots=false")

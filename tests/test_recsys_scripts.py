@@ -1,5 +1,5 @@
 """The recommendation kit's table script on hand-made sweeps (job folders and the runs.csv / rounds.csv that
-fedrec.sweeps writes from them), and the reproduction script's bad arguments."""
+fedrec.app.sweeps writes from them), and the reproduction script's bad arguments."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from fedrec.sweeps import read_jobs, write_runs
+from fedrec.app.sweeps import read_jobs, write_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"central": dict(federated=False, privacy="none"), "federated": dict(federated=True, privacy="none"),

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedrec.cli import run
+from fedrec.app.cli import run
+from fedrec.app.run_folder import OutputError
 from fedrec.errors import ConfigError
-from fedrec.io import atomic_write
-from fedrec.run_folder import OutputError
 from fedrec.trainer.checkpoint import load_checkpoint, save_checkpoint
+from fedrec.utils.io import atomic_write
 from tests.helpers import ROOT, Compose, read_csv
 
 #: a 12-round bandit run that checkpoints every 4 rounds

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 
 PAPER_FEDSGD_RMSE = {"fedgnn_ml100k": 0.2017, "fedgnn_filmtrust": 0.2905}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrec.cli import run
+from fedrec.app.cli import run
 from fedrec.errors import ConfigError
 
 QUICK = ("task.rounds=2", "plots=false", "logger.tensorboard=false")

@@ -1,5 +1,5 @@
 """The robust-aggregation table script (scripts/robust_table.py) on hand-made sweeps (job folders and the runs.csv /
-rounds.csv that fedrec.sweeps writes from them): its numbers against pandas, and the runs it refuses to pool."""
+rounds.csv that fedrec.app.sweeps writes from them): its numbers against pandas, and the runs it refuses to pool."""
 from __future__ import annotations
 
 import itertools
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedrec.sweeps import read_jobs, write_runs
+from fedrec.app.sweeps import read_jobs, write_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the aggregator option of each rule class the grid below runs (Bulyan: one of the rules added later)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fedrec.run_folder import (
+from fedrec.app.run_folder import (
     LOCK,
     TENSORBOARD_WRITER,
     OutputError,
@@ -32,7 +32,7 @@ def test_a_second_claim_of_a_folder_is_refused_while_the_first_holds_it(tmp_path
     out = tmp_path / "run"
     with claimed(out):
         holder = subprocess.run(  # another process, as a second train.py into the same folder would be
-            [sys.executable, "-c", f"from pathlib import Path; from fedrec.run_folder import claimed\n"
+            [sys.executable, "-c", f"from pathlib import Path; from fedrec.app.run_folder import claimed\n"
                                    f"with claimed(Path({str(out)!r})): pass"],
             capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
         assert holder.returncode != 0

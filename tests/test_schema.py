@@ -1,9 +1,9 @@
-"""The command line checked against the config files' schema (:mod:`fedrec.schema`), before Hydra composes it.
+"""The command line checked against the config files' schema (:mod:`fedrec.app.schema`), before Hydra composes it.
 
 The battery runs over a thousand bad command lines, generated from every experiment's own composed config and from
 variants that select the options no experiment does (:data:`VARIANTS`): each yes/no field given a typo, each field
-of fixed choices (:mod:`fedrec.enums`) given a typo, fields misspelt, a field added with ``+`` that no file declares,
-an option no group has. They run in-process through :func:`fedrec.schema.check`, the function ``train.py`` calls, with
+of fixed choices (:mod:`fedrec.app.enums`) given a typo, fields misspelt, a field added with ``+`` that no file declares,
+an option no group has. They run in-process through :func:`fedrec.app.schema.check`, the function ``train.py`` calls, with
 the schema composed once per configuration; a sample runs end to end through ``train.py`` in ``test_schema_cli.py``.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from fedrec import schema
-from fedrec.build import check_used
+from fedrec.app import schema
+from fedrec.app.build import check_used
 from fedrec.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.build import build_task
-from fedrec.cli import run
+from fedrec.app.build import build_task
+from fedrec.app.cli import run
 from fedrec.data.ratings import load_ratings
 from fedrec.errors import ConfigError
 from fedrec.recsys.selection import ValidationSelection

@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from fedrec.app.sweeps import without_timings
 from fedrec.data import RatingData, load_ratings
 from fedrec.errors import ConfigError
 from fedrec.federation.collective import Collective
@@ -34,11 +35,10 @@ from fedrec.models.recommender import Neighbours
 from fedrec.privacy import ClientDP
 from fedrec.recsys import AggregateSums, FedAvg, FedSGD, Uploads
 from fedrec.recsys.data import _unique_inverse, round_data
-from fedrec.rng import KeyedRows, keyed_group_shuffle, keyed_sample_excluding, rank_within
-from fedrec.sweeps import without_timings
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
 from fedrec.trainer.distributed import check_distribution
+from fedrec.utils.rng import KeyedRows, keyed_group_shuffle, keyed_sample_excluding, rank_within
 from tests.helpers import StubTrainer, play_sharded, write_ml1m
 from tests.reference.keyed import MASK, mix, reference_uniform
 
@@ -77,9 +77,9 @@ def _reference_draw(state: int, c: int, dist: str) -> float:
 
 @pytest.mark.parametrize("dist", ["uniform", "normal", "laplace"])
 def test_the_recipe_equals_a_plain_python_splitmix(dist: str) -> None:
-    """The one keyed-draw recipe of fedrec.rng, draw by draw and in blocks, nested streams included, against the
+    """The one keyed-draw recipe of fedrec.utils.rng, draw by draw and in blocks, nested streams included, against the
     plain-Python reference above (to the bit)."""
-    from fedrec.rng import DISTRIBUTIONS, fill, laplace, normal, substream, uniform
+    from fedrec.utils.rng import DISTRIBUTIONS, fill, laplace, normal, substream, uniform
 
     scalar = {"uniform": uniform, "normal": normal, "laplace": laplace}[dist]
     for key, owners in ((0xDEADBEEF12345678, (0,)), (3, (7, 2 ** 40)), (2 ** 64 - 1, (5, 0, 11))):
@@ -98,7 +98,7 @@ def test_the_recipe_equals_a_plain_python_splitmix(dist: str) -> None:
 
 
 def test_lints_normals_are_the_recipe_on_the_nested_stream_seed_row_draw() -> None:
-    from fedrec.rng import fill_normals, normals
+    from fedrec.utils.rng import fill_normals, normals
 
     seed, rows, draws = 7, np.array([0, 3, 2 ** 33]), np.array([0, 5, 1])
     got = normals(seed, rows, draws, 5)

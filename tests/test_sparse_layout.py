@@ -14,7 +14,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from fedrec import build
+from fedrec.app import build
 from fedrec.errors import ConfigError
 from fedrec.federation import Channel
 from fedrec.protocols import AsyncLinUCB, SyncLinUCB
@@ -203,7 +203,7 @@ PROTOCOL = {"async": "protocol.gamma_u=2.0", "sync": "protocol=sync"}
 
 @pytest.mark.parametrize("protocol", ["async", "sync"])
 def test_a_sparse_run_interrupted_and_resumed_equals_the_dense_run(compose_cfg: Compose, tmp_path, protocol) -> None:
-    from fedrec.cli import run
+    from fedrec.app.cli import run
 
     base = (*RUN, PROTOCOL[protocol])
     full = run(compose_cfg(*base), output_dir=tmp_path / "dense")

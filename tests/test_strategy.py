@@ -20,8 +20,8 @@ from fedrec.federation.collective import Collective
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP
 from fedrec.recsys import FedAvg, FedSGD, Krum, Strategy
-from fedrec.rng import KeyedRows
 from fedrec.tasks import FedRecTask
+from fedrec.utils.rng import KeyedRows
 from tests.helpers import StubTrainer, make_task, play_sharded, tiny_fixture
 
 ROUNDS = 4

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.build import build_task
-from fedrec.commands import python_command
+from fedrec.app.build import build_task
+from fedrec.app.sweeps import StopOnSignal
 from fedrec.errors import Interrupted
-from fedrec.stop_request import STOP_FILE, requested_stop
-from fedrec.sweeps import StopOnSignal
 from fedrec.trainer import FederatedTrainer, RunInterrupted
 from fedrec.trainer.checkpoint import load_checkpoint
+from fedrec.utils.commands import python_command
+from fedrec.utils.stop_request import STOP_FILE, requested_stop
 from tests.helpers import SWEEP, summaries
 
 ROOT = Path(__file__).resolve().parents[1]

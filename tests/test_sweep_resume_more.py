@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fedrec.sweeps import JOB_ERROR, read_jobs
+from fedrec.app.sweeps import JOB_ERROR, read_jobs
 from tests.helpers import ROOT, SWEEP, summaries
 
 

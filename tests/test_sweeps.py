@@ -1,5 +1,5 @@
-"""Sweeps and run reports (fedrec.sweeps): a failing job does not stop a multirun, the sweep's tables (summary,
-runs.csv, rounds.csv, sweep.metrics), the pivot of ``python -m fedrec.sweeps``, the headline and objective of each
+"""Sweeps and run reports (fedrec.app.sweeps): a failing job does not stop a multirun, the sweep's tables (summary,
+runs.csv, rounds.csv, sweep.metrics), the pivot of ``python -m fedrec.app.sweeps``, the headline and objective of each
 task kind."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedrec.sweeps import Job, describe, headline, objective, runs_table, split_runs
+from fedrec.app.sweeps import Job, describe, headline, objective, runs_table, split_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def test_headline_and_objective_of_each_task_kind(summary: dict, first: str) -> 
 
 def test_job_folders_come_in_job_order(tmp_path: Path) -> None:
     """Hydra numbers a multirun's jobs 0, 1, ..., 10, ...: the sweep summary lists them by number, not as text."""
-    from fedrec.sweeps import job_folders
+    from fedrec.app.sweeps import job_folders
 
     for job in ("0", "1", "2", "10", "11"):
         (tmp_path / job / ".hydra").mkdir(parents=True)
@@ -146,7 +146,7 @@ def test_sweep_metrics_chooses_the_summary_columns_and_names_a_missing_one(grid:
 
 
 def pivot_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fedrec.sweeps", *map(str, args)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fedrec.app.sweeps", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -214,7 +214,7 @@ def test_a_sweep_table_that_cannot_be_written_is_one_output_error(tmp_path: Path
     ``error: output:`` line with exit code 2 instead."""
     from omegaconf import OmegaConf
 
-    from fedrec.sweeps import SweepSummary
+    from fedrec.app.sweeps import SweepSummary
 
     job = tmp_path / "0"
     (job / ".hydra").mkdir(parents=True)

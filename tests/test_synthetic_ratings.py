@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.build import build_task
+from fedrec.app.build import build_task
 from fedrec.data import RatingData, Ratings, arrival_rounds, synthetic_ratings
 from fedrec.data.synthetic import STAR_SHARES, power_law_degrees
 from fedrec.errors import ConfigError

@@ -458,3 +458,21 @@ def test_without_a_root_directory_fit_writes_no_file(tmp_path: Path, monkeypatch
         trainer.save(make_task())
     with pytest.raises(ConfigError, match="trainer.checkpoint_every"):
         FederatedTrainer(checkpoint_every=5)
+
+
+def test_the_trainer_and_tasks_have_what_the_hooks_protocols_promise(tmp_path: Path) -> None:
+    """The hooks are typed by RunningTrainer and RunningTask: the trainer and a task passed to a hook have every
+    member those protocols declare, with the declared kinds of value."""
+    from fedrec.trainer.callbacks import RunningTask, RunningTrainer
+
+    trainer, task = make_trainer(tmp_path), make_task()
+    trainer.fit(task)
+    declared = {name for name in vars(RunningTrainer) if not name.startswith("_")} | set(
+        RunningTrainer.__annotations__)
+    assert declared == {"should_stop", "round", "history", "wall_seconds", "loggers", "is_global_zero"}
+    for name in declared:
+        assert hasattr(trainer, name), name
+    assert isinstance(trainer.history, list) and isinstance(trainer.is_global_zero, bool)
+    assert (trainer.round, trainer.should_stop) == (ROUNDS, False)
+    assert set(RunningTask.__annotations__) == {"num_rounds"} and task.num_rounds == ROUNDS
+    assert isinstance(task.summary(), dict)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from fedrec.build import build_task, group_class
+from fedrec.app.build import build_task, group_class
 from fedrec.errors import ConfigError
 from fedrec.privacy import ClientDP, TreeGaussian
 from fedrec.privacy.tree import fclub_accounted_sigma, fclub_epsilon, fclub_phases

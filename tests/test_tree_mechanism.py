@@ -29,7 +29,7 @@ from fedrec.privacy.tree_noise import (
     node_noise_many,
     prefix_noise,
 )
-from fedrec.rng import laplace, normal, substream
+from fedrec.utils.rng import laplace, normal, substream
 
 KEY = np.uint64(0x5EED_0F_7EE5)
 KINDS = [(LAPLACE, 1), (LAPLACE, 3), (GAUSSIAN, 5), (SYMMETRIC, 9), (SYMMETRIC, 16)]

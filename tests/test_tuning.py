@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from fedrec.sweeps import objective
+from fedrec.app.sweeps import objective
 
 ROOT = Path(__file__).resolve().parent.parent
 

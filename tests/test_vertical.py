@@ -22,8 +22,8 @@ import torch
 from omegaconf import DictConfig
 from scipy import stats
 
+from fedrec.app.cli import run
 from fedrec.bandits.linear import TIE_TOLERANCE, LinTS, LinUCB
-from fedrec.cli import run
 from fedrec.envs.synthetic import LinearEnv
 from fedrec.errors import ConfigError
 from fedrec.federation.vertical import Parties, check_partition, draw_mask, equal_partition, orthogonal_mask
@@ -759,7 +759,7 @@ Compose = Callable[..., DictConfig]
 
 @pytest.fixture(scope="module")
 def cli_runs(tmp_path_factory: pytest.TempPathFactory, compose_cfg: Compose) -> dict[str, tuple[dict[str, Any], Path]]:
-    """The six protocols, each composed with +experiment=vfl_synthetic, run 40 steps through fedrec.cli.run."""
+    """The six protocols, each composed with +experiment=vfl_synthetic, run 40 steps through fedrec.app.cli.run."""
     base = tmp_path_factory.mktemp("vfl_cli")
     out = {}
     for proto in PROTOCOLS:

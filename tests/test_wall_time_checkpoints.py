@@ -17,11 +17,11 @@ import torch
 from omegaconf import DictConfig
 
 import fedrec.trainer.trainer as trainer_module
-from fedrec.build import build_task
-from fedrec.cli import run
+from fedrec.app.build import build_task
+from fedrec.app.cli import run
+from fedrec.app.presets import expand_quick
+from fedrec.app.sweeps import without_timings
 from fedrec.errors import ConfigError
-from fedrec.presets import expand_quick
-from fedrec.sweeps import without_timings
 from fedrec.trainer import Callback, FederatedTrainer
 from fedrec.trainer.checkpoint import load_checkpoint
 

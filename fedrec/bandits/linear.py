@@ -344,7 +344,7 @@ class LinUCB(LinearBandit):
 class LinTS(LinearBandit):
     """Linear Thompson sampling: score = xᵀθ̃ with θ̃ ~ N(θ̂, v²(V+λI)^{-1}) (Agrawal & Goyal 2013).
 
-    Every row draws from its own counter-based stream (:func:`fedrec.rng.normals`, keyed by ``seed``, the row
+    Every row draws from its own counter-based stream (:func:`fedrec.utils.rng.normals`, keyed by ``seed``, the row
     and the row's draw counter ``draws``), so rows are independent, the compiled and torch paths draw the same
     numbers, and a resumed run redraws exactly what the uninterrupted run would have. A row addressed twice in
     one :meth:`select` call uses one draw for both.
@@ -395,7 +395,7 @@ class LinTS(LinearBandit):
 
     def standard_normals(self, rows: Tensor, draws: Tensor) -> Tensor:
         """z ~ N(0, I_d) of draw ``draws[m]`` of row ``rows[m]``: (m, d) from the rows' counter-based streams."""
-        from fedrec.rng import normals
+        from fedrec.utils.rng import normals
 
         z = normals(self.seed, rows.cpu().numpy(), draws.cpu().numpy(), self.dim)
         return torch.from_numpy(z).to(device=self.G.device)

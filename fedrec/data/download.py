@@ -31,9 +31,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from fedrec.commands import python_command
 from fedrec.data.integrity import checked_file, write_sums
 from fedrec.errors import DatasetNotFoundError, check_choice
+from fedrec.utils.commands import python_command
 
 
 @dataclass(frozen=True)

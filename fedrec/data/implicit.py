@@ -24,7 +24,7 @@ Splits of each user's positives into training, validation and test:
 * ``"random"``: a uniformly random ``test_fraction`` of the user's positives is the test set and, with ``val``,
   a random ``val_fraction`` of them the validation set: ``max(1, round(n · fraction))`` items each, capped so
   that at least one positive stays in training. The order comes from the user's own keyed stream
-  (:func:`fedrec.rng.keyed_group_shuffle` under ``stream_key(seed, "implicit.split")``).
+  (:func:`fedrec.utils.rng.keyed_group_shuffle` under ``stream_key(seed, "implicit.split")``).
 
 A user needs 3 positives (2 without ``val``) to be split: one for each held-out part and one to train on. Users
 with fewer keep all their positives for training and are not evaluated; :meth:`ImplicitData.summary` counts them.
@@ -37,7 +37,7 @@ Negatives (:func:`sample_negatives`): for BPR, each training positive (u, i) of 
 user's validation and test items are not excluded: they are hidden from training, so a client cannot avoid them
 (this is also how NCF and LightGCN sample). Draw ``k`` of the ``p``-th training positive of user u in round t is
 uniform ``p · n_per_positive + k`` of u's stream under ``stream_key(seed, "implicit.negatives", t)``
-(:class:`fedrec.rng.KeyedRows`), mapped to the ``⌊u · free⌋``-th item u has no training positive of. A client's
+(:class:`fedrec.utils.rng.KeyedRows`), mapped to the ``⌊u · free⌋``-th item u has no training positive of. A client's
 negatives are therefore its users' draws alone: the same in a resumed run, whichever other clients take part in
 the round, and whichever way users are grouped into clients (one client holding every user draws what the
 per-user clients draw, so a central run and a federated one train on the same triples).
@@ -51,7 +51,7 @@ import numpy as np
 
 from fedrec.data.ratings import TEXT_DATASETS, group_users, read_ratings
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
-from fedrec.rng import KeyedRows, keyed_group_shuffle, stream_key
+from fedrec.utils.rng import KeyedRows, keyed_group_shuffle, stream_key
 
 #: Split rules accepted by :func:`load_implicit`.
 SPLITS = ("leave_one_out", "random")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedrec.data.download import dataset_file
-from fedrec.tables import read_table
+from fedrec.utils.tables import read_table
 
 #: The 19 genre flags of ``u.item``, in file order (ml-100k/u.genre).
 ML_GENRES = (

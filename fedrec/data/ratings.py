@@ -39,7 +39,7 @@ Normalisation (the paper only says "all rating scores are normalized to the rang
   is a raw-scale RMSE of about 1.0 under ``r / 5`` (plausible for a private FedGNN) but 0.81 under min-max.
 * ``"minmax"``: ``(r - r_min) / (r_max - r_min)``, exactly [0, 1]. ML rating 3 then maps to exactly 0.5.
 
-Splits (all random numbers come from :func:`fedrec.seeding.numpy_generator`, so a seed fixes everything):
+Splits (all random numbers come from :func:`fedrec.utils.seeding.numpy_generator`, so a seed fixes everything):
 
 1. ``test``: a uniformly random ``test_fraction`` (default 1/5, the paper's 4:1) of all ratings, or the dataset's
    own fixed test set where it has one (the Monti et al. matrices), or where one is chosen: ``split=u1`` (..
@@ -74,8 +74,8 @@ from fedrec.data.download import dataset_file
 from fedrec.data.monti import MONTI_DATASETS, read_monti
 from fedrec.data.scales import RatingScale
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
-from fedrec.seeding import numpy_generator
-from fedrec.tables import read_table
+from fedrec.utils.seeding import numpy_generator
+from fedrec.utils.tables import read_table
 
 #: Rating files of one (user, item, rating) line each, read by :func:`read_ratings`.
 TEXT_DATASETS = ("ml-100k", "filmtrust", "ml-1m")

@@ -3,7 +3,7 @@
 :func:`synthetic_ratings` draws ``ratings`` distinct (user, item) pairs among ``users`` users and ``items`` items,
 gives each a rating 1..5 and splits them exactly as the real datasets are split (:mod:`fedrec.data.ratings`:
 4:1 train/test, ``val_fraction``, half the training ratings streamed over the rounds, users grouped at random
-into ``num_clients`` clients). Every random number comes from :func:`fedrec.seeding.numpy_generator`, so
+into ``num_clients`` clients). Every random number comes from :func:`fedrec.utils.seeding.numpy_generator`, so
 ``seed`` fixes the dataset; ``rounds`` only changes when streamed ratings arrive.
 
 Popularity (Zipf-like; "degree" = number of ratings):
@@ -46,7 +46,7 @@ import numpy as np
 
 from fedrec.data.ratings import RatingData, Ratings, check_split, normalize_ratings, split_ratings
 from fedrec.errors import ConfigError, check_float, check_int
-from fedrec.seeding import numpy_generator
+from fedrec.utils.seeding import numpy_generator
 
 #: Shares of the ratings 1, 2, 3, 4, 5 stars in MovieLens-100K (``ml-100k/u.data``), which the values imitate.
 STAR_SHARES = (0.0611, 0.1137, 0.27145, 0.34174, 0.21201)

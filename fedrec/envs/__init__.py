@@ -5,7 +5,7 @@ Names load on first use, so ``import fedrec.envs`` does not pull in pandas or sc
 """
 from __future__ import annotations
 
-from fedrec._exports import lazy_exports
+from fedrec.utils.exports import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "BanditEnv": "base",

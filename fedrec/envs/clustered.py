@@ -40,7 +40,7 @@ from fedrec.data.integrity import checked_file
 from fedrec.data.ratings import read_raw_ratings
 from fedrec.envs.base import BanditEnv, Chunk
 from fedrec.errors import ConfigError, check_choice, check_int
-from fedrec.seeding import numpy_generator
+from fedrec.utils.seeding import numpy_generator
 
 THETA_SOURCES = ("authors", "ortho_cap", "file", "ml100k")
 

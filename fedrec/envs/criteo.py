@@ -39,10 +39,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedrec.blocks import near_equal_sizes
 from fedrec.data.integrity import checked_file
 from fedrec.envs.replay import ReplayEnv, ReplayLog, md5_bucket
 from fedrec.errors import ConfigError, check_int
+from fedrec.utils.blocks import near_equal_sizes
 
 LABEL = "Label"
 INTEGER_COLUMNS = tuple(f"I{i}" for i in range(1, 14))

@@ -18,7 +18,7 @@ records of arm k uniformly with replacement (the ``RECORDS`` reward kind of :mod
 is the mean of that pool and μ_k = (1/N) Σ_i μ_{i,k}, the paper's global mean (not the pooled mean).
 
 ``max_glu_serum`` and ``A1Cresult`` hold the text ``None`` ("not measured"), which a default CSV reader turns
-into NaN: every column is read as text with NA detection off (:func:`fedrec.tables.read_table`), so ``None``
+into NaN: every column is read as text with NA detection off (:func:`fedrec.utils.tables.read_table`), so ``None``
 stays a string.
 """
 from __future__ import annotations
@@ -33,8 +33,8 @@ from fedrec.data.integrity import checked_file
 from fedrec.envs.mab import MultiAgentMAB
 from fedrec.envs.rewards import RECORDS
 from fedrec.errors import ConfigError, check_choice, check_int
-from fedrec.seeding import numpy_generator
-from fedrec.tables import read_table
+from fedrec.utils.seeding import numpy_generator
+from fedrec.utils.tables import read_table
 
 #: the dataset's folder under the data directory and its records file
 FOLDER, FILE = "uci-diabetes-130", "diabetic_data.csv"

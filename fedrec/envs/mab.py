@@ -19,9 +19,9 @@ import numpy as np
 
 from fedrec.envs.rewards import BERNOULLI, CLIPPED, GAUSSIAN, RewardSource, draw_reward, rewards_many
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
-from fedrec.jit import build
-from fedrec.rng import stream_key
-from fedrec.seeding import numpy_generator
+from fedrec.utils.jit import build
+from fedrec.utils.rng import stream_key
+from fedrec.utils.seeding import numpy_generator
 
 #: ``noise`` → the reward kind: the paper's μ + N(0, σ²) (unbounded), the same clipped to [0, 1], or Bernoulli(μ)
 #: (both in [0, 1], as Fed_UCB's sensitivity-1 Laplace noise assumes;

@@ -24,8 +24,8 @@ from fedrec.data.movielens import ML_GENRES, read_ml100k_movies
 from fedrec.data.ratings import read_raw_ratings
 from fedrec.envs.base import BanditEnv, Chunk
 from fedrec.errors import ConfigError, check_int
-from fedrec.seeding import numpy_generator
-from fedrec.tables import read_table
+from fedrec.utils.seeding import numpy_generator
+from fedrec.utils.tables import read_table
 
 #: SVD rows shorter than this are numerical zeros: the item's TF-IDF vector is orthogonal to the kept
 #: components (on LastFM the zeros are at most ~2e-9 and the smallest genuine norm is ~2e-5).
@@ -51,7 +51,7 @@ class LoggedEventsEnv(BanditEnv):
     Args:
         data_dir: folder that holds the dataset's folder.
         replicates: independent streams (step order and arm pools differ; features are shared).
-        seed: run seed; every random number derives from it (see :mod:`fedrec.seeding`).
+        seed: run seed; every random number derives from it (see :mod:`fedrec.utils.seeding`).
         dim, num_arms: d (SVD components) and K (arms per step).
         chunk_size: steps per generated chunk.
         max_users: keep only the first users by dataset id (quick tests); None keeps all.

@@ -25,7 +25,7 @@ from fedrec.data.movielens import ML_GENRES, read_ml100k_movies, read_ml100k_use
 from fedrec.data.ratings import read_raw_ratings
 from fedrec.envs.base import BanditEnv, Chunk
 from fedrec.errors import ConfigError, check_choice, check_int
-from fedrec.seeding import numpy_generator
+from fedrec.utils.seeding import numpy_generator
 
 COMBINE = ("outer_sum", "outer_product")
 

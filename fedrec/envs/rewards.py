@@ -3,7 +3,7 @@ compiled so that a protocol's step loop draws them itself (the gossip kernel,
 :mod:`fedrec.protocols.kernels.gossip`).
 
 A reward is a pure function of (key, replicate, agent, arm, t): draw t of the counter-based stream
-(r·N + i)·M + k under the environment's key (:mod:`fedrec.rng`), so no (T × N × M) tensor is ever built and any
+(r·N + i)·M + k under the environment's key (:mod:`fedrec.utils.rng`), so no (T × N × M) tensor is ever built and any
 round can be redrawn after a resume. An environment describes its rewards by a :class:`RewardSource`.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.jit import F64, I64, jit
-from fedrec.rng import normal, substream, uniform
+from fedrec.utils.jit import F64, I64, jit
+from fedrec.utils.rng import normal, substream, uniform
 
 #: reward kinds: μ_{i,k} + σ·N(0, 1), a record drawn with replacement from the (i, k) pool, μ_{i,k} + σ·N(0, 1)
 #: clipped to [0, 1], or Bernoulli(μ_{i,k})
@@ -50,8 +50,8 @@ def draw_reward(src: RewardSource, r: int, i: int, k: int, t: int) -> float:
 def draw_reward_from(src: RewardSource, state: np.uint64, r: int, i: int, k: int, t: int) -> float:
     """X_{i,k}(t) of replicate r drawn from its stream's ``state``.
 
-    ``GAUSSIAN``: μ_{i,k} + σ·:func:`~fedrec.rng.normal`; ``CLIPPED``: the same clipped to [0, 1]. ``RECORDS``: the
-    value ⌊u·size⌋ (u :func:`~fedrec.rng.uniform`) of pool (i, k), a draw with replacement. ``BERNOULLI``: 1 if
+    ``GAUSSIAN``: μ_{i,k} + σ·:func:`~fedrec.utils.rng.normal`; ``CLIPPED``: the same clipped to [0, 1]. ``RECORDS``: the
+    value ⌊u·size⌋ (u :func:`~fedrec.utils.rng.uniform`) of pool (i, k), a draw with replacement. ``BERNOULLI``: 1 if
     u < μ_{i,k}, else 0.
     """
     M = src.means.shape[2]

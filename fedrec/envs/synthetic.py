@@ -11,7 +11,7 @@ import numpy as np
 
 from fedrec.envs.base import BanditEnv, Chunk
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
-from fedrec.seeding import numpy_generator
+from fedrec.utils.seeding import numpy_generator
 
 
 def unit_rows(a: np.ndarray) -> np.ndarray:

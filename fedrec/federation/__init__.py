@@ -6,9 +6,9 @@ The channel and ledger load with the package; the other names load on first use 
 """
 from __future__ import annotations
 
-from fedrec._exports import lazy_exports
 from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
+from fedrec.utils.exports import lazy_exports
 
 _LAZY, __getattr__ = lazy_exports(__name__, {
     "Collective": "collective",

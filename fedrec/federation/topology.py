@@ -17,7 +17,7 @@ import networkx as nx
 import numpy as np
 
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
-from fedrec.seeding import numpy_generator
+from fedrec.utils.seeding import numpy_generator
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,7 +122,7 @@ def edge_stream(topology: Topology, num_steps: int, seed: int, *indices: int) ->
     """The gossip edge of each of ``num_steps`` rounds, uniform over E (Zhu et al.), as row indices of ``edges``.
 
     Returns int64 (num_steps,); ``topology.edges[stream]`` gives the endpoints. Counter based like every stream
-    of :mod:`fedrec.seeding`: ``indices`` (e.g. replicate, chunk) select an independent stream, so a chunked or
+    of :mod:`fedrec.utils.seeding`: ``indices`` (e.g. replicate, chunk) select an independent stream, so a chunked or
     resumed run redraws the same edges.
     """
     steps = check_int("num_steps", num_steps, minimum=0)

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedrec.blocks import near_equal_sizes
 from fedrec.errors import ConfigError, check_choice
-from fedrec.seeding import numpy_generator
+from fedrec.utils.blocks import near_equal_sizes
+from fedrec.utils.seeding import numpy_generator
 
 #: the mask kinds: O3M's orthogonal Q, or a non-orthogonal negative control that breaks lossless recovery (a test
 #: control of ours; the other control, a fresh mask every round, is the protocol's ``refresh_mask``)

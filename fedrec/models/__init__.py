@@ -6,7 +6,7 @@ The models load on first use: LightGCN's module imports torch_geometric, which r
 """
 from __future__ import annotations
 
-from fedrec._exports import lazy_exports
+from fedrec.utils.exports import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "CentralLightGCN": "lightgcn",

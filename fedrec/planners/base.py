@@ -14,13 +14,17 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from fedrec.errors import ConfigError, check_choice
 from fedrec.privacy.client_dp import BUDGET_MARGIN
 from fedrec.trainer.callbacks import Callback
+
+if TYPE_CHECKING:
+    from fedrec.tasks.recommendation import FedRecTask
+    from fedrec.trainer.callbacks import RunningTrainer
 
 REWARD_SPLITS = ("val", "test")
 
@@ -50,19 +54,19 @@ class BudgetPlanner(Callback, ABC):
 
     # ---- to implement ----------------------------------------------------------------------------------------
     @abstractmethod
-    def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
+    def choose(self, task: FedRecTask, round_idx: int, holding: Tensor) -> float | None:
         """The budget of round ``round_idx`` for every client (None: stop)."""
 
-    def observe(self, task: Any, round_idx: int, budget: float, reward: float) -> None:
+    def observe(self, task: FedRecTask, round_idx: int, budget: float, reward: float) -> None:
         """The round ran at ``budget`` and earned ``reward``."""
 
-    def affordable(self, task: Any, budget: float, holding: Tensor) -> bool:
+    def affordable(self, task: FedRecTask, budget: float, holding: Tensor) -> bool:
         """Whether every client in ``holding`` can afford ``budget`` now (the accountant decides). A planner that
         has just asked the accountant about this budget in :meth:`choose` may answer from that."""
         return task.privacy.affordable(budget, holding)
 
     # ---- hooks -----------------------------------------------------------------------------------------------
-    def on_fit_start(self, trainer: Any, task: Any) -> None:
+    def on_fit_start(self, trainer: RunningTrainer, task: FedRecTask) -> None:
         if getattr(task, "privacy", None) is None:
             raise ConfigError("planner: a budget planner needs privacy=gaussian or privacy=laplace")
         if task.privacy.placement == "server":
@@ -79,10 +83,10 @@ class BudgetPlanner(Callback, ABC):
         if self.prev_rmse is None and self._measured:
             self.prev_rmse = task.evaluate_round(0)[f"{self.reward_split}_rmse"]
 
-    def setup(self, task: Any) -> None:
+    def setup(self, task: FedRecTask) -> None:
         """Called at fit start, after :attr:`total_budget` and :attr:`rounds` are known (also on resume)."""
 
-    def on_round_start(self, trainer: Any, task: Any, round_idx: int) -> None:
+    def on_round_start(self, trainer: RunningTrainer, task: FedRecTask, round_idx: int) -> None:
         holding = task.clients_holding_data(round_idx)  # prepares the round's data: the round's work, not timed
         started = time.perf_counter()
         budget = self.choose(task, round_idx, holding)
@@ -94,7 +98,7 @@ class BudgetPlanner(Callback, ABC):
             self.budgets.append(float(budget))
         self.overhead_seconds += time.perf_counter() - started
 
-    def on_round_end(self, trainer: Any, task: Any, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, trainer: RunningTrainer, task: FedRecTask, round_idx: int, metrics: dict[str, float]) -> None:
         started = time.perf_counter()
         rmse = metrics[f"{self.reward_split}_rmse"] if self._measured else math.nan
         if not self._measured:
@@ -137,9 +141,9 @@ class SchedulePlanner(BudgetPlanner):
     def shape(self, rounds: int) -> Tensor:
         """Relative per-round budgets (positive); they are normalised to sum to the total budget."""
 
-    def setup(self, task: Any) -> None:
+    def setup(self, task: FedRecTask) -> None:
         s = self.shape(self.rounds).double()
         self.schedule = (s / s.sum() * self.total_budget * (1 - BUDGET_MARGIN)).tolist()
 
-    def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
+    def choose(self, task: FedRecTask, round_idx: int, holding: Tensor) -> float | None:
         return self.schedule[round_idx]

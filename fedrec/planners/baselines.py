@@ -4,7 +4,7 @@ Settings the paper leaves open are documented per class.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -12,6 +12,9 @@ from torch import Tensor
 from fedrec.errors import check_float, check_int
 from fedrec.planners.base import BudgetPlanner, SchedulePlanner
 from fedrec.privacy.client_dp import BUDGET_MARGIN
+
+if TYPE_CHECKING:
+    from fedrec.tasks.recommendation import FedRecTask
 
 
 class UniformPlanner(SchedulePlanner):
@@ -72,11 +75,11 @@ class ADAPPlanner(BudgetPlanner):
         self.history: list[float] = []  # reward-split RMSE after each round
         self.clip0: float | None = None  # the configured clip (privacy.clip), restored from checkpoints
 
-    def setup(self, task: Any) -> None:
+    def setup(self, task: FedRecTask) -> None:
         if self.clip0 is None:
             self.clip0 = task.privacy.mechanism.clip
 
-    def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
+    def choose(self, task: FedRecTask, round_idx: int, holding: Tensor) -> float | None:
         task.privacy.mechanism.clip = self.clip0 * self.clip_decay**round_idx
         left = self.rounds - round_idx
         remaining = (self.total_budget * (1 - BUDGET_MARGIN) - sum(self.budgets))
@@ -85,7 +88,7 @@ class ADAPPlanner(BudgetPlanner):
         # at most (left − 1)/left of what remains, so the last round still gets a share
         return remaining if left == 1 else min(self.scale, left - 1) * remaining / left
 
-    def observe(self, task: Any, round_idx: int, budget: float, reward: float) -> None:
+    def observe(self, task: FedRecTask, round_idx: int, budget: float, reward: float) -> None:
         self.history.append(self.prev_rmse)
         if len(self.history) > self.patience:
             if self.history[-1 - self.patience] - self.history[-1] < self.tolerance:

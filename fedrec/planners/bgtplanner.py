@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,8 +31,11 @@ from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.planners.base import BudgetPlanner
 from fedrec.planners.gram import gram_operator, load_kernels
 from fedrec.privacy.client_dp import BUDGET_MARGIN
-from fedrec.seeding import numpy_generator
-from fedrec.threads import torch_threads
+from fedrec.utils.seeding import numpy_generator
+from fedrec.utils.threads import torch_threads
+
+if TYPE_CHECKING:
+    from fedrec.tasks.recommendation import FedRecTask
 
 ACTION_GRIDS = ("linspace", "code")
 RHO_RULES = ("paper", "remaining")
@@ -380,7 +383,7 @@ class BGTPlanner(BudgetPlanner):
     def stage_rounds(self) -> int:
         return (self.num_actions + 1) * self.initial_rounds
 
-    def setup(self, task: Any) -> None:
+    def setup(self, task: FedRecTask) -> None:
         T, U, A = self.rounds, task.data.num_clients, self.num_actions
         if self.min_rounds > T:
             raise ConfigError(f"planner.min_rounds (T_min = {self.min_rounds}) must be at most task.rounds ({T})")
@@ -438,11 +441,11 @@ class BGTPlanner(BudgetPlanner):
                     else (self.total_budget - spent) / (T - self.stage_rounds))
 
     # ---- planner hooks ----------------------------------------------------------------------------------------
-    def choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
+    def choose(self, task: FedRecTask, round_idx: int, holding: Tensor) -> float | None:
         with single_thread():
             return self._choose(task, round_idx, holding)
 
-    def _choose(self, task: Any, round_idx: int, holding: Tensor) -> float | None:
+    def _choose(self, task: FedRecTask, round_idx: int, holding: Tensor) -> float | None:
         clock, parts = time.perf_counter, self.part_seconds
         started = clock()
         X = task.upload_items(round_idx)  # X^t: built once per round
@@ -482,7 +485,7 @@ class BGTPlanner(BudgetPlanner):
         self._pending = pending
         return float(self.levels[a])
 
-    def affordable(self, task: Any, budget: float, holding: Tensor) -> bool:
+    def affordable(self, task: FedRecTask, budget: float, holding: Tensor) -> bool:
         """A level of the affordable prefix :meth:`choose` settled for these clients this round is affordable
         without asking the accountant again; anything else is asked."""
         settled, self._settled = self._settled, None
@@ -490,7 +493,7 @@ class BGTPlanner(BudgetPlanner):
             return True
         return super().affordable(task, budget, holding)
 
-    def observe(self, task: Any, round_idx: int, budget: float, reward: float) -> None:
+    def observe(self, task: FedRecTask, round_idx: int, budget: float, reward: float) -> None:
         with single_thread():
             self._observe(round_idx, reward)
 

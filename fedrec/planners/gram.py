@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrec.jit import HAVE_NUMBA, jit
+from fedrec.utils.jit import HAVE_NUMBA, jit
 
 
 def gram_operator(X: Any) -> Callable[[np.ndarray, np.ndarray], None]:

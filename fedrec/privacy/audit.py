@@ -53,7 +53,7 @@ Floating point
     distributions, not its floating-point arithmetic.
 
 Randomness
-    Every draw is counter-based (:mod:`fedrec.rng`): trial i is owner i of a stream keyed by the audit's seed and
+    Every draw is counter-based (:mod:`fedrec.utils.rng`): trial i is owner i of a stream keyed by the audit's seed and
     name (for client DP, by round as well), so an audit repeats exactly from its seed.
 """
 from __future__ import annotations
@@ -69,7 +69,6 @@ import torch
 from torch import Tensor
 
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
-from fedrec.jit import jit
 from fedrec.privacy.central import ClippedSums, ServerNoise, clipped_sums
 from fedrec.privacy.client_dp import ClientDP
 from fedrec.privacy.tree import TreeAggregator, fclub_epsilon, laplace_node_scale
@@ -83,7 +82,8 @@ from fedrec.privacy.tree_noise import (
     mark_record,
     prefix_noise,
 )
-from fedrec.rng import KeyedRows, normals, stream_key, substream
+from fedrec.utils.jit import jit
+from fedrec.utils.rng import KeyedRows, normals, stream_key, substream
 
 __all__ = [
     "AuditResult",

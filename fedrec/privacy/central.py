@@ -27,7 +27,7 @@ from torch import Tensor
 
 from fedrec.errors import ConfigError, check_float
 from fedrec.privacy.mechanisms import GaussianMechanism
-from fedrec.rng import KeyedRows
+from fedrec.utils.rng import KeyedRows
 
 
 @dataclass

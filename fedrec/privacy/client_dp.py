@@ -37,7 +37,7 @@ analysis's).
 
 Randomness (``rng``): every draw that protects clients (the DP noise, and the pseudo items, pseudo rows and upload
 order of federated recommendation) comes from counter-based streams keyed by (key, client, counter)
-(:class:`fedrec.rng.KeyedRows`), so a client draws the same numbers in whichever process computes it. The key of
+(:class:`fedrec.utils.rng.KeyedRows`), so a client draws the same numbers in whichever process computes it. The key of
 a draw in a round (:meth:`ClientDP.draw_key`) is, under ``"reproducible"`` (the default, for research), derived
 from the run's seed, the draw's name and the round, so a run and its resume repeat the same noise, and anyone who
 knows the seed can recompute it; under ``"secure"`` (for deployment-grade runs) it is 64 fresh bits from the
@@ -71,7 +71,7 @@ from fedrec.privacy.mechanisms import (
     check_sensitivity,
     rdp_noise_multiplier,
 )
-from fedrec.rng import stream_key
+from fedrec.utils.rng import stream_key
 
 #: where privacy draws come from (see the module docstring)
 RNGS = ("reproducible", "secure")
@@ -174,7 +174,7 @@ class ClientDP:
         count_stddev: float | None = None,
     ) -> None:
         mechs: dict[str, type[NoiseMechanism]] = {"gaussian": GaussianMechanism, "laplace": LaplaceMechanism}
-        if mechanism not in mechs:  # "none" (no client-level DP) is read by fedrec.build, which makes no ClientDP
+        if mechanism not in mechs:  # "none" (no client-level DP) is read by fedrec.app.build, which makes no ClientDP
             check_choice("privacy.mechanism", mechanism, ("none", *mechs))
             raise ConfigError("privacy.mechanism=none builds no ClientDP: the run trains without client-level DP")
         check_choice("privacy.rng", rng, RNGS)

@@ -42,9 +42,9 @@ Levels must be finite and > 0, so a noiseless mechanism cannot be built by accid
 different code path that does not use this module.
 
 Randomness comes only from the explicit source passed to :meth:`NoiseMechanism.privatize`: a ``torch.Generator``
-(for research runs derive it with ``fedrec.seeding.torch_generator(seed, "privacy", round_idx)`` so a resumed run
+(for research runs derive it with ``fedrec.utils.seeding.torch_generator(seed, "privacy", round_idx)`` so a resumed run
 draws the same noise; for deployment-grade runs use :func:`secure_generator`), or, part by part, a
-:class:`fedrec.rng.KeyedRows` whose draws are keyed by client (what ClientDP passes, see its ``rng``).
+:class:`fedrec.utils.rng.KeyedRows` whose draws are keyed by client (what ClientDP passes, see its ``rng``).
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ from scipy.special import log_ndtr
 from torch import Tensor
 
 from fedrec.errors import ConfigError, check_choice, check_float
-from fedrec.rng import KeyedRows
+from fedrec.utils.rng import KeyedRows
 
 __all__ = [
     "ADJACENCIES",
@@ -308,7 +308,7 @@ class NoiseMechanism(Mechanism):
 
     #: order of the clipping norm (2 for Gaussian, 1 for Laplace)
     norm_ord: float
-    #: the unit noise's :class:`~fedrec.rng.KeyedRows` distribution
+    #: the unit noise's :class:`~fedrec.utils.rng.KeyedRows` distribution
     distribution: str
 
     def __init__(self, clip: float, sensitivity_factor: float = 2.0, adjacency: str = "replace_one") -> None:
@@ -469,7 +469,7 @@ class NoiseMechanism(Mechanism):
         A client's upload is every row of ``parts`` it owns (``owners[p]`` maps the rows of ``parts[p]`` to
         clients; ``None``: row ``j`` is client ``j``'s). The whole upload is clipped to ``clip`` in the
         mechanism's norm and every coordinate gets noise at its owner's level, drawn from ``generator`` part by
-        part, so the result depends only on the generator's seed; or, given one :class:`~fedrec.rng.KeyedRows`
+        part, so the result depends only on the generator's seed; or, given one :class:`~fedrec.utils.rng.KeyedRows`
         per part, from each row's keyed stream, so it depends only on the keys, owners and counters.
         """
         if len(parts) != len(owners) or not parts:

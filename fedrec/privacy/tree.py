@@ -50,7 +50,7 @@ from fedrec.privacy.accountant import (
     uniform_epsilon_per_round,
 )
 from fedrec.privacy.tree_noise import GAUSSIAN, LAPLACE, MAX_LEVELS, SYMMETRIC, cover, node_noise_many
-from fedrec.rng import stream_key
+from fedrec.utils.rng import stream_key
 
 __all__ = [
     "Node",
@@ -428,7 +428,7 @@ class TreeAggregator(nn.Module):
             :func:`laplace_node_scale`); Gaussian needs ``delta`` in (0, 1), which is also the default δ of
             :meth:`epsilon`.
         num_rows: number of independent streams.
-        seed, name, indices: key of the noise, derived as ``fedrec.rng.stream_key(seed, name, *indices)``
+        seed, name, indices: key of the noise, derived as ``fedrec.utils.rng.stream_key(seed, name, *indices)``
             (e.g. ``indices=(replicate, phase)`` for a fresh privatiser per phase); row r is stream r under it.
         symmetric: Gaussian only: symmetric matrix noise (Ñ + Ñᵀ)/√2 on a square ``shape`` (n, n); the records
             must then be symmetric.

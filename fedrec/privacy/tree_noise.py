@@ -6,7 +6,7 @@ cover of 1..t, one node (l, t >> l) per set bit l of t, node (l, k) holding the 
 cover is walked in one place, :func:`cover_of` (its torch twin is :func:`fedrec.privacy.tree.cover_nodes`).
 Every node draws from a stream of its own,
 
-    substream(substream(key, row), node_code(l, k)),    node_code(l, k) = k·2^6 + l    (:mod:`fedrec.rng`),
+    substream(substream(key, row), node_code(l, k)),    node_code(l, k) = k·2^6 + l    (:mod:`fedrec.utils.rng`),
 
 drawn in one place, :func:`draw_node`, so its noise is a pure function of (key, row, l, k): regenerated whenever
 needed (:func:`prefix_noise`, FCLUB's privatiser) or drawn once and cached with its index per level
@@ -14,9 +14,9 @@ needed (:func:`prefix_noise`, FCLUB's privatiser) or drawn once and cached with 
 (``kind``):
 
 ``LAPLACE``
-    W i.i.d. Laplace(0, b): b · draws 0 … W−1 of the node's stream (:func:`fedrec.rng.laplace`).
+    W i.i.d. Laplace(0, b): b · draws 0 … W−1 of the node's stream (:func:`fedrec.utils.rng.laplace`).
 ``GAUSSIAN``
-    W i.i.d. N(0, σ²): σ · normals 0 … W−1 (:func:`fedrec.rng.normal`).
+    W i.i.d. N(0, σ²): σ · normals 0 … W−1 (:func:`fedrec.utils.rng.normal`).
 ``SYMMETRIC``
     a flattened n × n matrix (W = n²) σ(Z + Zᵀ)/√2, Z the normals 0 … W−1 in row-major order (FCLUB Alg. 5 l.3):
     off-diagonal variance σ², diagonal 2σ².
@@ -27,8 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.jit import jit
-from fedrec.rng import NORMAL, fill, laplace, substream
+from fedrec.utils.jit import jit
+from fedrec.utils.rng import NORMAL, fill, laplace, substream
 
 #: node noise kinds (module docstring)
 LAPLACE, GAUSSIAN, SYMMETRIC = 0, 1, 2

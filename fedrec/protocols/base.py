@@ -28,9 +28,9 @@ from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.ledger import CommLedger
 from fedrec.federation.topology import Topology
-from fedrec.jit import HAVE_NUMBA, build
 from fedrec.protocols.kernels.checks import BAD_CLIENT, BAD_CONTEXT, BAD_REWARD, VALID, first_invalid
 from fedrec.protocols.kernels.linear import LinearParams, PolicyRows
+from fedrec.utils.jit import HAVE_NUMBA, build
 
 BACKENDS = ("auto", "compiled", "torch")
 
@@ -145,7 +145,7 @@ class ProtocolModule(nn.Module):
 
     def kernel_views(self) -> dict[str, tuple]:
         """The module's state and settings as its kernels' named structures (zero-copy views of the buffers, see
-        :func:`fedrec.jit.build`), made once and kept until the buffers move (``.to()``, ``.double()``, ...) or a
+        :func:`fedrec.utils.jit.build`), made once and kept until the buffers move (``.to()``, ``.double()``, ...) or a
         state dict is loaded. Replacing a buffer or the channel by assignment is not supported, and settings
         changed after construction are not seen by the kernels."""
         if self.__dict__.get("_views_cache") is None:

@@ -24,9 +24,9 @@ from torch import Tensor, nn
 
 from fedrec.bandits.linear import LinearBandit, LinTS, RowState, outer
 from fedrec.errors import ConfigError, check_choice
-from fedrec.jit import build
 from fedrec.protocols.base import PolicyFactory, StepProtocol, build_policy, kernel_call, policy_views
 from fedrec.protocols.kernels.client_server import Steps, Traffic
+from fedrec.utils.jit import build
 
 
 class ClientServerLinUCB(StepProtocol):

@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
-from fedrec.jit import build
 from fedrec.protocols.base import StepProtocol, kernel_call
 from fedrec.protocols.clustering import Radius
 from fedrec.protocols.kernels.club import CLUB, CLUB_RUN, LINUCB, SCLUB, SCLUB_RUN, LocalSettings, LocalState
 from fedrec.protocols.kernels.clustering import ClusterParams, StepBlock
+from fedrec.utils.jit import build
 
 #: the methods and their kernel codes (``LocalSettings.method``)
 METHODS = {"linucb": LINUCB, "club": CLUB, "sclub": SCLUB}

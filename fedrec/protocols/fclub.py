@@ -28,13 +28,13 @@ import torch
 
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.federation.ledger import KINDS
-from fedrec.jit import build, field_types
 from fedrec.privacy.tree import TreeGaussian
 from fedrec.protocols.base import StepProtocol, kernel_call
 from fedrec.protocols.clustering import Radius, confidence_shape
 from fedrec.protocols.kernels.clustering import ClusterParams, StepBlock
 from fedrec.protocols.kernels.fclub import PHASE_RUN, Clusters, Partition, PhaseSettings, Traffic, Users, count, release
-from fedrec.rng import stream_key
+from fedrec.utils.jit import build, field_types
+from fedrec.utils.rng import stream_key
 
 NOISE_PLACEMENTS = ("statistics", "trigger")
 #: each conventions value's noise placement when ``noise_placement`` is not given (the authors' code adds the

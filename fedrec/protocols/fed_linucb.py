@@ -15,11 +15,11 @@ from torch import Tensor
 
 from fedrec.bandits.linear import RowState
 from fedrec.errors import check_int
-from fedrec.jit import I64
 from fedrec.protocols.base import PolicyFactory
 from fedrec.protocols.kernels.linear import PolicyRows
 from fedrec.protocols.kernels.triggered import SyncState
 from fedrec.protocols.triggered import TriggeredLinUCB
+from fedrec.utils.jit import I64
 
 
 class Clock(NamedTuple):

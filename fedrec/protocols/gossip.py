@@ -27,7 +27,6 @@ from torch import Tensor
 from fedrec.envs.mab import MultiAgentMAB
 from fedrec.errors import ConfigError, check_choice
 from fedrec.federation.topology import Topology
-from fedrec.jit import build
 from fedrec.privacy.accountant import LaplaceBasicAccountant
 from fedrec.privacy.tree import TreeLaplace, cached_noise, mark_records
 from fedrec.privacy.tree_noise import LAPLACE, node_noise_many
@@ -43,7 +42,8 @@ from fedrec.protocols.kernels.gossip import (
     PeerTraffic,
     Rounds,
 )
-from fedrec.rng import KeyedRows, stream_key
+from fedrec.utils.jit import build
+from fedrec.utils.rng import KeyedRows, stream_key
 
 #: ``mode`` of :class:`GossipBandit` → the kernel's code
 MODES = {"gossip": GOSSIP, "local": LOCAL, "central": CENTRAL}

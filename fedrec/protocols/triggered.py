@@ -24,10 +24,10 @@ from torch import Tensor
 
 from fedrec.bandits.linear import RowState
 from fedrec.errors import ConfigError
-from fedrec.jit import build
 from fedrec.protocols.base import PolicyFactory
 from fedrec.protocols.client_server import ClientServerLinUCB
 from fedrec.protocols.kernels.triggered import LoopSettings, SyncState, compiled_loop
+from fedrec.utils.jit import build
 
 
 class NoFields(NamedTuple):

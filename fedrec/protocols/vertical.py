@@ -21,7 +21,7 @@ from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.federation.vertical import MASKS, Parties, check_partition, draw_mask, equal_partition
 from fedrec.protocols.base import PolicyFactory
 from fedrec.protocols.centralized import CentralizedLinUCB
-from fedrec.seeding import numpy_generator
+from fedrec.utils.seeding import numpy_generator
 
 MODES = ("vertical", "central", "partial")
 PARTIAL_COLUMNS = ("random", "leading")

@@ -30,7 +30,7 @@ on plain tensors); :mod:`fedrec.tasks` sequences them.
 """
 from __future__ import annotations
 
-from fedrec._exports import lazy_exports
+from fedrec.utils.exports import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "AggregateSums": "aggregate",

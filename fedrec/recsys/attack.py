@@ -30,7 +30,7 @@ clients (what their clients would have uploaded), as the threat model above says
 partial-knowledge case); ``knowledge=all`` lets them see every client's honest update of the round (the papers'
 full-knowledge case, an omniscient attacker). An item's row is crafted from the known rows of that item.
 
-Draws (which clients, the noise) come from the run's keyed streams (:mod:`fedrec.rng`), so a resumed run repeats
+Draws (which clients, the noise) come from the run's keyed streams (:mod:`fedrec.utils.rng`), so a resumed run repeats
 them. An attack runs in one process (``trainer.devices=1``).
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ from fedrec.models.recommender import FederatedRecommender
 from fedrec.recsys.aggregate import Uploads, itemwise
 from fedrec.recsys.data import RoundData
 from fedrec.recsys.evaluate import represent_users
-from fedrec.rng import KeyedRows, rank_within, stream_key
+from fedrec.utils.rng import KeyedRows, rank_within, stream_key
 
 
 def unit_rows(draw: np.ndarray, norm: float) -> Tensor:

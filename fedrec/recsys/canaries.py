@@ -23,7 +23,7 @@ from fedrec.privacy.audit import check_confidence, correct_guesses, one_run_boun
 from fedrec.recsys.aggregate import Uploads
 from fedrec.recsys.attack import Attack, unit_rows
 from fedrec.recsys.data import RoundData
-from fedrec.rng import KeyedRows, stream_key
+from fedrec.utils.rng import KeyedRows, stream_key
 
 __all__ = ["CanaryClients", "OneRunAudit", "audit_one_run"]
 

@@ -32,10 +32,10 @@ from torch import Tensor
 
 from fedrec.errors import ConfigError, check_int
 from fedrec.federation.channel import Channel
-from fedrec.jit import jit
 from fedrec.models.recommender import Neighbours
 from fedrec.recsys.data import RoundData
-from fedrec.rng import substream, uniform
+from fedrec.utils.jit import jit
+from fedrec.utils.rng import substream, uniform
 
 #: the ledger role of the third-party server that matches hashes
 ROLE = "expansion_server"

@@ -14,7 +14,7 @@ from torch import Tensor
 from fedrec.federation.collective import Collective
 from fedrec.privacy.client_dp import ClientDP
 from fedrec.recsys.data import RoundData
-from fedrec.rng import KeyedRows, rank_within, stream_key
+from fedrec.utils.rng import KeyedRows, rank_within, stream_key
 
 
 def round_key(privacy: ClientDP | None, seed: int, name: str, round_idx: int, collective: Collective) -> int:

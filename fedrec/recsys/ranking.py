@@ -52,8 +52,8 @@ import torch
 from torch import Tensor
 
 from fedrec.errors import ConfigError, check_int
-from fedrec.io import atomic_write
-from fedrec.rng import keyed_sample_excluding, stream_key
+from fedrec.utils.io import atomic_write
+from fedrec.utils.rng import keyed_sample_excluding, stream_key
 
 if TYPE_CHECKING:
     from fedrec.data.implicit import ImplicitData
@@ -218,7 +218,7 @@ def _masks(users: np.ndarray, train: UserItems, heldout: UserItems, num_items: i
 
 
 def _draw(users: np.ndarray, taken: Tensor, count: int, key: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`fedrec.rng.keyed_sample_excluding` of ``count`` items per user, excluding its ``taken`` (U, I)."""
+    """:func:`fedrec.utils.rng.keyed_sample_excluding` of ``count`` items per user, excluding its ``taken`` (U, I)."""
     row, item = taken.cpu().nonzero(as_tuple=True)  # row by row, items ascending
     indptr = np.zeros(len(users) + 1, dtype=np.int64)
     np.cumsum(np.bincount(row.numpy(), minlength=len(users)), out=indptr[1:])
@@ -231,7 +231,7 @@ def sample_negatives(users: np.ndarray | Sequence[int] | Tensor, train: UserItem
                      num_items: int, key: int, count: int = NEGATIVES) -> tuple[np.ndarray, np.ndarray]:
     """Per user, ``count`` items drawn uniformly without replacement from the catalogue ``0..num_items-1`` less its
     training and held-out items, from the user's own stream under ``key`` (:func:`negatives_key`,
-    :func:`fedrec.rng.keyed_sample_excluding`): a user draws the same items in any batch or shard. Returns
+    :func:`fedrec.utils.rng.keyed_sample_excluding`): a user draws the same items in any batch or shard. Returns
     ``(items (U, count), valid (U, count))``; ``valid`` is False where a user has fewer than ``count`` such items.
     Holds (U, I) masks: the ranking functions call it batch by batch."""
     users = _users(users, train, heldout)

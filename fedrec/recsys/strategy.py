@@ -56,7 +56,7 @@ from fedrec.recsys.aggregate import AggregateSums, Aggregator, FedSGD, Uploads
 from fedrec.recsys.data import RoundData
 from fedrec.recsys.privatize import privatize_uploads, record_round, round_budget
 from fedrec.recsys.server import AdaptiveServerStep, ServerStep, UserStep
-from fedrec.rng import KeyedRows
+from fedrec.utils.rng import KeyedRows
 
 PARTICIPATIONS = ("all", "fixed", "poisson")
 BAD_UPDATE_POLICIES = ("drop", "abort")

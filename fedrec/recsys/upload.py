@@ -16,15 +16,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedrec.jit import jit
 from fedrec.recsys.aggregate import Uploads
 from fedrec.recsys.data import RoundData
-from fedrec.rng import KeyedRows, keyed_group_shuffle, keyed_sample_excluding
+from fedrec.utils.jit import jit
+from fedrec.utils.rng import KeyedRows, keyed_group_shuffle, keyed_sample_excluding
 
 
 def sample_pseudo_items(data: RoundData, num_items: int, count: int, key: int) -> tuple[Tensor, Tensor]:
     """``count`` items per client drawn uniformly without replacement from the items it has no rating of this
-    round, from the client's own stream under ``key`` (:func:`fedrec.rng.keyed_sample_excluding`), so a client draws
+    round, from the client's own stream under ``key`` (:func:`fedrec.utils.rng.keyed_sample_excluding`), so a client draws
     the same items in any shard. Returns ``(items (C, count), valid (C, count))``; ``valid`` is False where a
     client has fewer than ``count`` such items."""
     count = min(count, num_items)
@@ -107,7 +107,7 @@ def upload_order(row_client: Tensor, clients: Tensor, key: int) -> Tensor:
     uniformly random order, independently across clients, so a row's position in an upload says nothing about it.
 
     The rows are grouped stably by client, then each client's group is shuffled by Fisher–Yates on the client's
-    stream under ``key`` (:func:`fedrec.rng.keyed_group_shuffle`): the same order in any shard.
+    stream under ``key`` (:func:`fedrec.utils.rng.keyed_group_shuffle`): the same order in any shard.
     """
     rc = row_client.numpy()
     order = np.argsort(rc, kind="stable")

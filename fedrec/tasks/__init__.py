@@ -5,7 +5,7 @@ recommendation task's dependencies.
 """
 from __future__ import annotations
 
-from fedrec._exports import lazy_exports
+from fedrec.utils.exports import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "BanditTask": "bandit", "FederatedTask": "base", "FedRecTask": "recommendation", "MultiAgentTask": "multi_agent",

@@ -13,7 +13,7 @@ class FederatedTask(ABC):
 
     #: rounds in a full run
     num_rounds: int = 0
-    #: how a config builds this task (a kind registered with :func:`fedrec.build.register_kind`); None: built in
+    #: how a config builds this task (a kind registered with :func:`fedrec.app.build.register_kind`); None: built in
     #: Python only
     kind: str | None = None
 

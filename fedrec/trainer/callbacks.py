@@ -6,19 +6,46 @@ import logging
 import math
 import os
 import sys
-from typing import Any
+from typing import Any, Protocol
 
 from fedrec.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
+class RunningTrainer(Protocol):
+    """What a hook may read and set of the trainer running the fit (:class:`~fedrec.trainer.FederatedTrainer`
+    has it; a protocol, so that this module need not import the trainer, which imports it)."""
+
+    should_stop: bool  #: set True to stop after this round (in ``on_round_start``: before it)
+    round: int  #: rounds completed
+    history: list[dict[str, float]]  #: every logged round's metrics
+    wall_seconds: float  #: the run's time so far, across resumes
+    loggers: list[Any]  #: the run's loggers (empty outside the process of rank 0)
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this is the process of rank 0 (the one that writes)."""
+        ...
+
+
+class RunningTask(Protocol):
+    """What a hook may read of any task (:class:`~fedrec.tasks.FederatedTask` has it); a callback made for one kind
+    of task types its hooks with that task's class."""
+
+    num_rounds: int
+
+    def summary(self) -> dict[str, Any]:
+        """Final results for ``summary.json``."""
+        ...
+
+
 class Callback:
     """Observes and steers a run through hooks; carries its own ``state_dict`` into checkpoints.
 
-    Every hook gets the :class:`~fedrec.trainer.FederatedTrainer` running the fit and its
-    :class:`~fedrec.tasks.FederatedTask`, typed ``Any`` so that this module imports neither (the trainer imports
-    it, and budget planners subclass it without importing the trainer). A callback may stop the run by setting
+    Every hook gets the trainer running the fit and its task, typed by what a hook may use of them
+    (:class:`RunningTrainer`, :class:`RunningTask`), so that this module imports neither (the trainer imports it,
+    and budget planners subclass it without importing the trainer). A callback may stop the run by setting
     ``trainer.should_stop = True`` (e.g. a budget planner whose budget is exhausted); set in ``on_round_start``, it
     also cancels the round about to start.
     """
@@ -31,19 +58,19 @@ class Callback:
         """Key of this callback's state in a checkpoint."""
         return type(self).__qualname__
 
-    def on_fit_start(self, trainer: Any, task: Any) -> None:
+    def on_fit_start(self, trainer: RunningTrainer, task: RunningTask) -> None:
         """Before the first round (after a checkpoint, if any, has been loaded)."""
 
-    def on_round_start(self, trainer: Any, task: Any, round_idx: int) -> None:
+    def on_round_start(self, trainer: RunningTrainer, task: RunningTask, round_idx: int) -> None:
         """Before round ``round_idx`` runs (e.g. set this round's privacy budget)."""
 
-    def on_round_end(self, trainer: Any, task: Any, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, trainer: RunningTrainer, task: RunningTask, round_idx: int, metrics: dict[str, float]) -> None:
         """After round ``round_idx`` with the metrics it produced."""
 
-    def on_save_checkpoint(self, trainer: Any, task: Any, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: RunningTrainer, task: RunningTask, checkpoint: dict[str, Any]) -> None:
         """Just before ``checkpoint`` is written."""
 
-    def on_fit_end(self, trainer: Any, task: Any) -> None:
+    def on_fit_end(self, trainer: RunningTrainer, task: RunningTask) -> None:
         """After the last round."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -65,17 +92,17 @@ class ProgressBar(Callback):
         self.show = show
         self._bar = None
 
-    def on_fit_start(self, trainer: Any, task: Any) -> None:
+    def on_fit_start(self, trainer: RunningTrainer, task: RunningTask) -> None:
         from tqdm.auto import tqdm
 
         self._bar = tqdm(total=task.num_rounds, initial=trainer.round, unit="round", dynamic_ncols=True)
 
-    def on_round_end(self, trainer: Any, task: Any, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, trainer: RunningTrainer, task: RunningTask, round_idx: int, metrics: dict[str, float]) -> None:
         if self._bar is not None:
             self._bar.set_postfix({k: f"{metrics[k]:.4g}" for k in self.show if k in metrics}, refresh=False)
             self._bar.update(1)
 
-    def on_fit_end(self, trainer: Any, task: Any) -> None:
+    def on_fit_end(self, trainer: RunningTrainer, task: RunningTask) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -122,7 +149,7 @@ class EarlyStopping(Callback):
             return True
         return value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
 
-    def on_round_end(self, trainer: Any, task: Any, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, trainer: RunningTrainer, task: RunningTask, round_idx: int, metrics: dict[str, float]) -> None:
         if self.monitor not in metrics:
             where = f"{self.config_key or type(self).__name__}.monitor"
             logged = ", ".join(sorted(k for k in metrics if k != "round"))

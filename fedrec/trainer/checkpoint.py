@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from fedrec.errors import ConfigError
-from fedrec.io import atomic_torch_save, remove_stale_temporaries
+from fedrec.utils.io import atomic_torch_save, remove_stale_temporaries
 
 #: 2: run identity and content digest, loaded with ``weights_only=True``
 CHECKPOINT_VERSION = 2

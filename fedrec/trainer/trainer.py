@@ -12,14 +12,14 @@ import torch
 
 from fedrec.errors import STOP_SIGNALS, ConfigError, check_float, check_int
 from fedrec.federation.collective import Collective
-from fedrec.io import writing
-from fedrec.stop_request import requested_stop
 from fedrec.tasks.base import FederatedTask
-from fedrec.threads import check_num_threads, torch_threads
 from fedrec.trainer.callbacks import Callback, ProgressBar, progress_enabled
 from fedrec.trainer.checkpoint import check_same_run, load_checkpoint, run_identity, save_checkpoint
 from fedrec.trainer.distributed import check_distribution, check_shardable, launch
 from fedrec.trainer.interrupt import RunInterrupted, deferred_signals
+from fedrec.utils.io import writing
+from fedrec.utils.stop_request import requested_stop
+from fedrec.utils.threads import check_num_threads, torch_threads
 
 
 def logs_of(logger: Any) -> str:
@@ -45,7 +45,7 @@ class FederatedTrainer:
             loses little; needs a ``default_root_dir``. A checkpoint changes nothing in the run's results.
         stop_file: a file whose appearance stops the run after its round as a signal would (checkpoint, then
             :class:`~fedrec.trainer.interrupt.RunInterrupted`); it holds the signal's number. An interrupted sweep
-            stops its jobs in other processes this way (:mod:`fedrec.stop_request`).
+            stops its jobs in other processes this way (:mod:`fedrec.utils.stop_request`).
         enable_progress_bar: None shows a bar only on an interactive terminal outside CI.
         run_config: the settings that change the run's results (e.g. the resolved config without logging and
             output options); checkpoints record it, and a resume under different settings is refused.

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedrec.privacy.tree_noise import SYMMETRIC, node_noise
-from fedrec.rng import stream_key
+from fedrec.utils.rng import stream_key
 
 TIE_TOLERANCE = 1e-9
 

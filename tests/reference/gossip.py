@@ -39,8 +39,8 @@ import numpy as np
 from fedrec.envs.mab import MultiAgentMAB
 from fedrec.federation.topology import Topology
 from fedrec.privacy.tree_noise import LAPLACE, node_noise
-from fedrec.rng import substream, uniform
-from fedrec.seeding import numpy_generator
+from fedrec.utils.rng import substream, uniform
+from fedrec.utils.seeding import numpy_generator
 
 
 def stream_key(seed: int, name: str) -> np.uint64:

@@ -5,8 +5,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.jit import F64, I64, jit, over_replicates
 from fedrec.protocols.kernels.linear import choose, refactor, update
+from fedrec.utils.jit import F64, I64, jit, over_replicates
 
 
 class RowSteps(NamedTuple):

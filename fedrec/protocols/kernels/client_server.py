@@ -18,10 +18,10 @@ from typing import NamedTuple
 import numpy as np
 
 from fedrec.federation.ledger import DOWNLOAD, UPLOAD
-from fedrec.jit import BOOL, F64, I64, jit, over_replicates
 from fedrec.protocols.kernels.ledger import record
 from fedrec.protocols.kernels.linalg import cholesky_logdet
 from fedrec.protocols.kernels.linear import add_outer, choose, refactor, update
+from fedrec.utils.jit import BOOL, F64, I64, jit, over_replicates
 
 
 class Steps(NamedTuple):

@@ -12,9 +12,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.jit import BOOL, F64, I64, jit, over_replicates
 from fedrec.protocols.kernels.clustering import ClusterParams, beta, confidence_shape, ucb_pick
 from fedrec.protocols.kernels.linalg import cholesky_logdet, cholesky_solve, inverse_from_cholesky
+from fedrec.utils.jit import BOOL, F64, I64, jit, over_replicates
 
 #: ``LocalSettings.method``
 LINUCB, CLUB, SCLUB = 0, 1, 2

@@ -8,8 +8,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedrec.jit import F64, I64, jit
 from fedrec.protocols.kernels.linear import first_near_max, solve_into
+from fedrec.utils.jit import F64, I64, jit
 
 #: β recipes (``ClusterParams.beta_mode``): Lemma 1 (the paper), the authors' non-private and CDP radii
 BETA_LEMMA1, BETA_AUTHORS, BETA_AUTHORS_CDP = 0, 1, 2

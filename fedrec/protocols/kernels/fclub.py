@@ -19,11 +19,11 @@ from typing import NamedTuple
 import numpy as np
 
 from fedrec.federation.ledger import DOWNLOAD, UPLOAD
-from fedrec.jit import F64, I64, jit, over_replicates
 from fedrec.privacy.tree_noise import SYMMETRIC, prefix_noise
 from fedrec.protocols.kernels.clustering import beta, ucb_pick
 from fedrec.protocols.kernels.ledger import record
 from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
+from fedrec.utils.jit import F64, I64, jit, over_replicates
 
 
 class Partition(NamedTuple):

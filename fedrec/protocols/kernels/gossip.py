@@ -26,7 +26,7 @@ The same loop plays our two baselines (our choice, not in the paper), chosen by 
 
 The width arithmetic is shared: the baselines pass α₁ = 0, P = 0 and the factor 2 instead of 2N.
 
-Randomness is counter based (:mod:`fedrec.rng`): draw c of a stream is a pure function of its key, its row and c,
+Randomness is counter based (:mod:`fedrec.utils.rng`): draw c of a stream is a pure function of its key, its row and c,
 so a resumed run redraws exactly what an uninterrupted one would, whatever the batching:
 
 * choice: ``uniform(substream(key_choice, r·N + i), t)``, the uniform of agent i in round t, read only for the
@@ -56,10 +56,10 @@ import numpy as np
 
 from fedrec.envs.rewards import draw_reward_from, reward_stream
 from fedrec.federation.ledger import PEER
-from fedrec.jit import F64, I64, jit, over_replicates
 from fedrec.privacy.tree_noise import mark_record, node_code
 from fedrec.protocols.kernels.ledger import record
-from fedrec.rng import laplace, substream, uniform
+from fedrec.utils.jit import F64, I64, jit, over_replicates
+from fedrec.utils.rng import laplace, substream, uniform
 
 #: ``mode`` of :data:`GOSSIP_RUN`: Gossip_UCB / Fed_UCB, local-only UCB1, centralised UCB (module docstring)
 GOSSIP, LOCAL, CENTRAL = 0, 1, 2

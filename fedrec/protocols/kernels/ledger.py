@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedrec.federation.ledger import BYTES, MESSAGES, RECEIVED, SCALARS, SENT
-from fedrec.jit import jit
+from fedrec.utils.jit import jit
 
 
 @jit

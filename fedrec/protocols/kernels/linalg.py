@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedrec.jit import jit
+from fedrec.utils.jit import jit
 
 
 @jit

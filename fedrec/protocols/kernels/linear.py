@@ -12,9 +12,9 @@ from typing import NamedTuple
 import numpy as np
 
 from fedrec.bandits.linear import LINUCB, TIE_TOLERANCE
-from fedrec.jit import BOOL, F64, I64, jit
 from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
-from fedrec.rng import fill_normals
+from fedrec.utils.jit import BOOL, F64, I64, jit
+from fedrec.utils.rng import fill_normals
 
 
 class LinearParams(NamedTuple):
@@ -28,7 +28,7 @@ class LinearParams(NamedTuple):
     count_bound: bool  #: Eq. (5) with the count bound d·log(1 + n/(dλ)) instead of the log-determinant
     v: float  #: LinTS's posterior scale
     refactor_every: int  #: Sherman–Morrison updates between two Cholesky refactorisations of a row
-    seed: int  #: keys LinTS's draws (:func:`fedrec.rng.fill_normals`)
+    seed: int  #: keys LinTS's draws (:func:`fedrec.utils.rng.fill_normals`)
 
 
 class PolicyRows(NamedTuple):

@@ -18,10 +18,10 @@ from typing import NamedTuple
 import numpy as np
 
 from fedrec.federation.ledger import DOWNLOAD, UPLOAD
-from fedrec.jit import BOOL, F64, I64, jit, over_replicates, renamed
 from fedrec.protocols.kernels.client_server import act
 from fedrec.protocols.kernels.ledger import record
 from fedrec.protocols.kernels.linalg import cholesky_logdet, inverse_from_cholesky
+from fedrec.utils.jit import BOOL, F64, I64, jit, over_replicates, renamed
 
 
 class SyncState(NamedTuple):

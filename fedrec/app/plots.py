@@ -9,7 +9,7 @@ from typing import Any
 
 import matplotlib
 
-from fedrec.io import atomic_write
+from fedrec.utils.io import atomic_write
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

@@ -5,7 +5,7 @@ compose to before any value override: every field the selected files declare, ty
 override must name one of those fields (a ``+key=value`` that adds a field no file of the run declares would be
 read by nothing, so it is refused), and a field a file declares ``true``/``false`` takes only ``true`` or ``false``
 (Hydra reads ``flase`` as the text "flase", which Python would take as true), and a field of fixed choices (an
-enum: ``task.optimizer``, ``privacy.placement``, ...; :mod:`fedrec.enums` says where each one's choices live in the
+enum: ``task.optimizer``, ``privacy.placement``, ...; :mod:`fedrec.app.enums` says where each one's choices live in the
 code) takes only one of them, each value of a sweep alike. Errors are :class:`ConfigError` naming the field as
 typed, with the close matches.
 """
@@ -178,7 +178,7 @@ def _takes_null(key: str, schema: DictConfig, line: CommandLine) -> bool:
 
 
 def check_choices(override: Any, schema: DictConfig, line: CommandLine) -> None:
-    """A field of fixed choices (:mod:`fedrec.enums`) set to one of them, each value of a sweep alike; an
+    """A field of fixed choices (:mod:`fedrec.app.enums`) set to one of them, each value of a sweep alike; an
     interpolation (``${...}``) is left to the run, null to where the field may be null."""
     key = override.key_or_group
     options = None if override.is_delete() else choices(key, schema, line)
@@ -194,9 +194,9 @@ def check_choices(override: Any, schema: DictConfig, line: CommandLine) -> None:
 
 
 def choices(key: str, schema: DictConfig, line: CommandLine = CommandLine((), ())) -> tuple[str, ...] | None:
-    """The choices of field ``key`` of ``schema`` (:mod:`fedrec.enums`, for the class that builds its node as the
+    """The choices of field ``key`` of ``schema`` (:mod:`fedrec.app.enums`, for the class that builds its node as the
     command line ``line`` may set it), or None if it is not a field of fixed choices."""
-    from fedrec import enums
+    from fedrec.app import enums
 
     return enums.choices_of(key, _target_of(key, schema, line))
 
@@ -277,16 +277,16 @@ def hydra_of(conf_dir: Path, args: Any) -> Iterator[None]:
     line ``args``: the primary config folder (``--config-path``, relative to ``train.py``'s folder; else
     ``conf_dir``), and ``--config-dir`` after it."""
     from hydra import version
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    from fedrec.app.hydra_private import config_search_path, start_hydra
 
     primary = str(conf_dir)
     if args.config_path is not None:
         given = str(args.config_path)
         primary = given if given.startswith("pkg://") or Path(given).is_absolute() else str(conf_dir.parent / given)
-    search = create_config_search_path(primary)
+    search = config_search_path(primary)
     if args.config_dir is not None:
         extra = Path(args.config_dir).resolve()
         if not extra.is_dir():
@@ -294,7 +294,7 @@ def hydra_of(conf_dir: Path, args: Any) -> Iterator[None]:
         search.prepend(provider="command-line", path=f"file://{extra}", anchor=SearchPathQuery(provider="schema"))
     backup = get_gh_backup()
     version.setbase("1.3")
-    Hydra.create_main_hydra2(task_name="app", config_search_path=search)
+    start_hydra(search)
     try:
         yield
     finally:
@@ -334,9 +334,9 @@ def check_command_line(conf_dir: Path, argv: Sequence[str], config_name: str = "
     first value) and its groups against what the run needs and uses. The user's own config folders
     (``hydra.searchpath``, ``--config-dir``, ``--config-path``) are part of the schema; inspection flags
     (``--help``, ``--cfg``, ...) are left to Hydra."""
-    from hydra._internal.utils import get_args_parser
+    from fedrec.app.hydra_private import args_parser
 
-    args, _ = get_args_parser().parse_known_args(list(argv))
+    args, _ = args_parser().parse_known_args(list(argv))
     if (args.help or args.hydra_help or args.info or args.cfg or args.shell_completion
             or args.experimental_rerun):
         return
@@ -345,7 +345,7 @@ def check_command_line(conf_dir: Path, argv: Sequence[str], config_name: str = "
         line = check(args.overrides, options, compose)
         launcher = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+") == "hydra/launcher"]
         cfg = compose([*first_of((*line.groups, *line.values)), *launcher])
-    from fedrec.build import check_groups, check_ignored, check_used
+    from fedrec.app.build import check_groups, check_ignored, check_used
 
     if args.multirun:
         check_launcher(cfg)

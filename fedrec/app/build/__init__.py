@@ -1,22 +1,22 @@
 """Turn a composed config into a task, checking it first.
 
-* :mod:`~fedrec.build.kinds`: the task kinds, each registered with its builder and config groups;
-* :mod:`~fedrec.build.groups`: the checks of a config's groups and fields against its kind, and instantiating a
+* :mod:`~fedrec.app.build.kinds`: the task kinds, each registered with its builder and config groups;
+* :mod:`~fedrec.app.build.groups`: the checks of a config's groups and fields against its kind, and instantiating a
   group so that its errors name it;
-* :mod:`~fedrec.build.builders`: the builders of the three kinds fedrec ships;
-* :mod:`~fedrec.build.capacity`: refusing a run too large for the memory, from the estimates its objects state;
-* :mod:`~fedrec.build.data`: the dataset a run reads, fetched first when asked.
+* :mod:`~fedrec.app.build.builders`: the builders of the three kinds fedrec ships;
+* :mod:`~fedrec.app.build.capacity`: refusing a run too large for the memory, from the estimates its objects state;
+* :mod:`~fedrec.app.build.data`: the dataset a run reads, fetched first when asked.
 """
-from fedrec.build.builders import build_task
-from fedrec.build.capacity import (
+from fedrec.app.build.builders import build_task
+from fedrec.app.build.capacity import (
     available_memory,
     bandit_memory_estimate,
     check_fits,
     multi_agent_memory_estimate,
     recommendation_memory_estimate,
 )
-from fedrec.build.data import RunDataset, build_task_fetching_data, run_dataset
-from fedrec.build.groups import (
+from fedrec.app.build.data import RunDataset, build_task_fetching_data, run_dataset
+from fedrec.app.build.groups import (
     check_groups,
     check_ignored,
     check_privacy,
@@ -29,7 +29,7 @@ from fedrec.build.groups import (
     task_kind,
     unused_groups,
 )
-from fedrec.build.kinds import KINDS, Kind, register_kind
+from fedrec.app.build.kinds import KINDS, Kind, register_kind
 
 __all__ = [
     "KINDS", "Kind", "RunDataset", "available_memory", "bandit_memory_estimate", "build_task",

@@ -1,7 +1,7 @@
 """A run's output folder: the check that a run may write there (:func:`prepare_output_dir`), and the Hydra callback
 that makes it before Hydra writes its own files (:class:`OutputDirCheck`).
 
-Kept apart from :mod:`fedrec.cli` and free of torch: the callback is built in every ``train.py`` process, including
+Kept apart from :mod:`fedrec.app.cli` and free of torch: the callback is built in every ``train.py`` process, including
 the parent of a joblib or submitit sweep, which runs no job itself (importing torch there cost 2.6 s of the sweep).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 
 from fedrec.errors import ConfigError
-from fedrec.io import WriteError, atomic_write
+from fedrec.utils.io import WriteError, atomic_write
 
 #: files of a run folder (relative paths) that show a run already wrote there
 RUN_OUTPUTS = ("summary.json", "metrics.csv", "checkpoints/last.ckpt")
@@ -225,16 +225,16 @@ def _check_same_jobs(config: DictConfig) -> None:
     """Refuse a sweep whose folder holds, in a job folder that holds a run, another command line's job of that
     number (its ``.hydra/overrides.yaml``), before Hydra writes over that folder's copies: a rerun continues only its
     own jobs (and may add jobs, e.g. seeds). Only the jobs of Hydra's basic sweeper are known beforehand; other
-    sweepers' are checked by their runs alone (``fedrec.cli.continue_sweep_job``)."""
+    sweepers' are checked by their runs alone (``fedrec.app.cli.continue_sweep_job``)."""
     sweeper = config.hydra.sweeper
     if not str(sweeper.get("_target_", "")).endswith(".BasicSweeper"):
         return
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from fedrec.app.hydra_private import sweep_jobs
+
     line = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()] + list(config.hydra.overrides.task)
-    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(line), sweeper.max_batch_size)
-    jobs = [job for batch in batches for job in batch]
+    jobs = sweep_jobs(OverridesParser.create().parse_overrides(line), sweeper.max_batch_size)
     sweep = Path(config.hydra.sweep.dir)
     for recorded in sorted(sweep.glob("*/.hydra/overrides.yaml")):
         folder = recorded.parent.parent

@@ -51,12 +51,12 @@ def expand_quick(conf_dir: Path, argv: Sequence[str], config_name: str = "config
     itself); a recipe entry whose key ``argv`` sets, or that the composed config does not have (in a sweep over a
     group: that any of its options does not have, see :func:`job_recipe`), is left out. A sweep over experiments
     is refused: each has its own recipe."""
-    from hydra._internal.utils import get_args_parser
+    from fedrec.app.hydra_private import args_parser
 
-    args, _ = get_args_parser().parse_known_args(list(argv))
+    args, _ = args_parser().parse_known_args(list(argv))
     if not any(line.split("=", 1)[0].lstrip("+") == SWITCH for line in args.overrides):
         return list(argv)
-    from fedrec import schema
+    from fedrec.app import schema
 
     with schema.hydra_of(conf_dir, args):
         options, compose = schema.hydra_lookups(args.config_name or config_name, schema.searchpath(args.overrides))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from fedrec.io import atomic_write
+from fedrec.utils.io import atomic_write
 
 #: a sweep's stop request, in its folder (``hydra.sweep.dir``)
 STOP_FILE = ".fedrec.stop"

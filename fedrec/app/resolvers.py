@@ -1,4 +1,4 @@
-"""OmegaConf resolvers of fedrec's configs (registered on import; :mod:`fedrec.build` imports this module, so
+"""OmegaConf resolvers of fedrec's configs (registered on import; :mod:`fedrec.app.build` imports this module, so
 every builder resolves them).
 
 ``${by_conventions:PAPER,AUTHORS}`` is ``PAPER``, or ``AUTHORS`` when the run's ``privacy.conventions`` is

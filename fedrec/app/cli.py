@@ -1,4 +1,4 @@
-"""Run a composed Hydra config: check its fields, build its task (:mod:`fedrec.build`), train it, and write the run
+"""Run a composed Hydra config: check its fields, build its task (:mod:`fedrec.app.build`), train it, and write the run
 directory's results."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from lightning_fabric.loggers.csv_logs import _ExperimentWriter
 from lightning_fabric.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
-from fedrec.build import (
+from fedrec.app.build import (
     build_task_fetching_data,
     check_groups,
     check_ignored,
@@ -27,12 +27,7 @@ from fedrec.build import (
     instantiate_group,
     one_line,
 )
-from fedrec.commands import python_command
-from fedrec.data.integrity import recording
-from fedrec.errors import ConfigError
-from fedrec.io import atomic_write, atomic_write_json, writing
-from fedrec.jit import compile_notice
-from fedrec.run_folder import (
+from fedrec.app.run_folder import (
     RUN_OUTPUTS,
     TB_EVENTS,
     OutputError,
@@ -41,11 +36,17 @@ from fedrec.run_folder import (
     resumes_in_place,
     run_outputs,
 )
-from fedrec.stop_request import STOP_FILE
+from fedrec.data.integrity import recording
+from fedrec.errors import ConfigError
 from fedrec.trainer import Callback
+from fedrec.trainer.callbacks import RunningTask, RunningTrainer
 from fedrec.trainer.checkpoint import IDENTITY, config_differences, listed
 from fedrec.trainer.distributed import check_distribution, check_shardable, launched_as_secondary
 from fedrec.trainer.trainer import logs_of
+from fedrec.utils.commands import python_command
+from fedrec.utils.io import atomic_write, atomic_write_json, writing
+from fedrec.utils.jit import compile_notice
+from fedrec.utils.stop_request import STOP_FILE
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ RUN_SETTINGS = ("trainer", "logger", "plots", "hydra", "ckpt_path", "resume_allo
                 "download_data", "quick", "quick_recipe", "max_memory_gb", "sweep")
 #: keys, at any depth, that say where the inputs are rather than what they are (the dataset's sizes are checked)
 LOCATION_KEYS = ("data_dir",)
-#: the config groups every run needs (the task kind's own groups are checked by :func:`fedrec.build.check_groups`)
+#: the config groups every run needs (the task kind's own groups are checked by :func:`fedrec.app.build.check_groups`)
 RUN_GROUPS = ("task", "trainer", "logger")
 #: the namespace of the run's headline among a logger's metrics (beside the per-round curves of the same names)
 SUMMARY_PREFIX = "summary/"
@@ -309,7 +310,7 @@ class RunResults(Callback):
         self.cfg, self.out, self.planner, self.is_private, self.title = cfg, out, planner, is_private, title
         self.summary: dict[str, Any] = {}
 
-    def on_fit_end(self, trainer: Any, task: Any) -> None:
+    def on_fit_end(self, trainer: RunningTrainer, task: RunningTask) -> None:
         """Summarise the run, then write ``summary.json`` and its plots (rank 0 of a multi-process run)."""
         cfg, history = self.cfg, trainer.history
         summary = {
@@ -330,7 +331,7 @@ class RunResults(Callback):
             return
         atomic_write_json(self.out / "summary.json", summary)
         if cfg.get("plots", True) and history:
-            from fedrec.plots import plot_run
+            from fedrec.app.plots import plot_run
 
             plot_run(history, self.out, title=self.title, rating_scale=summary.get("rating_scale"))
 
@@ -343,16 +344,16 @@ class LoggedHyperparameters(Callback):
     def __init__(self, params: Mapping[str, Any], results: RunResults) -> None:
         self.params, self.results = dict(params), results
 
-    def on_fit_start(self, trainer: Any, task: Any) -> None:
+    def on_fit_start(self, trainer: RunningTrainer, task: RunningTask) -> None:
         for lg in trainer.loggers:
             if not takes_metrics(lg):
                 with writing(logs_of(lg)), contextlib.suppress(NotImplementedError):
                     lg.log_hyperparams(self.params)
 
-    def on_fit_end(self, trainer: Any, task: Any) -> None:
+    def on_fit_end(self, trainer: RunningTrainer, task: RunningTask) -> None:
         """After :class:`RunResults` has summarised the run (its summary holds private metrics only if they are
         logged)."""
-        from fedrec.sweeps import headline
+        from fedrec.app.sweeps import headline
 
         summary = self.results.summary
         metrics = {f"{SUMMARY_PREFIX}{k}": v for k, v in
@@ -390,7 +391,7 @@ def _whole(value: Any) -> bool:
 
 def check_run_fields(cfg: DictConfig) -> None:
     """The top-level fields and the groups every run needs, before anything runs (errors name the field); the
-    groups of the task's kind are checked by :func:`fedrec.build.check_groups`."""
+    groups of the task's kind are checked by :func:`fedrec.app.build.check_groups`."""
     seed = cfg.get("seed")
     if not _whole(seed) or seed < 0:
         raise ConfigError(f"seed: must be an integer >= 0, got {seed!r}")
@@ -409,7 +410,7 @@ def check_sweep_job(cfg: DictConfig, overrides: Sequence[str]) -> None:
     """A sweep job's own overrides against its own schema, none for a group or field the run does not use: ``train.py``
     checked the command line before Hydra composed it, each sweep at its first value, and the jobs of a sweep over
     groups differ in what they declare and use."""
-    from fedrec import schema
+    from fedrec.app import schema
 
     line = schema.check_job(overrides)
     check_used(cfg, schema.touched_groups(line))
@@ -519,8 +520,8 @@ def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool,
          stop_file: Path | None) -> dict[str, Any]:
     """:func:`run` once the run folder is claimed (or, on a secondary rank, not written at all)."""
     ckpt_path = cfg.get("ckpt_path")
-    from fedrec.threads import torch_threads
     from fedrec.trainer import FederatedTrainer
+    from fedrec.utils.threads import torch_threads
 
     tr = cfg.trainer
     devices = check_distribution(tr.get("accelerator", "cpu"), tr.get("devices", 1), tr.get("strategy", "auto"))[1]

@@ -1,5 +1,5 @@
 """Where the choices of the config's fixed-choice fields (enums) live, for the command-line check of
-:mod:`fedrec.schema`.
+:mod:`fedrec.app.schema`.
 
 The choices themselves are the code's own constants, the ones its objects pass to
 :func:`fedrec.errors.check_choice` when they are built; this table only says where each lives (``"module:NAME"``,

@@ -1,4 +1,4 @@
-"""``python -m fedrec.audit +experiment=NAME [overrides]``: audit the client-level DP of a run's configuration.
+"""``python -m fedrec.app.audit_cli +experiment=NAME [overrides]``: audit the client-level DP of a run's configuration.
 
 The config is composed as ``train.py`` composes it (``conf/audit.yaml`` adds the ``audit`` settings to
 ``conf/config.yaml``) and its task is built as for a run. Under ``privacy.placement=server`` the server's clipped sum
@@ -19,10 +19,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-import fedrec.resolvers  # noqa: F401  (${by_conventions:...} in the configs)
+import fedrec.app.resolvers  # noqa: F401  (${by_conventions:...} in the configs)
 from fedrec.errors import ConfigError, DatasetNotFoundError, check_float, check_int, run_script
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 #: the privacy mechanisms this command audits (client-level DP of a recommendation run)
 MECHANISMS = ("gaussian", "laplace")
 
@@ -45,7 +45,7 @@ def check_audit_memory(cfg: DictConfig, settings: dict[str, Any], model: Any) ->
     """Refuse an audit too large for the memory before it allocates: its ``2 · trials`` canary uploads run at once,
     each its ω values and item rows in about eight 4-byte copies (the uploads, the noise, the released values and
     the statistics)."""
-    from fedrec.build import check_fits
+    from fedrec.app.build import check_fits
 
     values = sum(p.numel() for p in model.shared_parameters().values()) + max(settings["rows"], 1) * model.row_dim
     check_fits(cfg, 2 * settings["trials"] * values * 8 * 4, "audit.trials",
@@ -59,17 +59,17 @@ def audit_config(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from fedrec.build import build_task_fetching_data, task_kind
-    from fedrec.io import atomic_write_json
+    from fedrec.app.build import build_task_fetching_data, task_kind
     from fedrec.privacy.audit import audit_client_dp
     from fedrec.recsys.privatize import privatize_uploads
-    from fedrec.threads import torch_threads
+    from fedrec.utils.io import atomic_write_json
+    from fedrec.utils.threads import torch_threads
 
     settings = audit_settings(cfg)
     privacy = cfg.get("privacy")
     mechanism = privacy.get("mechanism") if isinstance(privacy, DictConfig) else None
     if task_kind(cfg) != "recommendation" or mechanism not in MECHANISMS:
-        raise ConfigError(f"privacy: python -m fedrec.audit audits the client-level DP of a recommendation run "
+        raise ConfigError(f"privacy: python -m fedrec.app.audit_cli audits the client-level DP of a recommendation run "
                           f"(privacy=gaussian|laplace), got task={cfg.task.get('_target_')} with privacy="
                           f"{mechanism}; the Fed_UCB and CDP-FCLUB trees are audited by scripts/audit_privacy.py")
     with torch_threads(cfg.get("num_threads")):  # as a run: batched small tensors run best on one thread
@@ -131,11 +131,11 @@ def main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    """``python -m fedrec.audit +experiment=NAME [overrides]``: ``quick=true`` expanded into the experiment's short
+    """``python -m fedrec.app.audit_cli +experiment=NAME [overrides]``: ``quick=true`` expanded into the experiment's short
     recipe and the command line checked against the config files' schema first (one ``error:`` line, exit code 2),
     as ``train.py`` does."""
-    from fedrec.presets import expand_quick
-    from fedrec.schema import check_command_line
+    from fedrec.app.presets import expand_quick
+    from fedrec.app.schema import check_command_line
 
     def checked() -> None:
         sys.argv[1:] = expand_quick(CONF, sys.argv[1:], config_name="audit")

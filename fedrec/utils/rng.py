@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedrec.errors import check_choice
-from fedrec.jit import jit, parallel_variant, prange
-from fedrec.seeding import numpy_generator
+from fedrec.utils.jit import jit, parallel_variant, prange
+from fedrec.utils.seeding import numpy_generator
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)

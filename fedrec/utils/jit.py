@@ -91,7 +91,7 @@ def over_replicates(body: Callable[..., None], name: str | None = None
     namespace: dict[str, Any] = {"__name__": fn.__module__, "body": body, "np": np, "prange": prange}
     exec(compile(source, fn.__code__.co_filename, "exec"), namespace)  # noqa: S102 - the fixed loop above
     loop = namespace[name]
-    loop.__doc__ = f"``{fn.__qualname__}`` of every replicate (:func:`fedrec.jit.over_replicates`)."
+    loop.__doc__ = f"``{fn.__qualname__}`` of every replicate (:func:`fedrec.utils.jit.over_replicates`)."
     return jit(loop), jit(parallel_variant(loop), parallel=True)
 
 

@@ -1,12 +1,12 @@
 """Turn a composed config into a task: one builder per task kind, registered with the kind
-(:func:`~fedrec.build.kinds.register_kind`) and chosen by the ``kind`` that the class ``task._target_`` names
+(:func:`~fedrec.app.build.kinds.register_kind`) and chosen by the ``kind`` that the class ``task._target_`` names
 declares (:attr:`fedrec.tasks.FederatedTask.kind`).
 
 A builder instantiates the config groups its kind needs and wires them together from what the objects declare,
 never from class names or signatures: the sizes a protocol takes from its environment
 (:meth:`~fedrec.protocols.StepProtocol.world`), a local policy only for protocols that ``takes_policy``, the
 dataset an environment reads (``dataset``). A run too large for the memory is refused before it is allocated
-(:mod:`fedrec.build.capacity`). Errors name the config group (``error: protocol: ...``).
+(:mod:`fedrec.app.build.capacity`). Errors name the config group (``error: protocol: ...``).
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-import fedrec.resolvers  # noqa: F401  (the configs' ${by_conventions:...}, so build_task resolves any config)
-from fedrec.build import capacity
-from fedrec.build.groups import (
+import fedrec.app.resolvers  # noqa: F401  (the configs' ${by_conventions:...}, so build_task resolves any config)
+from fedrec.app.build import capacity
+from fedrec.app.build.groups import (
     check_groups,
     check_privacy,
     group_class,
@@ -30,7 +30,7 @@ from fedrec.build.groups import (
     privacy_mechanism,
     task_kind,
 )
-from fedrec.build.kinds import KINDS, register_kind
+from fedrec.app.build.kinds import KINDS, register_kind
 from fedrec.errors import ConfigError, check_int
 
 

@@ -17,9 +17,9 @@ every job folder of a multirun when it ends, whatever launcher ran the jobs, and
 
 A sweep stops on SIGINT or SIGTERM (:class:`StopOnSignal`): each running job saves its checkpoint after its round, no
 other job starts, and the sweep ends with the command that continues it; run again into its folder, a sweep keeps its
-finished jobs, continues the interrupted ones from their checkpoints and runs the others (``fedrec.cli.run``).
+finished jobs, continues the interrupted ones from their checkpoints and runs the others (``fedrec.app.cli.run``).
 
-``python -m fedrec.sweeps SWEEP_DIR --metric M --rows KEY --columns KEY`` pivots ``runs.csv`` into a table of mean ±
+``python -m fedrec.app.sweeps SWEEP_DIR --metric M --rows KEY --columns KEY`` pivots ``runs.csv`` into a table of mean ±
 std over seeds (:func:`pivot`); a swept key on neither rows nor columns is refused rather than pooled as seeds.
 """
 from __future__ import annotations
@@ -42,10 +42,10 @@ import yaml
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from fedrec.commands import python_command
 from fedrec.errors import STOP_SIGNALS, ConfigError, Interrupted, did_you_mean, run_script
-from fedrec.io import WriteError, atomic_write
-from fedrec.stop_request import STOP_FILE, request_stop, requested_stop
+from fedrec.utils.commands import python_command
+from fedrec.utils.io import WriteError, atomic_write
+from fedrec.utils.stop_request import STOP_FILE, request_stop, requested_stop
 
 #: the main result of each task kind, in order of preference (the first present is the sweep objective): on real
 #: click data the papers' metric, the reward relative to a random policy (bandit runs) or the replayed CTR relative to
@@ -105,7 +105,7 @@ class Job:
 class StopOnSignal:
     """The SIGINT and SIGTERM handler of a sweep's processes outside its jobs' rounds (the trainer takes them there,
     then the job asks the same): the first signal asks every job of the sweep to stop (its stop file,
-    :mod:`fedrec.stop_request`), so that a running job saves after its round and a job not started does not start.
+    :mod:`fedrec.utils.stop_request`), so that a running job saves after its round and a job not started does not start.
     In the process that launched the sweep (given the ``command`` that continues it) a second signal stops it at
     once (:class:`~fedrec.errors.Interrupted`: a launcher ends its worker processes without their round); in a
     worker process nothing raises, as an exception there would end the sweep at once."""
@@ -503,9 +503,9 @@ def markdown(table: pd.DataFrame, metric: str, rows: Sequence[str] = (), columns
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m fedrec.sweeps SWEEP_DIR --metric M [--rows KEY...] [--columns KEY...] [--csv]``: print the
+    """``python -m fedrec.app.sweeps SWEEP_DIR --metric M [--rows KEY...] [--columns KEY...] [--csv]``: print the
     sweep's :func:`pivot` as Markdown, or as CSV (one line per setting: its keys, mean, std, runs)."""
-    p = argparse.ArgumentParser(prog="python -m fedrec.sweeps", description="Pivot a sweep's runs.csv into a table of "
+    p = argparse.ArgumentParser(prog="python -m fedrec.app.sweeps", description="Pivot a sweep's runs.csv into a table of "
                                 "mean ± std over seeds; every other swept override must be on rows or columns.")
     p.add_argument("sweep", type=Path, help="a multirun's sweep folder (or its runs.csv)")
     p.add_argument("--metric", required=True, help="a summary.json key (a column of runs.csv), e.g. final_test_rmse")

@@ -8,8 +8,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from fedrec.build.builders import build_task
-from fedrec.build.groups import group_class
+from fedrec.app.build.builders import build_task
+from fedrec.app.build.groups import group_class
 from fedrec.errors import DatasetNotFoundError
 
 

@@ -10,7 +10,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_class, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from fedrec.build.kinds import KINDS, Kind, own_groups
+from fedrec.app.build.kinds import KINDS, Kind, own_groups
 from fedrec.errors import ConfigError, DatasetNotFoundError
 
 
@@ -64,7 +64,7 @@ def group_class(node: Any, key: str) -> type:
 
 def task_kind(cfg: DictConfig) -> str:
     """The kind of task ``cfg`` describes: what the class ``task._target_`` names declares (a registered kind,
-    :func:`~fedrec.build.kinds.register_kind`)."""
+    :func:`~fedrec.app.build.kinds.register_kind`)."""
     if cfg.get("task") is None:
         raise ConfigError("task: a run needs the task group (task=NAME, a file of conf/task/)")
     kind = getattr(group_class(cfg.task, "task"), "kind", None)

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from fedrec.build.groups import group_class, group_target
+from fedrec.app.build.groups import group_class, group_target
 from fedrec.errors import ConfigError
 
 
