@@ -69,3 +69,20 @@ def test_gossip_kernel_has_one_type_per_variant() -> None:
             assert env.means.flags.writeable and env.means.flags.c_contiguous
             GossipUCB(ring(4), 3, 20, replicates=R, seed=2, backend="compiled").play(env, 5)
     assert [len(k.signatures) for k in GOSSIP_RUN] == [1, 1]
+
+
+def test_no_compiled_function_takes_more_than_eight_parameters() -> None:
+    """Kernel helpers take named structures, not long positional lists (a swapped pair of 17 arrays type-checks and
+    computes nonsense): every ``@jit`` function of fedrec takes at most 8 parameters."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "fedrec"
+    wide = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            jitted = isinstance(node, ast.FunctionDef) and any(
+                getattr(d, "id", None) == "jit" or getattr(getattr(d, "func", None), "id", None) == "jit"
+                for d in node.decorator_list)
+            if jitted and len(node.args.args) > 8:
+                wide.append(f"{path.relative_to(root.parent)}::{node.name} ({len(node.args.args)})")
+    assert not wide, f"compiled functions with more than 8 parameters: {wide}"

@@ -108,7 +108,7 @@ def dyadic_cover(t: int) -> list[Node]:
 
 def cover_nodes(t: Tensor, levels: int) -> tuple[Tensor, Tensor]:
     """The dyadic covers of records 1..t for every t of ``t`` (m,), the torch twin of
-    :func:`fedrec.privacy.tree_noise.cover_levels`: the (m, ``levels``) node indices t >> l of every level l and
+    :func:`fedrec.privacy.tree_noise.cover_of`: the (m, ``levels``) node indices t >> l of every level l and
     whether node (l, t >> l) is in t's cover (bit l of t set)."""
     index = t.unsqueeze(-1) >> torch.arange(levels, device=t.device)
     return index, (index & 1).bool()

@@ -150,10 +150,12 @@ def mark_record(row: int, t: int, last: np.ndarray, prev: np.ndarray) -> None:
 
 
 @jit(inline=True)
-def _noised(row: int, level: int, index: int, noise: NoiseSettings, last: np.ndarray, prev: np.ndarray) -> bool:
-    """Whether cover node (``level``, ``index``) of stream ``row`` carries noise: always with ``noise.noise_empty``,
-    else only if it holds a record marked by :func:`mark_record`."""
-    return noise.noise_empty or last[row, level] == index or prev[row, level] == index
+def _noised(noise_empty: bool, last: int, prev: int, index: int) -> bool:
+    """Whether a cover node of index ``index`` on its level carries noise: always with ``noise_empty``, else only if
+    it is one of the two latest marked nodes ``last``, ``prev`` of that level (:func:`mark_record`). It takes the
+    caches' entries, not the caches: an array passed into an inlined helper on a data-dependent branch keeps numba's
+    reference counting in every caller's loop."""
+    return noise_empty or last == index or prev == index
 
 
 @jit(inline=True)
@@ -169,14 +171,14 @@ def cached_prefix_noise(row: int, cover: Cover, noise: NoiseSettings, last: np.n
     for c in range(cover.count):
         level = cover.levels[c]
         m = cover.t >> level
-        if node[row, level] != m and _noised(row, level, m, noise, last, prev):
+        if node[row, level] != m and _noised(noise.noise_empty, last[row, level], prev[row, level], m):
             draw_node(noise, row, level, m, value, row, level)
             node[row, level] = m
     for j in range(out.shape[0]):
         total = 0.0
         for c in range(cover.count):
             level = cover.levels[c]
-            if _noised(row, level, cover.t >> level, noise, last, prev):
+            if _noised(noise.noise_empty, last[row, level], prev[row, level], cover.t >> level):
                 total += value[row, level, j]
         out[j] = total
 
