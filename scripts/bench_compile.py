@@ -4,13 +4,13 @@ A run's compile time is the CPU time of ``train.py`` with an empty numba cache m
 the cache the first one filled (start-up, data and steps cancel out). CPU time rather than wall time, since the
 number hardly depends on what else the machine runs; kernels compile single-threaded (``NUMBA_NUM_THREADS=1``).
 Cases (``--cases``): Sync-LinUCB and Async-LinUCB with two replicates (their parallel kernels and everything they
-call), FCLUB-DC with two replicates.
+call), FCLUB-DC with two replicates, Fed_UCB at ε = 1 (Gossip_UCB's kernel with its tree noise) with two.
 
 ``--reference PATH`` measures another checkout the same way (e.g. ``git worktree add ../old <commit>``), interleaved
 with this one, and ends with each case's ratio this / reference over the mean of the repeats. Each checkout's
 ``train.py`` imports that checkout's fedrec (its own folder comes first on ``sys.path``).
 
-    .venv/bin/python -m scripts.bench_compile [--cases sync,async,fclub_dc] [--repeats 2] [--reference ../old]
+    .venv/bin/python -m scripts.bench_compile [--cases sync,async,fclub_dc,fed_ucb] [--repeats 2] [--reference ../old]
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ CASES = {
     "sync": ["+experiment=sync_linucb_synthetic", "task.steps=2000", "task.steps_per_round=500", "replicates=2"],
     "async": ["+experiment=async_linucb_synthetic", "task.steps=2000", "task.steps_per_round=500", "replicates=2"],
     "fclub_dc": ["+experiment=fclub_synthetic", "task.steps=10000", "replicates=2"],
+    "fed_ucb": ["+experiment=gossip_synthetic_k3", "task.steps=2000", "task.steps_per_round=1000", "replicates=2"],
 }
 
 
