@@ -139,8 +139,8 @@ def test_public_functions_and_methods_have_type_hints(package: str) -> None:
         obj = getattr(module, name)
         functions = [(name, obj)] if inspect.isfunction(obj) else [
             (f"{name}.{attr}", f) for attr, f in vars(obj).items()
-            if inspect.isfunction(f) and (attr == "__init__" or not attr.startswith("_"))] if inspect.isclass(obj) \
-            else []
+            if inspect.isfunction(f) and f.__module__ == obj.__module__  # not typing.Protocol's generated __init__
+            and (attr == "__init__" or not attr.startswith("_"))] if inspect.isclass(obj) else []
         for qualname, f in functions:
             sig = inspect.signature(f)
             bare = [p for p, v in sig.parameters.items() if p not in ("self", "cls") and v.annotation is v.empty

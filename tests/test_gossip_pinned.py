@@ -13,7 +13,7 @@ import pytest
 from fedrec.envs.mab import MultiAgentMAB
 from fedrec.federation.topology import complete, ring
 from fedrec.privacy import TreeLaplace
-from fedrec.protocols.gossip import FedUCB
+from fedrec.protocols.gossip import CentralUCB, FedUCB, LocalUCB
 
 #: (setting, ε) → (sha1 of the arms, regret (R, N), Σ ϑ) of the kernel before the speed-ups
 PINNED = {
@@ -41,3 +41,39 @@ def test_kernel_reproduces_its_pinned_outputs(case: str) -> None:
     assert float(p.theta.numpy().sum()) == theta_sum  # numpy's summation order, as recorded
     assert digest.hexdigest() == arms_sha1
     assert math.isinf(p.epsilon) == (eps == "inf")
+
+
+#: the baselines and the privacy readings, recorded with the kernel of commit 8c9e6b9 (one loop over the three
+#: algorithms, before its phases were named into helpers): (sha1 of the arms, regret (R, N), Σ ϑ), as in PINNED
+PINNED_MODES = {
+    "local_k3": ("e3d78c53fd174e112dfb04250469ad999b9902d6", [[27.625209323252268, 606.3523876933345, 427.3695276531104], [38.29873494838128, 369.4473198486405, 519.4511202851446]], 13.324003997457845),
+    "central_ring10": ("02f4586e186455bd811c9c7602a4f7e4d10e3322", [[60.23279299417262, 60.23279299417262, 60.23279299417262, 60.23279299417262, 60.23279299417262, 60.23279299417262, 60.23279299417262, 60.23279299417262, 60.23279299417262, 60.23279299417262], [55.95263735175849, 55.95263735175849, 55.95263735175849, 55.95263735175849, 55.95263735175849, 55.95263735175849, 55.95263735175849, 55.95263735175849, 55.95263735175849, 55.95263735175849]], 93.33092478794569),
+    "fresh_ring10_1.0": ("6b83f73eff6aa1189ae62b22aa78f70b6900a912", [[582.2335733178776, 582.3077268058352, 582.6545680338706, 582.7077917748702, 582.4066059066103, 582.5347591861376, 582.349402015272, 582.3976786281634, 582.5456895890509, 582.2987995273884], [578.7022065008115, 578.8614775845402, 578.7536712053185, 578.5895658950328, 578.7988471564545, 578.8614775845402, 578.6369802913006, 578.6369802913006, 578.8010856015864, 578.550885029194]], 88.92653133725196),
+    "empty_k3_1.0": ("50a14262b9cf67f70500c3338bf11faa05f22767", [[470.26144701671245, 470.7395979541977, 470.7395979541977], [700.2502000009661, 700.2525743587058, 700.2478256432262]], 12.888104085936755),
+    "log2_k3_1.0": ("602c23b379e3e1a7f422846cd0bc0b8f1e187318", [[473.84757904785164, 473.84757904785164, 474.32572998533686], [702.5544961817915, 702.365439447231, 702.5592448972711]], 12.803275519209214),
+}
+T = 10**6
+MODES = {
+    "local_k3": lambda: LocalUCB(complete(3), 5, T, 2, 0, backend="compiled"),
+    "central_ring10": lambda: CentralUCB(ring(10), 10, T, 2, 0, backend="compiled"),
+    "fresh_ring10_1.0": lambda: FedUCB(ring(10), 10, T, 2, 0, TreeLaplace(1.0), consistency_fresh=True,
+                                       backend="compiled"),
+    "empty_k3_1.0": lambda: FedUCB(complete(3), 5, T, 2, 0, TreeLaplace(1.0, noise_empty_intervals=True),
+                                   backend="compiled"),
+    "log2_k3_1.0": lambda: FedUCB(complete(3), 5, T, 2, 0, TreeLaplace(1.0), privacy_log2=True, backend="compiled"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PINNED_MODES))
+def test_the_baselines_and_privacy_readings_reproduce_their_pinned_outputs(case: str) -> None:
+    """LOCAL and CENTRAL UCB1, the consistency rule against ñ(t+1), noise on empty tree nodes and log₂ t in the
+    privacy term play as the kernel before its rewrite did, draw for draw."""
+    p = MODES[case]()
+    env = MultiAgentMAB(p.num_agents, p.num_arms, 2, seed=0)
+    digest = hashlib.sha1()
+    for steps in (1500, 1500, 1000):
+        digest.update(p.play(env, steps, return_arms=True).numpy().tobytes())
+    arms_sha1, regret, theta_sum = PINNED_MODES[case]
+    assert p.regret.tolist() == regret
+    assert float(p.theta.numpy().sum()) == theta_sum
+    assert digest.hexdigest() == arms_sha1

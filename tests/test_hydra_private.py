@@ -41,3 +41,23 @@ def test_a_sweep_expands_into_its_jobs_in_the_basic_sweeper_s_order() -> None:
     expected = [["a=1", "b=x", "c=7"], ["a=1", "b=y", "c=7"], ["a=2", "b=x", "c=7"], ["a=2", "b=y", "c=7"]]
     assert sweep_jobs(parsed, None) == expected
     assert sweep_jobs(parsed, 1) == expected  # batches do not change the jobs or their order
+
+
+def test_the_config_writer_is_replaced_with_the_one_hydra_calls() -> None:
+    """Hydra writes a job's ``.hydra/*.yaml`` through ``hydra.core.utils._save_config(cfg, filename, output_dir)``;
+    the replacement takes its place (and is put back here)."""
+    import inspect
+
+    import hydra.core.utils
+
+    from fedrec.app.hydra_private import replace_config_writer
+
+    original = hydra.core.utils._save_config
+    assert list(inspect.signature(original).parameters) == ["cfg", "filename", "output_dir"]
+    calls = []
+    try:
+        replace_config_writer(lambda cfg, filename, output_dir: calls.append(filename))
+        hydra.core.utils._save_config({}, "config.yaml", Path("."))
+        assert calls == ["config.yaml"]
+    finally:
+        hydra.core.utils._save_config = original

@@ -131,9 +131,9 @@ def main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    """``python -m fedrec.app.audit_cli +experiment=NAME [overrides]``: ``quick=true`` expanded into the experiment's short
-    recipe and the command line checked against the config files' schema first (one ``error:`` line, exit code 2),
-    as ``train.py`` does."""
+    """``python -m fedrec.app.audit_cli +experiment=NAME [overrides]``: ``quick=true`` expanded into the
+    experiment's short recipe and the command line checked against the config files' schema first (one ``error:``
+    line, exit code 2), as ``train.py`` does."""
     from fedrec.app.presets import expand_quick
     from fedrec.app.schema import check_command_line
 

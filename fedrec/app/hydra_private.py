@@ -1,16 +1,18 @@
-"""The three pieces of Hydra's private API (``hydra._internal``) fedrec relies on, in one place, so that a Hydra
-release that changes them fails here, in ``tests/test_hydra_private.py``, and not somewhere inside a command line.
+"""The pieces of Hydra's private API (``hydra._internal`` and underscored names) fedrec relies on, in one place, so
+that a Hydra release that changes them fails here, in ``tests/test_hydra_private.py``, and not somewhere inside a
+command line.
 
 Hydra has no public form of them: the parser of ``train.py``'s own command line (to read the overrides before
 ``hydra.main`` does), the start of a Hydra with ``hydra.main``'s config search path (to check a command line, and to
-expand ``quick=true``, before the run starts), and the basic sweeper's expansion of a sweep into its jobs (to tell a
-sweep folder's jobs from another sweep's). The pinned ``hydra-core`` range in ``pyproject.toml`` is what they are
-tested against.
+expand ``quick=true``, before the run starts), the basic sweeper's expansion of a sweep into its jobs (to tell a
+sweep folder's jobs from another sweep's), and the function that writes a job's ``.hydra/*.yaml`` (replaced so that
+those files are written atomically). The pinned ``hydra-core`` range in ``pyproject.toml`` is what they are tested
+against.
 """
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -41,3 +43,11 @@ def sweep_jobs(overrides: Sequence[Any], max_batch_size: int | None) -> list[lis
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     return [job for batch in BasicSweeper.split_arguments(list(overrides), max_batch_size) for job in batch]
+
+
+def replace_config_writer(write: Callable[[Any, str, Any], None]) -> None:
+    """Make Hydra write a job's config files (``config.yaml``, ``hydra.yaml``, ``overrides.yaml`` under ``.hydra/``)
+    with ``write(cfg, filename, output_dir)`` instead of its own writer, in this process."""
+    import hydra.core.utils
+
+    hydra.core.utils._save_config = write

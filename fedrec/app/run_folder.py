@@ -194,9 +194,9 @@ def _save_hydra_config(cfg: Any, filename: str, output_dir: Path) -> None:
 
 def _write_hydra_configs_atomically() -> None:
     """Have Hydra write its copies of a job's config with :func:`_save_hydra_config` (jobs this process runs)."""
-    import hydra.core.utils
+    from fedrec.app.hydra_private import replace_config_writer
 
-    hydra.core.utils._save_config = _save_hydra_config
+    replace_config_writer(_save_hydra_config)
 
 
 class OutputDirCheck(HydraCallback):

@@ -505,8 +505,9 @@ def markdown(table: pd.DataFrame, metric: str, rows: Sequence[str] = (), columns
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m fedrec.app.sweeps SWEEP_DIR --metric M [--rows KEY...] [--columns KEY...] [--csv]``: print the
     sweep's :func:`pivot` as Markdown, or as CSV (one line per setting: its keys, mean, std, runs)."""
-    p = argparse.ArgumentParser(prog="python -m fedrec.app.sweeps", description="Pivot a sweep's runs.csv into a table of "
-                                "mean ± std over seeds; every other swept override must be on rows or columns.")
+    p = argparse.ArgumentParser(prog="python -m fedrec.app.sweeps",
+                                description="Pivot a sweep's runs.csv into a table of mean ± std over seeds; every "
+                                "other swept override must be on rows or columns.")
     p.add_argument("sweep", type=Path, help="a multirun's sweep folder (or its runs.csv)")
     p.add_argument("--metric", required=True, help="a summary.json key (a column of runs.csv), e.g. final_test_rmse")
     p.add_argument("--rows", nargs="+", default=[], metavar="KEY", help="keys whose settings are the table's rows")

@@ -50,9 +50,9 @@ def draw_reward(src: RewardSource, r: int, i: int, k: int, t: int) -> float:
 def draw_reward_from(src: RewardSource, state: np.uint64, r: int, i: int, k: int, t: int) -> float:
     """X_{i,k}(t) of replicate r drawn from its stream's ``state``.
 
-    ``GAUSSIAN``: μ_{i,k} + σ·:func:`~fedrec.utils.rng.normal`; ``CLIPPED``: the same clipped to [0, 1]. ``RECORDS``: the
-    value ⌊u·size⌋ (u :func:`~fedrec.utils.rng.uniform`) of pool (i, k), a draw with replacement. ``BERNOULLI``: 1 if
-    u < μ_{i,k}, else 0.
+    ``GAUSSIAN``: μ_{i,k} + σ·:func:`~fedrec.utils.rng.normal`; ``CLIPPED``: the same clipped to [0, 1].
+    ``RECORDS``: the value ⌊u·size⌋ (u :func:`~fedrec.utils.rng.uniform`) of pool (i, k), a draw with replacement.
+    ``BERNOULLI``: 1 if u < μ_{i,k}, else 0.
     """
     M = src.means.shape[2]
     if src.reward_kind == RECORDS:

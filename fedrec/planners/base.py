@@ -98,7 +98,8 @@ class BudgetPlanner(Callback, ABC):
             self.budgets.append(float(budget))
         self.overhead_seconds += time.perf_counter() - started
 
-    def on_round_end(self, trainer: RunningTrainer, task: FedRecTask, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, trainer: RunningTrainer, task: FedRecTask, round_idx: int,
+                     metrics: dict[str, float]) -> None:
         started = time.perf_counter()
         rmse = metrics[f"{self.reward_split}_rmse"] if self._measured else math.nan
         if not self._measured:

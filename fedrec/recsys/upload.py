@@ -24,8 +24,8 @@ from fedrec.utils.rng import KeyedRows, keyed_group_shuffle, keyed_sample_exclud
 
 def sample_pseudo_items(data: RoundData, num_items: int, count: int, key: int) -> tuple[Tensor, Tensor]:
     """``count`` items per client drawn uniformly without replacement from the items it has no rating of this
-    round, from the client's own stream under ``key`` (:func:`fedrec.utils.rng.keyed_sample_excluding`), so a client draws
-    the same items in any shard. Returns ``(items (C, count), valid (C, count))``; ``valid`` is False where a
+    round, from the client's own stream under ``key`` (:func:`fedrec.utils.rng.keyed_sample_excluding`), so a client
+    draws the same items in any shard. Returns ``(items (C, count), valid (C, count))``; ``valid`` is False where a
     client has fewer than ``count`` such items."""
     count = min(count, num_items)
     indptr = np.zeros(data.num_clients + 1, dtype=np.int64)

@@ -64,7 +64,8 @@ class Callback:
     def on_round_start(self, trainer: RunningTrainer, task: RunningTask, round_idx: int) -> None:
         """Before round ``round_idx`` runs (e.g. set this round's privacy budget)."""
 
-    def on_round_end(self, trainer: RunningTrainer, task: RunningTask, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, trainer: RunningTrainer, task: RunningTask, round_idx: int,
+                     metrics: dict[str, float]) -> None:
         """After round ``round_idx`` with the metrics it produced."""
 
     def on_save_checkpoint(self, trainer: RunningTrainer, task: RunningTask, checkpoint: dict[str, Any]) -> None:
@@ -97,7 +98,8 @@ class ProgressBar(Callback):
 
         self._bar = tqdm(total=task.num_rounds, initial=trainer.round, unit="round", dynamic_ncols=True)
 
-    def on_round_end(self, trainer: RunningTrainer, task: RunningTask, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, trainer: RunningTrainer, task: RunningTask, round_idx: int,
+                     metrics: dict[str, float]) -> None:
         if self._bar is not None:
             self._bar.set_postfix({k: f"{metrics[k]:.4g}" for k in self.show if k in metrics}, refresh=False)
             self._bar.update(1)
@@ -149,7 +151,8 @@ class EarlyStopping(Callback):
             return True
         return value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
 
-    def on_round_end(self, trainer: RunningTrainer, task: RunningTask, round_idx: int, metrics: dict[str, float]) -> None:
+    def on_round_end(self, trainer: RunningTrainer, task: RunningTask, round_idx: int,
+                     metrics: dict[str, float]) -> None:
         if self.monitor not in metrics:
             where = f"{self.config_key or type(self).__name__}.monitor"
             logged = ", ".join(sorted(k for k in metrics if k != "round"))

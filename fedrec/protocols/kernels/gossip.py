@@ -131,8 +131,9 @@ class PeerTraffic(NamedTuple):
 
 
 #: the rows of a call's arm terms, (5, N, M): what an arm's index needs, cached per (agent, arm) (``CENTRAL``: of
-#: the pooled counts, in agent row 0): :func:`count_terms` of its count and, at finite ε, the root w of its width at
-#: its latest exact evaluation with 1/(2w) (0: none yet; :func:`pruned_private_indices`)
+#: the pooled counts, in every row at a call's start, then only row 0 read and updated): :func:`count_terms` of
+#: its count and, at finite ε, the root w of its width at its latest exact evaluation with 1/(2w) (0: none yet;
+#: :func:`pruned_private_indices`)
 INV, LOG_SQ, ROOT, ANCHOR, HALF_INV = 0, 1, 2, 3, 4
 #: the rows of the choosing agent's evaluation, (3, M): each arm's index q and, at finite ε, the radicand x of its
 #: width and an upper bound of q
