@@ -301,7 +301,7 @@ def allowed_changes(cfg: DictConfig) -> list[str]:
     return names
 
 
-class RunResults(Callback):
+class RunResults(Callback[RunningTask]):
     """Writes ``summary.json`` and the plots once the rounds are done and before the final checkpoint, so that a
     failing checkpoint write (full disk) does not lose a finished run's results."""
 
@@ -336,7 +336,7 @@ class RunResults(Callback):
             plot_run(history, self.out, title=self.title, rating_scale=summary.get("rating_scale"))
 
 
-class LoggedHyperparameters(Callback):
+class LoggedHyperparameters(Callback[RunningTask]):
     """Logs the run's resolved config as hyper-parameters (:func:`hyperparameters`) to every logger: at the start,
     and at the end to those that take metrics with them (TensorBoard's HParams view), with the run's rounds and
     headline as ``summary/NAME``. Fabric's CSV logger keeps none (``config_resolved.yaml`` holds them)."""

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 REWARD_SPLITS = ("val", "test")
 
 
-class BudgetPlanner(Callback, ABC):
+class BudgetPlanner(Callback["FedRecTask"], ABC):
     """Base class: subclasses implement :meth:`choose` (and may extend :meth:`observe` and the state)."""
 
     name = "planner"

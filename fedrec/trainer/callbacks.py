@@ -6,7 +6,7 @@ import logging
 import math
 import os
 import sys
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from fedrec.errors import ConfigError
 
@@ -40,12 +40,18 @@ class RunningTask(Protocol):
         ...
 
 
-class Callback:
+#: the kind of task a callback's hooks receive: any task (:class:`RunningTask`) unless the callback is made for one
+TaskT = TypeVar("TaskT", bound=RunningTask)
+
+
+class Callback(Generic[TaskT]):
     """Observes and steers a run through hooks; carries its own ``state_dict`` into checkpoints.
 
     Every hook gets the trainer running the fit and its task, typed by what a hook may use of them
-    (:class:`RunningTrainer`, :class:`RunningTask`), so that this module imports neither (the trainer imports it,
-    and budget planners subclass it without importing the trainer). A callback may stop the run by setting
+    (:class:`RunningTrainer`, and the task type ``TaskT``: :class:`RunningTask` for a callback of any task, e.g.
+    ``Callback[RunningTask]``, or the one task class a callback is made for, as the budget planners'
+    ``Callback[FedRecTask]``), so that this module imports neither (the trainer imports it, and budget planners
+    subclass it without importing the trainer). A callback may stop the run by setting
     ``trainer.should_stop = True`` (e.g. a budget planner whose budget is exhausted); set in ``on_round_start``, it
     also cancels the round about to start.
     """
@@ -58,20 +64,20 @@ class Callback:
         """Key of this callback's state in a checkpoint."""
         return type(self).__qualname__
 
-    def on_fit_start(self, trainer: RunningTrainer, task: RunningTask) -> None:
+    def on_fit_start(self, trainer: RunningTrainer, task: TaskT) -> None:
         """Before the first round (after a checkpoint, if any, has been loaded)."""
 
-    def on_round_start(self, trainer: RunningTrainer, task: RunningTask, round_idx: int) -> None:
+    def on_round_start(self, trainer: RunningTrainer, task: TaskT, round_idx: int) -> None:
         """Before round ``round_idx`` runs (e.g. set this round's privacy budget)."""
 
-    def on_round_end(self, trainer: RunningTrainer, task: RunningTask, round_idx: int,
+    def on_round_end(self, trainer: RunningTrainer, task: TaskT, round_idx: int,
                      metrics: dict[str, float]) -> None:
         """After round ``round_idx`` with the metrics it produced."""
 
-    def on_save_checkpoint(self, trainer: RunningTrainer, task: RunningTask, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: RunningTrainer, task: TaskT, checkpoint: dict[str, Any]) -> None:
         """Just before ``checkpoint`` is written."""
 
-    def on_fit_end(self, trainer: RunningTrainer, task: RunningTask) -> None:
+    def on_fit_end(self, trainer: RunningTrainer, task: TaskT) -> None:
         """After the last round."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -86,7 +92,7 @@ def progress_enabled() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
-class ProgressBar(Callback):
+class ProgressBar(Callback[RunningTask]):
     """A tqdm bar over rounds showing the latest metrics."""
 
     def __init__(self, show: tuple[str, ...] = ("cumulative_regret", "comm_messages")) -> None:
@@ -110,7 +116,7 @@ class ProgressBar(Callback):
             self._bar = None
 
 
-class EarlyStopping(Callback):
+class EarlyStopping(Callback[RunningTask]):
     """Stops the run once metric ``monitor`` has not improved for ``patience`` rounds in a row.
 
     Its state (the best value and the rounds since) goes into checkpoints, so that a resumed run stops after the
