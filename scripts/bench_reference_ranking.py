@@ -25,7 +25,7 @@ reports ``selected_test_*`` (the test metrics of the round with the best ``val_n
   (must agree) and RecBole's own test evaluation is printed beside them (``recbole_own_hr@10``).
 
 fedrec's runs go through the library's entry point (:func:`fedrec.app.cli.run` on the config ``train.py`` composes for
-``+experiment=<model>_ml100k_implicit task.federated=false`` plus the settings in :data:`FEDREC`), in this process.
+``+experiment=<model>_ml100k_implicit_tuned``, the central settings chosen beside RecBole), in this process.
 RecBole is an optional dependency (``pip install recbole==1.2.1``); without it ``--skip-reference`` still runs
 fedrec's side. RecBole 1.2.1 predates NumPy 2 and SciPy 1.12: before importing it the
 script gives back the few names it reads that those removed (:func:`recbole_shims`).
@@ -64,17 +64,6 @@ K = 10
 TARGET = 0.95
 MODELS = ("mf", "neumf", "lightgcn")
 NAMES = {"mf": "MF (BPR)", "neumf": "NeuMF", "lightgcn": "LightGCN"}
-
-#: fedrec's central settings per model: rounds (full-batch Adam steps) and overrides of
-#: ``+experiment=<model>_ml100k_implicit task.federated=false`` (chosen in docs/papers/ranking_reference.md)
-FEDREC: dict[str, dict[str, Any]] = {
-    "mf": {"rounds": 400, "overrides": ["model.embed_dim=64", "+model.init_std=0.1", "task.lr=0.01",
-                                        "task.weight_decay=0"]},
-    "neumf": {"rounds": 300, "overrides": ["model.embed_dim=16", "model.mlp_layers=[32,16,8]", "+model.init_std=0.1",
-                                           "task.lr=0.01", "task.weight_decay=0"]},
-    "lightgcn": {"rounds": 300, "overrides": ["model.embed_dim=64", "+model.init_std=0.1", "task.lr=0.01",
-                                              "task.weight_decay=0"]},
-}
 
 #: RecBole's model per fedrec model, and its settings beside RecBole's defaults (same widths as fedrec's)
 REFERENCE: dict[str, tuple[str, dict[str, Any]]] = {
@@ -165,14 +154,15 @@ def load_split(data_dir: Path) -> Split:
 
 
 # ------------------------------------------------------------------------------------------------ fedrec
-def fedrec_overrides(model: str, seed: int, rounds: int, data_dir: Path, extra: Sequence[str]) -> list[str]:
-    """The ``train.py`` command line of fedrec's central run of ``model``."""
-    return [f"+experiment={model}_ml100k_implicit", "task.federated=false", f"task.rounds={rounds}", f"seed={seed}",
-            *FEDREC[model]["overrides"], *extra, "task.eval.save_topk=true", "plots=false",
+def fedrec_overrides(model: str, seed: int, rounds: int | None, data_dir: Path, extra: Sequence[str]) -> list[str]:
+    """The ``train.py`` command line of fedrec's central run of ``model``: its tuned experiment (whose config
+    holds the chosen settings and rounds), ``rounds`` instead of the config's where given."""
+    return [f"+experiment={model}_ml100k_implicit_tuned", *([f"task.rounds={rounds}"] if rounds else []),
+            f"seed={seed}", *extra, "task.eval.save_topk=true", "plots=false",
             "logger.tensorboard=false", "trainer.checkpoint_every=0", f"data_dir={data_dir}"]
 
 
-def run_fedrec(model: str, seed: int, rounds: int, data_dir: Path, out: Path, extra: Sequence[str],
+def run_fedrec(model: str, seed: int, rounds: int | None, data_dir: Path, out: Path, extra: Sequence[str],
                split: Split) -> dict[str, Any]:
     """One central fedrec run in ``out`` (``train.py``'s config and entry point, in this process): fedrec's
     metrics from its summary, and the check of :func:`ranking_hr_ndcg` against its last round."""
@@ -200,9 +190,9 @@ def run_fedrec(model: str, seed: int, rounds: int, data_dir: Path, out: Path, ex
         raise SystemExit(f"error: {out}: the script's metric gives HR@10 {hr}, NDCG@10 {ndcg} on the run's last "
                          f"lists, fedrec's summary {s['final_test_hr@10']}, {s['final_test_ndcg@10']}")
     return {"side": "fedrec", "model": model, "seed": seed, "hr@10": s["selected_test_hr@10"],
-            "ndcg@10": s["selected_test_ndcg@10"], "selected_round": s["selected_round"], "rounds": rounds,
+            "ndcg@10": s["selected_test_ndcg@10"], "selected_round": s["selected_round"], "rounds": cfg.task.rounds,
             "final_hr@10": s["final_test_hr@10"], "final_ndcg@10": s["final_test_ndcg@10"],
-            "check_fedrec_final": check, "wall_s": round(wall, 1), "overrides": [*FEDREC[model]["overrides"], *extra]}
+            "check_fedrec_final": check, "wall_s": round(wall, 1), "overrides": [f"+experiment={model}_ml100k_implicit_tuned", *extra]}
 
 
 # ------------------------------------------------------------------------------------------------ RecBole
@@ -398,7 +388,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated, of mf, neumf, lightgcn")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (both libraries)")
-    p.add_argument("--rounds", type=int, default=None, help="fedrec's rounds for every model (default: FEDREC's)")
+    p.add_argument("--rounds", type=int, default=None, help="fedrec's rounds for every model (default: its tuned experiment's)")
     p.add_argument("--epochs", type=int, default=REFERENCE_COMMON["epochs"],
                    help="RecBole's largest number of epochs (it stops early on the validation NDCG@10)")
     p.add_argument("--fedrec-set", action="append", default=[], metavar="MODEL:KEY=VALUE",
@@ -469,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                 runs = []
                 if not args.skip_fedrec:
                     runs.append(lambda m=m, seed=seed: run_fedrec(
-                        m, seed, rounds or FEDREC[m]["rounds"], args.data_dir, out / "fedrec" / f"{m}_seed{seed}",
+                        m, seed, rounds, args.data_dir, out / "fedrec" / f"{m}_seed{seed}",
                         fedrec_extra[m], split))
                 if not args.skip_reference:
                     runs.append(lambda m=m, seed=seed: run_reference(m, seed, epochs, split, Path(workdir),
