@@ -39,7 +39,8 @@ INCLUDED_ONLY = {
 
 _KEY = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w.@/-]*)\s*:(?:\s+(?P<rest>.*))?$")
 _ITEM = re.compile(r"^\s*-\s+(?P<item>[^#]*?)\s*(?:#\s?(?P<comment>.*))?$")
-_NOT_A_REF = re.compile(r'<autoref (?P<attrs>[^>]*identifier="(?P<id>[^"]*[;\s][^"]*)"[^>]*)>(?P<title>.*?)</autoref>', re.S)
+_NOT_A_REF = re.compile(r'<autoref (?P<attrs>[^>]*identifier="(?P<id>[^"]*[;\s][^"]*)"[^>]*)>(?P<title>.*?)</autoref>',
+                        re.S)
 _LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]+)\]\((?P<target>[^)\s]+)\)")
 _FENCE = re.compile(r"(^```.*?^```[^\n]*$)", re.S | re.M)
 _CODE_SPAN = re.compile(r"`[^`\n]+`")

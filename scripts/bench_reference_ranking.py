@@ -192,7 +192,8 @@ def run_fedrec(model: str, seed: int, rounds: int | None, data_dir: Path, out: P
     return {"side": "fedrec", "model": model, "seed": seed, "hr@10": s["selected_test_hr@10"],
             "ndcg@10": s["selected_test_ndcg@10"], "selected_round": s["selected_round"], "rounds": cfg.task.rounds,
             "final_hr@10": s["final_test_hr@10"], "final_ndcg@10": s["final_test_ndcg@10"],
-            "check_fedrec_final": check, "wall_s": round(wall, 1), "overrides": [f"+experiment={model}_ml100k_implicit_tuned", *extra]}
+            "check_fedrec_final": check, "wall_s": round(wall, 1),
+            "overrides": [f"+experiment={model}_ml100k_implicit_tuned", *extra]}
 
 
 # ------------------------------------------------------------------------------------------------ RecBole
@@ -388,7 +389,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated, of mf, neumf, lightgcn")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (both libraries)")
-    p.add_argument("--rounds", type=int, default=None, help="fedrec's rounds for every model (default: its tuned experiment's)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="fedrec's rounds for every model (default: its tuned experiment's)")
     p.add_argument("--epochs", type=int, default=REFERENCE_COMMON["epochs"],
                    help="RecBole's largest number of epochs (it stops early on the validation NDCG@10)")
     p.add_argument("--fedrec-set", action="append", default=[], metavar="MODEL:KEY=VALUE",

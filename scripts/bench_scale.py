@@ -7,9 +7,9 @@ Cases (``--cases``, comma-separated):
   (``hydra/launcher=joblib hydra.launcher.n_jobs=N``), each timed from the start of ``train.py`` to its sweep
   summary. Both sweeps must give the same results (every job's summary.json without its timings) before the ratio
   is reported. Target: joblib at most 0.6x the serial time with 2 jobs at once (each joblib worker pays torch's and
-  Lightning Fabric's imports and warm-up, about 7 s, once: the jobs must be long enough for that to matter little). The line also gives the machine's
-  load and its measured room for parallel work (``parallel_capacity``: 2.0 on two idle cores), since a loaded
-  machine leaves less to gain.
+  Lightning Fabric's imports and warm-up, about 7 s, once: the jobs must be long enough for that to matter little). The
+  line also gives the machine's load and its measured room for parallel work (``parallel_capacity``: 2.0 on two idle
+  cores), since a loaded machine leaves less to gain.
 
 * ``shard``: one FedGNN run on synthetic ratings (``--shard``; default MovieLens-1M's size, 6,040 users in 605
   clients, 3,706 items, 1,000,209 ratings, a few rounds) in one process and sharded over ``--devices`` processes

@@ -148,8 +148,8 @@ def case_comm() -> None:
     p.run(batch.clients, batch.contexts, batch.rewards)
     shares = int(p.ledger.totals()["comm_upload_bytes"][0])
     emit({"case": "comm_ledger_check", "d": d, "K": K, "steps": T, "upload_bytes": shares,
-          "formula_K_(M-1)_d_8_T": K * (M - 1) * d * 8 * T, "mask_bytes": int(p.ledger.totals()["comm_download_bytes"][0]),
-          "formula_d2_8": d * d * 8})
+          "formula_K_(M-1)_d_8_T": K * (M - 1) * d * 8 * T,
+          "mask_bytes": int(p.ledger.totals()["comm_download_bytes"][0]), "formula_d2_8": d * d * 8})
 
 
 def figure(rows: list[dict], path: Path) -> None:
@@ -159,7 +159,8 @@ def figure(rows: list[dict], path: Path) -> None:
     for ax, name, title in zip(axes, ("ucb", "ts"), ("VFUCB / LinUCB", "VFTS / LinTS")):
         for K in sorted({r["K"] for r in rows if r["K"] >= 100}):
             sel = [r for r in rows if r["K"] == K]
-            line, = ax.plot([r["d"] for r in sel], [r[f"{name}_measured"] for r in sel], "o-", label=f"K = {K} measured")
+            line, = ax.plot([r["d"] for r in sel], [r[f"{name}_measured"] for r in sel], "o-",
+                            label=f"K = {K} measured")
             ax.plot([r["d"] for r in sel], [r[f"{name}_model"] for r in sel], "--", color=line.get_color(),
                     label=f"K = {K} op-count model")
         ax.set_xscale("log")

@@ -27,7 +27,8 @@ KEYS = {"epsilon_lower", "epsilon_reported", "confidence", "trials", "threat_mod
 
 @pytest.fixture
 def audit_cli(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
-    """``audit_cli(*args)`` runs ``python -m fedrec.app.audit_cli *args`` in this process (Hydra parses ``sys.argv``)."""
+    """``audit_cli(*args)`` runs ``python -m fedrec.app.audit_cli *args`` in this process (Hydra parses
+    ``sys.argv``)."""
     def call(*args: str) -> Any:
         monkeypatch.setattr(sys, "argv", ["fedrec.app.audit_cli", *args])
         return fedrec.app.audit_cli.cli()
@@ -100,7 +101,8 @@ def test_a_bandit_run_is_refused_with_a_pointer_to_the_script(audit_cli, tmp_pat
 
 def test_python_dash_m_fedrec_audit_runs(tmp_path: Path) -> None:
     out = tmp_path / "sub"
-    proc = subprocess.run([sys.executable, "-m", "fedrec.app.audit_cli", *SMALL, "audit.rounds=1", f"hydra.run.dir={out}"],
+    proc = subprocess.run([sys.executable, "-m", "fedrec.app.audit_cli", *SMALL, "audit.rounds=1",
+                           f"hydra.run.dir={out}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr
     assert "ε ≥" in proc.stdout and (out / "audit.json").is_file()

@@ -35,13 +35,15 @@ def test_the_authors_gaussian_sigma_by_hand() -> None:
     assert dp.rdp_alpha == 2.0 and dp.total_budget == 10.0  # ε_total itself is the RDP budget
     sigma = dp.mechanism.noise_std(dp.levels(torch.tensor(0.1, dtype=torch.float64)))
     assert float(sigma) == pytest.approx(math.sqrt(0.4), rel=1e-12)
-    assert float(dp.mechanism.noise_std(dp.levels(torch.tensor(0.125, dtype=torch.float64)))) == pytest.approx(math.sqrt(0.32), rel=1e-12)
+    assert float(dp.mechanism.noise_std(dp.levels(torch.tensor(0.125, dtype=torch.float64)))) == pytest.approx(
+        math.sqrt(0.32), rel=1e-12)
 
 
 def test_the_authors_laplace_scale_by_hand() -> None:
     """b = 2C/ε_t = 0.2/0.1 = 2 (std 2√2)."""
     dp = ClientDP(3, "laplace", epsilon=10.0, clip=CLIP, conventions="authors")
-    assert float(dp.mechanism.noise_scale(dp.levels(torch.tensor(0.1, dtype=torch.float64)))) == pytest.approx(2.0, rel=1e-12)
+    assert float(dp.mechanism.noise_scale(dp.levels(torch.tensor(0.1, dtype=torch.float64)))) == pytest.approx(
+        2.0, rel=1e-12)
 
 
 @pytest.mark.parametrize("mechanism", ["gaussian", "laplace"])

@@ -64,7 +64,8 @@ def test_improvements_reproduce_the_papers_averages() -> None:
 
 def test_sensitivity_table_from_run_summaries() -> None:
     run = {"final_test_rmse": 0.33, "best_test_rmse": 0.32, "rounds_run": 84,
-           "planner_action_counts": [10, 20, 30, 4, 20], "planner_planned_rounds": 54, "planner_gp_argmax_changes": 3, "planner_gp_tv_mean": 0.01}
+           "planner_action_counts": [10, 20, 30, 4, 20], "planner_planned_rounds": 54, "planner_gp_argmax_changes": 3,
+           "planner_gp_tv_mean": 0.01}
     other = {**run, "final_test_rmse": 0.35, "planner_gp_argmax_changes": 1, "planner_gp_tv_mean": 0.03}
     uniform = {"final_test_rmse": 0.34, "best_test_rmse": 0.33, "rounds_run": 100}
     md, rows = table([("defaults", [run, other]), ("uniform", [uniform]), ("missing", [])])

@@ -116,7 +116,8 @@ def test_config_errors_name_the_callback_entry(compose_cfg: Compose, tmp_path: P
     with pytest.raises(ConfigError, match=r"^callbacks\[0\]\.mode: must be 'min' or 'max', got 'lower'"):
         run(compose_cfg(*BANDIT, bad), output_dir=tmp_path / "a")
     with pytest.raises(ConfigError, match=r"^callbacks\[1\]: collections\.OrderedDict is not a subclass"):
-        run(compose_cfg(*BANDIT, "callbacks=[{_target_:fedrec.trainer.ProgressBar},{_target_:collections.OrderedDict}]"),
+        run(compose_cfg(*BANDIT,
+                        "callbacks=[{_target_:fedrec.trainer.ProgressBar},{_target_:collections.OrderedDict}]"),
             output_dir=tmp_path / "b")
     unknown = "callbacks=[{_target_:fedrec.trainer.EarlyStopping,monitor:val_rmse}]"
     with pytest.raises(ConfigError, match=r"^callbacks\[0\]\.monitor: the run logs no metric 'val_rmse'"):

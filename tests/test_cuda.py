@@ -29,8 +29,9 @@ from fedrec.trainer import FederatedTrainer
 from tests.helpers import write_ml1m
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
-                                                   reason="needs a CUDA device (scripts/test_cuda.sh on a GPU machine)")]
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA device (scripts/test_cuda.sh on a GPU machine)")]
 
 
 @pytest.fixture(scope="module")

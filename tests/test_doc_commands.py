@@ -11,9 +11,9 @@ a bare ``python`` or ``pip`` fails the tests, as it would outside an activated e
 What runs where:
 
 * default suite
-    * every ``train.py`` and ``python -m fedrec.app.audit_cli`` command: ``quick=true`` appended, expanded and checked against
-      the config files in process (``fedrec.app.presets.expand_quick``, then ``fedrec.app.schema.check_command_line``: what
-      ``train.py`` does before Hydra runs anything);
+    * every ``train.py`` and ``python -m fedrec.app.audit_cli`` command: ``quick=true`` appended, expanded and checked
+      against the config files in process (``fedrec.app.presets.expand_quick``, then
+      ``fedrec.app.schema.check_command_line``: what ``train.py`` does before Hydra runs anything);
     * the commands of :data:`RUN_BY_DEFAULT` (one or two per page or experiment family, the known failures among
       them): run in process with ``quick=true``, ``hydra.run.dir``/``hydra.sweep.dir`` in the workspace unless the
       command names its own, and exit code 0 (the run checks them as above first, as ``train.py`` does);
@@ -331,8 +331,8 @@ def run_command(command: Command, workspace: Path, monkeypatch: pytest.MonkeyPat
     if kind == "audit":
         from fedrec.app import audit_cli as audit
 
-        with _as_command(command, workspace, monkeypatch, ["fedrec.app.audit_cli", *with_run_dirs([*arguments, "quick=true"],
-                                                                                           out)]):
+        with _as_command(command, workspace, monkeypatch, ["fedrec.app.audit_cli",
+                                                           *with_run_dirs([*arguments, "quick=true"], out)]):
             return _exit_code(audit.cli)
     if kind == "data":
         from fedrec.data.__main__ import main
@@ -404,8 +404,8 @@ def cached_hydra(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def check_command(command: Command, workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What ``train.py`` (or ``fedrec.app.audit_cli``) checks before Hydra runs: ``quick=true`` expanded, the command line
-    against the config files."""
+    """What ``train.py`` (or ``fedrec.app.audit_cli``) checks before Hydra runs: ``quick=true`` expanded, the command
+    line against the config files."""
     from fedrec.app.presets import expand_quick
     from fedrec.app.schema import check_command_line
 

@@ -1,6 +1,6 @@
-"""The table of :mod:`fedrec.app.enums` cannot drift from the code: every ``check_choice("group.field", value, CONSTANT)``
-in fedrec (a literal dotted name, a constant) has its entry, pointing at that very constant; every entry resolves to
-strings, and every class it names takes the field."""
+"""The table of :mod:`fedrec.app.enums` cannot drift from the code: every
+``check_choice("group.field", value, CONSTANT)`` in fedrec (a literal dotted name, a constant) has its entry, pointing
+at that very constant; every entry resolves to strings, and every class it names takes the field."""
 from __future__ import annotations
 
 import ast
@@ -78,7 +78,8 @@ def test_every_dotted_check_choice_has_its_entry(module: str, field: str, where:
     leaf = field.rpartition(".")[2]
     entries = [w for k, w in enums.CHOICES.items() if k == field]
     entries += [w for (_, name), w in enums.CLASS_CHOICES.items() if name == leaf]  # where it depends on the class
-    assert entries, f"{module}: check_choice({field!r}, ..., {where.partition(':')[2]}) has no entry in fedrec/app/enums.py"
+    assert entries, (
+        f"{module}: check_choice({field!r}, ..., {where.partition(':')[2]}) has no entry in fedrec/app/enums.py")
     assert any(obj(w) is obj(where) for w in entries), (
         f"fedrec/app/enums.py points {field} at {entries}, but {module} checks it against {where}")
 

@@ -100,7 +100,8 @@ def test_one_local_step_of_fedavg_is_the_gradient(grouped: RatingData) -> None:
     # k local steps upload (start - end) / lr: k gradients summed along the path, 3 g as lr -> 0 (and not at lr 1)
     tiny = local_updates(model, d, local_steps=3, local_lr=1e-6)
     big = local_updates(model, d, local_steps=3, local_lr=1.0)
-    for got, want in ((tiny.rows, g.rows), (tiny.users, g.users), (tiny.shared["gat.att_src"], g.shared["gat.att_src"])):
+    for got, want in ((tiny.rows, g.rows), (tiny.users, g.users),
+                      (tiny.shared["gat.att_src"], g.shared["gat.att_src"])):
         assert torch.allclose(got, 3 * want, rtol=1e-4, atol=1e-8)
     assert not torch.allclose(big.rows, 3 * g.rows, rtol=1e-2, atol=1e-4)
     assert torch.equal(tiny.loss, g.loss)

@@ -219,7 +219,8 @@ def test_private_uploads_carry_no_rating_counts(tiny: RatingData) -> None:
 def test_dp_run_resumes_exactly(tiny: RatingData, tmp_path: Path, optimizer_state: str) -> None:
     def fresh():
         dp = ClientDP(tiny.num_clients, "gaussian", epsilon=4.0, delta=1e-5)
-        return make_task(tiny, dp, aggregator=FedAvg(), strategy=Strategy(local_steps=2), optimizer_state=optimizer_state)
+        return make_task(tiny, dp, aggregator=FedAvg(), strategy=Strategy(local_steps=2),
+                         optimizer_state=optimizer_state)
 
     full_task = fresh()
     full = FederatedTrainer(default_root_dir=tmp_path / "full", enable_progress_bar=False).fit(full_task)

@@ -56,8 +56,9 @@ def test_protocols_without_noise_run_only_at_infinite_epsilon(compose_cfg: Compo
     (("protocol=fed_ucb", "privacy=gaussian"), "privacy: FedUCB applies only TreeLaplace, got ClientDP"),
     (("protocol=gossip_ucb", "privacy=laplace"), "privacy: GossipUCB applies no privacy mechanism, got ClientDP"),
 ])
-def test_the_builder_refuses_a_mechanism_the_protocol_does_not_declare(compose_cfg: Compose, tmp_path: Path,
-                                                                       overrides: tuple[str, ...], message: str) -> None:
+def test_the_builder_refuses_a_mechanism_the_protocol_does_not_declare(
+    compose_cfg: Compose, tmp_path: Path, overrides: tuple[str, ...], message: str
+) -> None:
     with pytest.raises(ConfigError, match=f"^{message}$"):
         run(compose_cfg(*QUICK, *overrides), output_dir=tmp_path)
     assert not (tmp_path / "summary.json").exists()
@@ -79,8 +80,8 @@ def test_privacy_mechanisms_are_classes_and_subclasses_qualify() -> None:
 
 @pytest.mark.parametrize(("override", "field"), [
     ("privacy.epsilon=0", "epsilon"), ("privacy.epsilon=-1", "epsilon"), ("env.num_arms=0", "num_arms"),
-    ("env.num_agents=1", "num_agents"), ("topology=ring", "num_agents"), ("privacy.laplace_split=half", "laplace_split"),
-    ("task.steps=0", "steps"),
+    ("env.num_agents=1", "num_agents"), ("topology=ring", "num_agents"),
+    ("privacy.laplace_split=half", "laplace_split"), ("task.steps=0", "steps"),
 ])
 def test_bad_input_names_the_field(compose_cfg: Compose, tmp_path: Path, override: str, field: str) -> None:
     with pytest.raises(ConfigError, match=field):  # a ring needs N >= 3 agents

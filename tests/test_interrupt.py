@@ -130,7 +130,8 @@ def test_train_py_interrupted_before_the_first_round_says_so_in_one_line(tmp_pat
         out = tmp_path / f"run{attempt}"
         proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "quick=true", f"hydra.run.dir={out}"],
                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        ready = (lambda pid=proc.pid: catches_sigterm(pid)) if when == "imports" else (out / ".hydra" / "config.yaml").is_file
+        ready = ((lambda pid=proc.pid: catches_sigterm(pid)) if when == "imports"
+                 else (out / ".hydra" / "config.yaml").is_file)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None and not ready():
             time.sleep(0.005)

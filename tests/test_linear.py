@@ -28,7 +28,8 @@ def test_sherman_morrison_and_cached_logdet_match_linalg_after_1e4_updates():
     A = xs.T @ xs + lam * torch.eye(d, dtype=torch.float64)
     inv = torch.linalg.inv(A)
     assert torch.allclose(policy.inv[0], inv, rtol=1e-8, atol=0)
-    assert abs(policy.logdet[0].item() - torch.linalg.slogdet(A).logabsdet.item()) <= 1e-8 * abs(policy.logdet[0].item())
+    assert (abs(policy.logdet[0].item() - torch.linalg.slogdet(A).logabsdet.item())
+            <= 1e-8 * abs(policy.logdet[0].item()))
     assert torch.allclose(policy.V[0], xs.T @ xs, rtol=1e-12)
     assert torch.allclose(policy.b[0], 0.5 * xs.sum(0), rtol=1e-12)
 
@@ -140,7 +141,8 @@ def test_bandits_import_does_not_pull_heavy_libraries():
     import subprocess
     import sys
 
-    heavy = ("lightning", "lightning_fabric", "torch_geometric", "opacus", "hydra", "pandas", "scipy", "fedrec.tasks.recommendation")
+    heavy = ("lightning", "lightning_fabric", "torch_geometric", "opacus", "hydra", "pandas", "scipy",
+             "fedrec.tasks.recommendation")
     for modules in ("fedrec.bandits, fedrec.federation", "fedrec.trainer"):
         code = f"import sys, {modules}; print([m for m in {heavy!r} if m in sys.modules])"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -127,7 +127,8 @@ def test_multirun_logs_to_mlflow_under_the_job_names(train_py: Callable[..., Any
         (found,) = client.search_runs([client.get_experiment_by_name("quickstart").experiment_id])
         assert found.info.run_name == f"seed={seed}" and found.info.status == "FINISHED"
         params = found.data.params
-        assert params["seed"] == str(seed) and params["task.steps"] == "400" and params["logger.run_name"] == f"seed={seed}"
+        assert (params["seed"] == str(seed) and params["task.steps"] == "400"
+                and params["logger.run_name"] == f"seed={seed}")
         history = client.get_metric_history(found.info.run_id, "cumulative_regret")
         logged = read_csv(job / "metrics.csv")
         assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == \

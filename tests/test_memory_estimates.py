@@ -1,5 +1,5 @@
-"""The memory estimates the objects state (``memory_estimate``, gathered by fedrec.app.build.capacity) against the memory
-runs actually take: for one run of each kind, the growth of ``train.py``'s peak resident memory between a small
+"""The memory estimates the objects state (``memory_estimate``, gathered by fedrec.app.build.capacity) against the
+memory runs actually take: for one run of each kind, the growth of ``train.py``'s peak resident memory between a small
 and a large size lies within 25 % of the growth of the estimate; and synthetic data's generation likewise."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``metrics.csv`` (:class:`fedrec.app.cli.MetricsCSVLogger`): the bytes Lightning's CSV logger writes, and a file that a
-kill during the rewrite forced by a new column leaves whole."""
+"""``metrics.csv`` (:class:`fedrec.app.cli.MetricsCSVLogger`): the bytes Lightning's CSV logger writes, and a file that
+a kill during the rewrite forced by a new column leaves whole."""
 from __future__ import annotations
 
 import csv

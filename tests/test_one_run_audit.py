@@ -130,9 +130,11 @@ def test_the_delta_bound_holds_on_mechanisms_of_known_epsilon(mechanism: str, ep
     for seed in range(seeds):
         key = stream_key(seed, "one_run.noise")
         if mechanism == "laplace":
-            scores, included = _scores(seed, m, lambda ids, key=key: KeyedRows(key, ids).draw("laplace", 1)[:, 0] / epsilon)
+            scores, included = _scores(seed, m,
+                                       lambda ids, key=key: KeyedRows(key, ids).draw("laplace", 1)[:, 0] / epsilon)
         else:
-            scores, included = _scores(seed, m, lambda ids, key=key: sigma * KeyedRows(key, ids).draw("normal", 1)[:, 0])
+            scores, included = _scores(seed, m,
+                                       lambda ids, key=key: sigma * KeyedRows(key, ids).draw("normal", 1)[:, 0])
         bounds.append(one_run_epsilon_lower_bound(scores, included, guesses, delta=delta))
         pure.append(one_run_epsilon_lower_bound(scores, included, guesses))
     bounds = np.array(bounds)

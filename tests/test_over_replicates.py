@@ -1,5 +1,5 @@
-"""The per-replicate wrapper written once (:func:`fedrec.utils.jit.over_replicates`): its serial and parallel kernels run a
-body once for every replicate, keep the body's writes through named structures (which numba's parallel loops lose
+"""The per-replicate wrapper written once (:func:`fedrec.utils.jit.over_replicates`): its serial and parallel kernels
+run a body once for every replicate, keep the body's writes through named structures (which numba's parallel loops lose
 when made in their own body), compile the body once for an int64 index, load from numba's cache in the next
 process, and refuse a body whose parameters would shadow the loop's names."""
 from __future__ import annotations

@@ -164,7 +164,8 @@ def exact_power(values: list[float], p: int) -> Fraction:
 
 def client_values(parts: list[torch.Tensor], owners: list[torch.Tensor], client: int) -> list[float]:
     """Every value ``client`` owns, as Python floats (exact: float32 and float64 values are doubles)."""
-    rows = [part.reshape(part.shape[0], math.prod(part.shape[1:]))[owner == client] for part, owner in zip(parts, owners)]
+    rows = [part.reshape(part.shape[0], math.prod(part.shape[1:]))[owner == client]
+            for part, owner in zip(parts, owners)]
     return [v for r in rows for v in r.double().flatten().tolist()]
 
 

@@ -179,8 +179,8 @@ def test_the_worked_example_of_the_docs_is_fedlinucb():
     blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", section, flags=re.S)]
     assert len(blocks) == 2
     # exec inherits this module's postponed annotations: the page's structure reads them in this module
-    namespace = {"__name__": __name__, "NamedTuple": NamedTuple, "I64": I64, "TriggeredLinUCB": TriggeredLinUCB, "torch": torch,
-                 "check_int": check_int}
+    namespace = {"__name__": __name__, "NamedTuple": NamedTuple, "I64": I64, "TriggeredLinUCB": TriggeredLinUCB,
+                 "torch": torch, "check_int": check_int}
     exec("\n".join(blocks), namespace)  # noqa: S102 - the documentation's own example
     it = stream(R=2)
     policy = functools.partial(LinUCB, lam=LAM, alpha=ALPHA)

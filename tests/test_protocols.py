@@ -130,7 +130,8 @@ def test_communication_grows_logarithmically_in_T():
 def test_windowed_run_equals_step_by_step():
     for proto in (
         lambda: AsyncLinUCB(30, 5, gamma_u=2.0, gamma_d=2.0, policy=paper_linucb(lam=LAM), replicates=2),
-        lambda: AsyncLinUCB(30, 5, gamma_u=2.0, gamma_d=2.0, policy=paper_linucb(lam=LAM), replicates=2, check_on_register=True),
+        lambda: AsyncLinUCB(30, 5, gamma_u=2.0, gamma_d=2.0, policy=paper_linucb(lam=LAM), replicates=2,
+                            check_on_register=True),
         lambda: SyncLinUCB(30, 5, threshold=2.0, policy=paper_linucb(lam=LAM), replicates=2),
         lambda: AsyncLinUCBAM(30, 5, global_dim=3, policy=paper_linucb(lam=LAM), replicates=2, warmup=True),
     ):
@@ -206,7 +207,8 @@ def test_am_warmup_initialises_every_active_client():
     "factory, field",
     [(lambda: AsyncLinUCB(10, 5, gamma_u=0.5), "gamma_u"), (lambda: AsyncLinUCB(10, 5, gamma_d=-1), "gamma_d"),
      (lambda: AsyncLinUCB(0, 5), "num_clients"), (lambda: AsyncLinUCB(10, 0), "dim"),
-     (lambda: AsyncLinUCB(10, 5, policy=paper_linucb(lam=0.0)), "lam"), (lambda: SyncLinUCB(10, 5, threshold=-1), "threshold"),
+     (lambda: AsyncLinUCB(10, 5, policy=paper_linucb(lam=0.0)), "lam"),
+     (lambda: SyncLinUCB(10, 5, threshold=-1), "threshold"),
      (lambda: AsyncLinUCBAM(10, 5, global_dim=6), "global_dim"), (lambda: AsyncLinUCBAM(10, 5, warmup=True), "warmup")],
 )
 def test_invalid_protocol_arguments_name_the_field(factory, field):

@@ -103,7 +103,8 @@ def test_resume_of_another_run_is_refused_naming_the_fields(
         "seed": ((*BANDIT, "seed=1"), ["seed (0 in the checkpoint, 1 here)"]),
         "task_kind": (("+experiment=fedgnn_ml100k", f"data_dir={data_dir}", "task.rounds=2", *QUIET),
                       ["task_class (fedrec.tasks.bandit.BanditTask in the checkpoint, fedrec.tasks.recommendation."
-                       "FedRecTask here)", "task (fedrec.tasks.BanditTask in the checkpoint, fedrec.tasks.FedRecTask here)",
+                       "FedRecTask here)",
+                       "task (fedrec.tasks.BanditTask in the checkpoint, fedrec.tasks.FedRecTask here)",
                        "data (none in the checkpoint, fedrec.data.load_ratings here)"]),
         "planner": ((*FEDREC_RUN, f"data_dir={data_dir}", "~planner"),
                     ["planner (fedrec.planners.BGTPlanner in the checkpoint, none here)"]),

@@ -2,9 +2,10 @@
 
 The battery runs over a thousand bad command lines, generated from every experiment's own composed config and from
 variants that select the options no experiment does (:data:`VARIANTS`): each yes/no field given a typo, each field
-of fixed choices (:mod:`fedrec.app.enums`) given a typo, fields misspelt, a field added with ``+`` that no file declares,
-an option no group has. They run in-process through :func:`fedrec.app.schema.check`, the function ``train.py`` calls, with
-the schema composed once per configuration; a sample runs end to end through ``train.py`` in ``test_schema_cli.py``.
+of fixed choices (:mod:`fedrec.app.enums`) given a typo, fields misspelt, a field added with ``+`` that no file
+declares, an option no group has. They run in-process through :func:`fedrec.app.schema.check`, the function ``train.py``
+calls, with the schema composed once per configuration; a sample runs end to end through ``train.py`` in
+``test_schema_cli.py``.
 """
 from __future__ import annotations
 

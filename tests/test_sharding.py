@@ -467,7 +467,7 @@ def test_a_bandit_run_refuses_several_devices(tmp_path: Path) -> None:
     assert "error: trainer.devices=2: BanditTask runs in one process" in proc.stderr
 
 
-# ------------------------------------------------------------------------------------------------ sweeps of sharded runs
+# ----------------------------------------------------------------------------------------------- sweeps of sharded runs
 def _sweep(folder: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     env.pop("LOCAL_RANK", None)

@@ -1,4 +1,5 @@
-"""Qualitative claims of the Async-LinUCB paper (spec §8 tests 8, 10, 11d) on small worlds; `slow` ones at paper size."""
+"""Qualitative claims of the Async-LinUCB paper (spec §8 tests 8, 10, 11d) on small worlds; `slow` ones at paper
+size."""
 from __future__ import annotations
 
 import math
@@ -20,7 +21,8 @@ def _sweep(make, values, env, T):
     for v in values:
         p = make(v)
         arms = p.run(it.clients, it.contexts, it.rewards)
-        out.append((_regret(arms, it.expected).mean().item(), p.ledger.totals()["comm_messages"].double().mean().item()))
+        out.append((_regret(arms, it.expected).mean().item(),
+                    p.ledger.totals()["comm_messages"].double().mean().item()))
     return out
 
 
@@ -50,7 +52,8 @@ def _am_sweep(N: int, T: int, replicates: int, dgs: list[int]) -> None:
         it = env.interactions(0, T)
         p = AsyncLinUCBAM(N, 25, replicates=replicates, global_dim=dg, gamma_u=5.0, gamma_d=5.0)
         arms = p.run(it.clients, it.contexts, it.rewards)
-        res.append((_regret(arms, it.expected).mean().item(), p.ledger.totals()["comm_messages"].double().mean().item()))
+        res.append((_regret(arms, it.expected).mean().item(),
+                    p.ledger.totals()["comm_messages"].double().mean().item()))
     regrets, comms = zip(*res)
     assert all(a > b for a, b in zip(regrets, regrets[1:])), regrets  # R_T falls as d_g grows (Fig. 3) ...
     assert all(a < b for a, b in zip(comms, comms[1:])), comms  # ... and C_T rises

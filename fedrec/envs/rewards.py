@@ -76,4 +76,5 @@ def rewards_many(src: RewardSource, arms: np.ndarray, t: int) -> np.ndarray:
     return out
 
 
-__all__ = ["BERNOULLI", "CLIPPED", "GAUSSIAN", "RECORDS", "RewardSource", "draw_reward", "draw_reward_from", "reward_stream", "rewards_many"]
+__all__ = ["BERNOULLI", "CLIPPED", "GAUSSIAN", "RECORDS", "RewardSource", "draw_reward", "draw_reward_from",
+           "reward_stream", "rewards_many"]

@@ -34,8 +34,8 @@ class NeuMF(FederatedRecommender):
     and ``φ^MLP`` the ReLU tower over ``[p_u^M; q_i^M]`` (eq. 10).
 
     ``dropout`` drops each tower unit's output with that probability in training (not in evaluation; 0: none, the
-    paper's). ``embed_dim`` is the GMF vectors' size; ``mlp_layers`` lists the tower's widths as the paper's §4.1 states them:
-    its input (the user's and item's MLP vectors concatenated, so each is half of it) and then each ReLU layer's
+    paper's). ``embed_dim`` is the GMF vectors' size; ``mlp_layers`` lists the tower's widths as the paper's §4.1 states
+    them: its input (the user's and item's MLP vectors concatenated, so each is half of it) and then each ReLU layer's
     output, e.g. ``(32, 16, 8)``: MLP vectors of 16, layers 32 → 16 → 8. A row is ``embed_dim + mlp_layers[0] / 2``
     wide (the model's ``embed_dim`` attribute). The tower's layers have biases, ``h`` has none (eq. 12).
     """

@@ -56,7 +56,8 @@ class ADAPPlanner(BudgetPlanner):
     Assumptions (ours; the paper gives no numbers): each round spends ``scale · remaining / rounds left``;
     ``scale`` starts at ``initial_scale`` and is multiplied by ``growth`` (capped at ``max_scale``) whenever the
     reward RMSE has not fallen by at least ``tolerance`` over the last ``patience`` rounds; no round but the last
-    spends more than (rounds left − 1)/(rounds left) of the remainder, and the last spends what is left. The clip of round t is ``clip_0 · clip_decay^t`` (data independent, so it costs no privacy).
+    spends more than (rounds left − 1)/(rounds left) of the remainder, and the last spends what is left. The clip of
+    round t is ``clip_0 · clip_decay^t`` (data independent, so it costs no privacy).
     """
 
     name = "adap"

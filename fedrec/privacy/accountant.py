@@ -616,7 +616,8 @@ class ClientAccountant(Accountant):
             part = torch.ones(self.num_clients, dtype=torch.bool)
         else:
             part = torch.as_tensor(participating).detach().cpu()
-            if part.dtype != torch.bool and not part.dtype.is_floating_point and bool(((part == 0) | (part == 1)).all()):
+            if (part.dtype != torch.bool and not part.dtype.is_floating_point
+                    and bool(((part == 0) | (part == 1)).all())):
                 part = part.bool()  # per-client counts of 0 or 1
             if part.dtype != torch.bool or part.shape != (self.num_clients,):
                 raise ConfigError(f"{name} must be a ({self.num_clients},) bool tensor or counts of 0 and 1, "

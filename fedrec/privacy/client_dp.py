@@ -5,10 +5,10 @@ Budget units (what a budget callback such as a planner sets per round, BGTplanne
 * Laplace: the round's ε_t. Basic composition: a client may spend Σ_t ε_t ≤ ε_total.
 * Gaussian: the round's **RDP budget** ρ_t at a fixed order α (paper §IV: clients "convert the budget to the RDP
   budget, which can then be simply split into multiple training rounds"). The noise multiplier is
-  ``z_t = sqrt(α / (2 ρ_t))`` (:func:`rdp_noise_multiplier`; one Gaussian round has RDP ``α / (2 z²)`` at order α), and the RDP budget of a
-  client is ``ε_total − c(α, δ)`` with ``c`` Opacus's RDP → (ε, δ) conversion at order α, so spending it exactly
-  gives ε_total at δ. ``rdp_alpha="auto"`` takes the order (among Opacus's default orders) at which a uniform
-  split needs the least noise (α ≈ 3.5 at ε_total = 10, δ = 1e-5).
+  ``z_t = sqrt(α / (2 ρ_t))`` (:func:`rdp_noise_multiplier`; one Gaussian round has RDP ``α / (2 z²)`` at order α), and
+  the RDP budget of a client is ``ε_total − c(α, δ)`` with ``c`` Opacus's RDP → (ε, δ) conversion at order α, so
+  spending it exactly gives ε_total at δ. ``rdp_alpha="auto"`` takes the order (among Opacus's default orders) at which
+  a uniform split needs the least noise (α ≈ 3.5 at ε_total = 10, δ = 1e-5).
 
 Conventions (``conventions``; a recommendation round's uploads are clipped and noised by
 :func:`fedrec.recsys.privatize.privatize_uploads`):

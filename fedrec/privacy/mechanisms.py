@@ -277,7 +277,8 @@ class Mechanism(abc.ABC):
     """What every DP noise mechanism offers: a noise *level* calibrated from a budget, and noise at a level added
     to a statistic. The level is the one number an accountant records (noise multiplier, or ε for Laplace)."""
 
-    #: the mechanism's name, as accountants know it (``"gaussian"`` / ``"laplace"``, e.g. ``ClientAccountant(mechanism=...)``)
+    #: the mechanism's name, as accountants know it (``"gaussian"`` / ``"laplace"``, e.g.
+    #: ``ClientAccountant(mechanism=...)``)
     name: str
     #: name of the level, used in error messages
     level_name: str

@@ -11,8 +11,9 @@ from fedrec.protocols.triggered import TriggeredLinUCB
 from fedrec.protocols.vertical import VerticalLinearBandit
 
 __all__ = [
-    "AsyncLinUCB", "AsyncLinUCBAM", "CentralUCB", "CentralizedLinUCB", "FedUCB", "FederatedClustering", "GossipBandit", "GossipUCB",
-    "LocalClustering", "LocalUCB", "MultiAgentProtocol", "ProtocolModule", "StepProtocol", "SyncLinUCB", "TriggeredLinUCB",
+    "AsyncLinUCB", "AsyncLinUCBAM", "CentralUCB", "CentralizedLinUCB", "FedUCB", "FederatedClustering", "GossipBandit",
+    "GossipUCB", "LocalClustering", "LocalUCB", "MultiAgentProtocol", "ProtocolModule", "StepProtocol", "SyncLinUCB",
+    "TriggeredLinUCB",
     "VerticalLinearBandit",
     "paper_linucb",
 ]

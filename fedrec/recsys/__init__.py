@@ -25,8 +25,8 @@ Fig. 1, steps ①–⑤).
   negatives, and the ``topk.npz`` lists (``UserItems``: each user's training or held-out items).
 
 The aggregators load on first use. The modules use :mod:`fedrec.models`, :mod:`fedrec.federation` (channel,
-collective), :mod:`fedrec.privacy` (``ClientDP``, and :mod:`fedrec.privacy.central` for server-placed noise) and :mod:`fedrec.aggregation` (the rules and server optimisers
-on plain tensors); :mod:`fedrec.tasks` sequences them.
+collective), :mod:`fedrec.privacy` (``ClientDP``, and :mod:`fedrec.privacy.central` for server-placed noise) and
+:mod:`fedrec.aggregation` (the rules and server optimisers on plain tensors); :mod:`fedrec.tasks` sequences them.
 """
 from __future__ import annotations
 

@@ -333,7 +333,8 @@ class MultiKrum(Krum):
 
 class GeometricMedian(RobustAggregator):
     """The weighted geometric median (RFA, Pillutla et al. 2022) of ω over the clients and of each item's rows over
-    its uploaders, by smoothed Weiszfeld iterations from the weighted mean (:func:`fedrec.aggregation.geometric_median`).
+    its uploaders, by smoothed Weiszfeld iterations from the weighted mean
+    (:func:`fedrec.aggregation.geometric_median`).
 
     Args:
         iterations: the most Weiszfeld steps.

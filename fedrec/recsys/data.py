@@ -1,10 +1,10 @@
 """A round's training data (step ① of the round): every participating client's ratings, flat and grouped by client.
 
 :class:`RoundData` holds one entry per rating and one *row* per (client, item) pair, i.e. per item-embedding row the
-client uploads; a client may hold several users (ML-1M); under an implicit-feedback objective it also holds the round's sampled
-negatives, each paired with a training entry, whose items are rows of the upload too. :func:`round_data` builds it
-from the ratings streamed so far, and :func:`shard_bounds` / :func:`shard` cut it into the contiguous client ranges the processes of a sharded
-run compute (:meth:`RoundData.select`).
+client uploads; a client may hold several users (ML-1M); under an implicit-feedback objective it also holds the round's
+sampled negatives, each paired with a training entry, whose items are rows of the upload too. :func:`round_data` builds
+it from the ratings streamed so far, and :func:`shard_bounds` / :func:`shard` cut it into the contiguous client ranges
+the processes of a sharded run compute (:meth:`RoundData.select`).
 """
 from __future__ import annotations
 

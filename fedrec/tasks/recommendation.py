@@ -158,8 +158,8 @@ class FedRecTask(FederatedTask):
         row_l2: λ ≥ 0 of the L2 term ``λ/2 (Σ‖p_u‖² + Σ‖q_i‖²)`` on the rows each client trains (0: none; the
             server optimiser's ``weight_decay`` acts on the aggregate instead).
         attack: malicious clients (:mod:`fedrec.recsys.attack`), or None.
-        objective: the clients' loss, ``"rmse"``, ``"mse"``, ``"bpr"`` or ``"bce"`` (module docstring); None: RMSE on ratings,
-            BPR on implicit feedback.
+        objective: the clients' loss, ``"rmse"``, ``"mse"``, ``"bpr"`` or ``"bce"`` (module docstring); None: RMSE on
+            ratings, BPR on implicit feedback.
         train_negatives: negatives sampled per training positive per round (``bpr``, ``bce``).
         eval: the ranking evaluation (:class:`~fedrec.recsys.evaluate.RankingEval` fields: ``ranking``, ``ks``,
             ``negatives``, ``save_topk``).
@@ -550,7 +550,8 @@ class FedRecTask(FederatedTask):
             loss_sum[0] = upd.loss.double()[~unused[d.clients].to(upd.loss.device)].sum()
         if n:
             update = s.aggregate(uploads, model, [user_grad, loss_sum], self.collective,
-                                 int(self._prepare(round_idx).data.num_clients), lambda name: self._key(name, round_idx))
+                                 int(self._prepare(round_idx).data.num_clients),
+                                 lambda name: self._key(name, round_idx))
             users = full.users if n == full.num_clients else full.users[used[full.user_client]]
             user_grads = user_grad[users]
             if self.side_graphs is not None:  # the graphs' terms (the server's on items, the clients' on users)

@@ -216,7 +216,8 @@ class KeyedRows:
     process, batch or set of other owners computes them (a sharded run draws what a one-process run draws).
     """
 
-    def __init__(self, key: int | np.uint64, owner: np.ndarray | Sequence[int], start: np.ndarray | Sequence[int] | int = 0):
+    def __init__(self, key: int | np.uint64, owner: np.ndarray | Sequence[int],
+                 start: np.ndarray | Sequence[int] | int = 0):
         self.key = np.uint64(key)
         self.owner = np.ascontiguousarray(owner, dtype=np.int64).reshape(-1)
         start_arr = np.asarray(start, dtype=np.int64)
