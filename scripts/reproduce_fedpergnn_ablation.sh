@@ -2,7 +2,7 @@
 # Ablation of the tuned FedPerGNN-style experiment (docs/papers/fedgnn_benchmarks.md, "Ablation"): the whole
 # `fedpergnn_<DATASET>` run, then the same run with one part taken away at a time, each one Hydra multirun over the
 # seeds; then one table of the test RMSE on the original scale at the best validation round (selected_test_rmse_raw,
-# mean ± sample std over the seeds) beside the whole run's, written to OUT/ablation.md and printed.
+# mean ± sample std over the seeds) beside the whole run's (scripts/ablation_table.py: OUT/ablation.md, printed).
 # Usage: bash scripts/reproduce_fedpergnn_ablation.sh [OUT_DIR] [SEEDS] [JOBS] [OVERRIDES...]
 #   SEEDS: Hydra list of seeds (default 0,1,2); JOBS: multiruns side by side (2); OVERRIDES: Hydra overrides for
 #   every run (e.g. task.rounds=100). DATASET (default flixster): ml100k, douban, flixster or yahoo_music; the side
@@ -46,6 +46,10 @@ declare -A ROWS=(
   [mean_init]="task.mean_init=false|mu starting at 0, not the mean training rating"
 )
 fresh_out "$OUT"
+{  # what scripts/ablation_table.py tabulates: the experiment, then each row's folder, label and overrides
+  echo "fedpergnn_$DATASET"
+  for part in $PARTS; do printf '%s\t%s\t%s\n' "$part" "${ROWS[$part]#*|}" "${ROWS[$part]%%|*}"; done
+} > "$OUT/rows.tsv"
 row() {  # row PART [OVERRIDES...]: one multirun over the seeds into OUT/PART
   local part=$1; shift
   # shellcheck disable=SC2086  # a row's overrides are words
@@ -60,15 +64,4 @@ wait
 if [ -f "$OUT/FAILED" ]; then
   fail "failed rows (see their .log files in $OUT): $(tr '\n' ' ' < "$OUT/FAILED")"
 fi
-{
-  echo "| fedpergnn_$DATASET | overrides | test RMSE (original scale) at the best validation round | seeds |"
-  echo "|---|---|---|---|"
-  for part in $PARTS; do
-    IFS=, read -r mean std runs < <($PY -m fedrec.app.sweeps "$OUT/$part" --metric selected_test_rmse_raw --csv | tail -n 1)
-    overrides=${ROWS[$part]%%|*}
-    value=$(printf '%.4f' "$mean")
-    [ "$runs" -gt 1 ] && value="$value ± $(printf '%.4f' "$std")"
-    printf '| %s | %s | %s | %s |\n' "${ROWS[$part]#*|}" "${overrides:+\`$overrides\`}" "$value" "$runs"
-  done
-} > "$OUT/ablation.md"
-cat "$OUT/ablation.md"
+$PY scripts/ablation_table.py "$OUT"

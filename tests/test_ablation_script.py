@@ -58,3 +58,21 @@ def test_bad_arguments_are_one_error_line(tmp_path: Path, args: list[str], env: 
     res = run_script([a.format(out=tmp_path / "out", full=tmp_path / "full") for a in args], env)
     assert res.returncode == 2 and res.stderr.startswith("error:") and message in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_table_gives_a_single_seed_without_a_spread(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ablation_table", ROOT / "scripts" / "ablation_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "rows.tsv").write_text("fedpergnn_flixster\nfull\tthe whole experiment\t\n"
+                                       "l2\twithout L2\ttask.weight_decay=0\n")
+    for part, values in [("full", [0.9, 0.8]), ("l2", [1.25])]:
+        (tmp_path / part).mkdir()
+        (tmp_path / part / "runs.csv").write_text(
+            "job,seed,status,selected_test_rmse_raw\n"
+            + "".join(f"{i},{i},ok,{v}\n" for i, v in enumerate(values)) + "9,9,error: diverged,\n")
+    assert module.table(tmp_path).splitlines()[2:] == [
+        f"| the whole experiment |  | 0.8500 ± {statistics.stdev([0.9, 0.8]):.4f} | 2 |",
+        "| without L2 | `task.weight_decay=0` | 1.2500 | 1 |"]
