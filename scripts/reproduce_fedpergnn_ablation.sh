@@ -8,8 +8,8 @@
 #   every run (e.g. task.rounds=100). DATASET (default flixster): ml100k, douban, flixster or yahoo_music; the side
 #   graph rows only where the experiment uses one (flixster, yahoo_music). PARTS (default: every row): the rows to
 #   run, of full expansion side_graph side_vectors biases head init l2 residual mean_init.
-# Time on this 2-core machine, 3 seeds: Flixster about 40 minutes, YahooMusic about 20; ML-100K and Douban take
-# 10-30 minutes a run.
+# Time on this 2-core machine, 3 seeds, beside other jobs: Flixster about 30 minutes, YahooMusic about 15; ML-100K
+# and Douban take 10-30 minutes a run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-reproductions/fedpergnn_ablation}
@@ -27,7 +27,9 @@ ALL="full expansion side_graph side_vectors biases head init l2 residual mean_in
 PARTS=${PARTS:-$ALL}
 for part in $PARTS; do
   [[ " $ALL " == *" $part "* ]] || fail "PARTS: unknown row '$part' (rows: $ALL)"
-  if [ "$SIDE" = 0 ] && [[ $part == side_* ]]; then fail "PARTS: $part needs a side graph (DATASET=flixster or yahoo_music)"; fi
+  if [ "$SIDE" = 0 ] && [[ $part == side_* ]]; then
+    fail "PARTS: $part needs a side graph (DATASET=flixster or yahoo_music)"
+  fi
 done
 [ "$SIDE" = 1 ] || PARTS=$(echo "$PARTS" | tr ' ' '\n' | grep -v '^side_' | tr '\n' ' ')
 # the biases also carry mean_init (mu's start) and, with a side graph, the smoothed biases: all three go together
