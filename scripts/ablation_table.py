@@ -1,6 +1,7 @@
 """The ablation table of scripts/reproduce_fedpergnn_ablation.sh: one row per multirun named in ``OUT/rows.tsv``
-(its folder, label and overrides), the mean ± sample std over its seeds of the test RMSE on the original scale at the
-best validation round (``selected_test_rmse_raw``), written to ``OUT/ablation.md`` and printed.
+(its first line: the experiment and the overrides given to every row; then each row's folder, label and
+overrides), the mean ± sample std over its seeds of the test RMSE on the original scale at the best validation
+round (``selected_test_rmse_raw``), written to ``OUT/ablation.md`` and printed.
 
     .venv/bin/python scripts/ablation_table.py OUT
 """
@@ -12,26 +13,42 @@ from pathlib import Path
 
 from fedrec.app.sweeps import pivot, read_runs
 from fedrec.errors import ConfigError, run_script
-from fedrec.utils.io import atomic_write
+from fedrec.utils.io import WriteError, atomic_write
 
 METRIC = "selected_test_rmse_raw"
 
 
+def read_rows(rows_file: Path) -> tuple[list[str], list[list[str]]]:
+    """``rows.tsv``'s header (the experiment, then the overrides every row got, if any) and its rows (folder, label,
+    overrides); a malformed file is refused naming the line."""
+    if not rows_file.is_file():
+        raise ConfigError(f"{rows_file}: missing (the ablation script writes it: the experiment, then a row per line)")
+    with rows_file.open() as f:
+        lines = list(csv.reader(f, delimiter="\t"))
+    if not lines or not lines[0] or not lines[0][0]:
+        raise ConfigError(f"{rows_file}:1: expected the experiment's name")
+    for n, row in enumerate(lines[1:], start=2):
+        if len(row) != 3 or not row[0]:
+            raise ConfigError(f"{rows_file}:{n}: expected folder, label and overrides separated by tabs, got {row!r}")
+    if len(lines) == 1:
+        raise ConfigError(f"{rows_file}: no rows")
+    return lines[0], lines[1:]
+
+
 def table(out: Path) -> str:
     """The Markdown table of the rows in ``out/rows.tsv``."""
-    rows_file = out / "rows.tsv"
-    if not rows_file.is_file():
-        raise ConfigError(f"{rows_file}: missing (the ablation script writes it: part, label, overrides per line)")
-    with rows_file.open() as f:
-        rows = list(csv.reader(f, delimiter="\t"))
-    experiment = rows[0][0]
-    lines = [f"| {experiment} | overrides | test RMSE (original scale) at the best validation round | seeds |",
+    header, rows = read_rows(out / "rows.tsv")
+    lines = [f"| {header[0]} | overrides | test RMSE (original scale) at the best validation round | seeds |",
              "|---|---|---|---|"]
-    for part, label, overrides in rows[1:]:
-        cell = pivot(read_runs(out / part), METRIC).iloc[0]
+    for part, label, overrides in rows:
+        try:
+            cell = pivot(read_runs(out / part), METRIC).iloc[0]
+        except ConfigError as e:
+            raise ConfigError(f"row {part!r} ({out / part}): {e}") from None
         value = f"{cell['mean']:.4f}" + (f" ± {cell['std']:.4f}" if cell["runs"] > 1 else "")
         lines.append(f"| {label} | {f'`{overrides}`' if overrides else ''} | {value} | {int(cell['runs'])} |")
-    return "\n".join(lines) + "\n"
+    given = " ".join(header[1:]).strip()
+    return "\n".join(lines) + "\n" + (f"\nEvery row also ran with `{given}`.\n" if given else "")
 
 
 def main() -> None:
@@ -41,7 +58,10 @@ def main() -> None:
 
     def write() -> None:
         text = table(args.out)
-        atomic_write(args.out / "ablation.md", lambda f: f.write(text), mode="w")
+        try:
+            atomic_write(args.out / "ablation.md", lambda f: f.write(text), mode="w")
+        except WriteError as e:
+            raise ConfigError(f"output: {e}") from None
         print(text, end="")
 
     run_script(write)

@@ -157,7 +157,7 @@ def load_split(data_dir: Path) -> Split:
 def fedrec_overrides(model: str, seed: int, rounds: int | None, data_dir: Path, extra: Sequence[str]) -> list[str]:
     """The ``train.py`` command line of fedrec's central run of ``model``: its tuned experiment (whose config
     holds the chosen settings and rounds), ``rounds`` instead of the config's where given."""
-    return [f"+experiment={model}_ml100k_implicit_tuned", *([f"task.rounds={rounds}"] if rounds else []),
+    return [f"+experiment={model}_ml100k_implicit_tuned", *([f"task.rounds={rounds}"] if rounds is not None else []),
             f"seed={seed}", *extra, "task.eval.save_topk=true", "plots=false",
             "logger.tensorboard=false", "trainer.checkpoint_every=0", f"data_dir={data_dir}"]
 

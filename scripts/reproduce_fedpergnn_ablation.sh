@@ -1,32 +1,34 @@
 #!/usr/bin/env bash
-# Ablation of the tuned FedPerGNN-style experiment (docs/papers/fedgnn_benchmarks.md, "Ablation"): the whole
+# Ablation of the tuned FedPerGNN-style experiments (docs/papers/fedgnn_benchmarks.md, "FedPerGNN's setting"): the whole
 # `fedpergnn_<DATASET>` run, then the same run with one part taken away at a time, each one Hydra multirun over the
 # seeds; then one table of the test RMSE on the original scale at the best validation round (selected_test_rmse_raw,
 # mean ± sample std over the seeds) beside the whole run's (scripts/ablation_table.py: OUT/ablation.md, printed).
 # Usage: bash scripts/reproduce_fedpergnn_ablation.sh [OUT_DIR] [SEEDS] [JOBS] [OVERRIDES...]
 #   SEEDS: Hydra list of seeds (default 0,1,2); JOBS: multiruns side by side (2); OVERRIDES: Hydra overrides for
-#   every run (e.g. task.rounds=100). DATASET (default flixster): ml100k, douban, flixster or yahoo_music; the side
+#   every row, recorded under the table (e.g. task.rounds=100). DATASET (default flixster): ml100k, douban, flixster or yahoo_music; the side
 #   graph rows only where the experiment uses one (flixster, yahoo_music). PARTS (default: every row): the rows to
 #   run, of full expansion side_graph side_vectors biases head init l2 residual mean_init.
 # Time on this 2-core machine, 3 seeds, beside other jobs: Flixster about 30 minutes, YahooMusic about 15; ML-100K
 # and Douban take 10-30 minutes a run.
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+OUT=$(absolute "${1:-reproductions/fedpergnn_ablation}")  # relative to where the script was called from
 cd "$(dirname "$0")/.."
-OUT=${1:-reproductions/fedpergnn_ablation}
 SEEDS=${2:-0,1,2}
 JOBS=${3:-2}
 shift $(( $# < 3 ? $# : 3 ))
 DATASET=${DATASET:-flixster}
 PY=.venv/bin/python
-source scripts/lib.sh
 [[ $SEEDS =~ ^[0-9]+(,[0-9]+)*$ ]] || fail "SEEDS must be a comma-separated list of seeds, got '$SEEDS'"
 positive_int JOBS "$JOBS"
 case $DATASET in ml100k|douban) SIDE=0 ;; flixster|yahoo_music) SIDE=1 ;;
   *) fail "DATASET must be ml100k, douban, flixster or yahoo_music, got '$DATASET'" ;; esac
 ALL="full expansion side_graph side_vectors biases head init l2 residual mean_init"
 PARTS=${PARTS:-$ALL}
+[ -n "${PARTS// /}" ] || fail "PARTS: name at least one row (rows: $ALL)"
 for part in $PARTS; do
   [[ " $ALL " == *" $part "* ]] || fail "PARTS: unknown row '$part' (rows: $ALL)"
+  [ "$(tr ' ' '\n' <<< "$PARTS" | grep -cx "$part")" = 1 ] || fail "PARTS: row '$part' is named twice"
   if [ "$SIDE" = 0 ] && [[ $part == side_* ]]; then
     fail "PARTS: $part needs a side graph (DATASET=flixster or yahoo_music)"
   fi
@@ -48,8 +50,9 @@ declare -A ROWS=(
   [mean_init]="task.mean_init=false|mu starting at 0, not the mean training rating"
 )
 fresh_out "$OUT"
-{  # what scripts/ablation_table.py tabulates: the experiment, then each row's folder, label and overrides
-  echo "fedpergnn_$DATASET"
+{  # what scripts/ablation_table.py tabulates: the experiment and every row's overrides, then each row's folder,
+   # label and overrides
+  printf '%s\t%s\n' "fedpergnn_$DATASET" "$*"
   for part in $PARTS; do printf '%s\t%s\t%s\n' "$part" "${ROWS[$part]#*|}" "${ROWS[$part]%%|*}"; done
 } > "$OUT/rows.tsv"
 row() {  # row PART [OVERRIDES...]: one multirun over the seeds into OUT/PART

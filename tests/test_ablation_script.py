@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,10 @@ SCRIPT = ROOT / "scripts" / "reproduce_fedpergnn_ablation.sh"
 
 
 def run_script(args: list[str], env: dict[str, str], timeout: int = 60) -> subprocess.CompletedProcess[str]:
+    """The script with ``env`` as its only DATASET and PARTS (not the caller's)."""
+    base = {k: v for k, v in os.environ.items() if k not in ("DATASET", "PARTS")}
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **env}, timeout=timeout)
+                          env={**base, **env}, timeout=timeout)
 
 
 def test_the_rows_run_their_overrides_and_the_table_reports_their_jobs(tmp_path: Path, data_dir: Path) -> None:
@@ -26,7 +29,8 @@ def test_the_rows_run_their_overrides_and_the_table_reports_their_jobs(tmp_path:
                                                             "FEDREC_DATA_DIR": str(data_dir)}, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     lines = (out / "ablation.md").read_text().splitlines()
-    assert lines[0].startswith("| fedpergnn_yahoo_music |") and len(lines) == 4
+    assert lines[0].startswith("| fedpergnn_yahoo_music |") and len(lines) == 6
+    assert lines[4:] == ["", "Every row also ran with `quick=true`."]
     for part, line, overrides in [("full", lines[2], []),
                                   ("biases", lines[3], ["model.bias=false", "task.mean_init=false",
                                                         "task.side_graphs.biases=false"])]:
@@ -41,7 +45,7 @@ def test_the_rows_run_their_overrides_and_the_table_reports_their_jobs(tmp_path:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[1] == (f"`{' '.join(overrides)}`" if overrides else "")
         assert cells[2] == f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}" and cells[3] == "2"
-    assert res.stdout.splitlines()[:4] == lines
+    assert res.stdout.splitlines()[-6:] == lines
 
 
 @pytest.mark.parametrize("args, env, message", [
@@ -50,6 +54,8 @@ def test_the_rows_run_their_overrides_and_the_table_reports_their_jobs(tmp_path:
     (["{out}"], {"DATASET": "netflix"}, "DATASET must be ml100k, douban, flixster or yahoo_music"),
     (["{out}"], {"PARTS": "full dropout"}, "PARTS: unknown row 'dropout'"),
     (["{out}"], {"DATASET": "ml100k", "PARTS": "side_graph"}, "PARTS: side_graph needs a side graph"),
+    (["{out}"], {"PARTS": "l2 full l2"}, "PARTS: row 'l2' is named twice"),
+    (["{out}"], {"PARTS": "  "}, "PARTS: name at least one row"),
     (["{full}"], {}, "already holds results"),
 ])
 def test_bad_arguments_are_one_error_line(tmp_path: Path, args: list[str], env: dict[str, str], message: str) -> None:
@@ -61,18 +67,36 @@ def test_bad_arguments_are_one_error_line(tmp_path: Path, args: list[str], env: 
 
 
 def test_the_table_gives_a_single_seed_without_a_spread(tmp_path: Path) -> None:
-    import importlib.util
+    from scripts.ablation_table import table
 
-    spec = importlib.util.spec_from_file_location("ablation_table", ROOT / "scripts" / "ablation_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    (tmp_path / "rows.tsv").write_text("fedpergnn_flixster\nfull\tthe whole experiment\t\n"
+    (tmp_path / "rows.tsv").write_text("fedpergnn_flixster\t\nfull\tthe whole experiment\t\n"
                                        "l2\twithout L2\ttask.weight_decay=0\n")
     for part, values in [("full", [0.9, 0.8]), ("l2", [1.25])]:
         (tmp_path / part).mkdir()
         (tmp_path / part / "runs.csv").write_text(
             "job,seed,status,selected_test_rmse_raw\n"
             + "".join(f"{i},{i},ok,{v}\n" for i, v in enumerate(values)) + "9,9,error: diverged,\n")
-    assert module.table(tmp_path).splitlines()[2:] == [
+    assert table(tmp_path).splitlines()[2:] == [
         f"| the whole experiment |  | 0.8500 ± {statistics.stdev([0.9, 0.8]):.4f} | 2 |",
         "| without L2 | `task.weight_decay=0` | 1.2500 | 1 |"]
+
+
+@pytest.mark.parametrize("rows, runs, message", [
+    (None, None, "rows.tsv: missing"),
+    ("", None, "rows.tsv:1: expected the experiment's name"),
+    ("fedpergnn_flixster\nfull\tno overrides column\n", None, "rows.tsv:2: expected folder, label and overrides"),
+    ("fedpergnn_flixster\t\n", None, "rows.tsv: no rows"),
+    ("fedpergnn_flixster\t\nfull\tthe whole experiment\t\n", "job,seed,status\n0,0,error: diverged\n",
+     "row 'full'"),
+])
+def test_the_table_refuses_what_it_cannot_read_naming_the_file(tmp_path: Path, rows: str | None, runs: str | None,
+                                                               message: str) -> None:
+    if rows is not None:
+        (tmp_path / "rows.tsv").write_text(rows)
+    if runs is not None:
+        (tmp_path / "full").mkdir()
+        (tmp_path / "full" / "runs.csv").write_text(runs)
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "ablation_table.py"), str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert res.returncode == 2 and res.stderr.startswith("error:") and message in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "ablation.md").exists()

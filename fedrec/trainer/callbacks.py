@@ -30,8 +30,8 @@ class RunningTrainer(Protocol):
 
 
 class RunningTask(Protocol):
-    """What a hook may read of any task (:class:`~fedrec.tasks.FederatedTask` has it); a callback made for one kind
-    of task types its hooks with that task's class."""
+    """What a hook may read of any task (:class:`~fedrec.tasks.FederatedTask` has it): the bound of the task type
+    ``TaskT`` a :class:`Callback` is generic in."""
 
     num_rounds: int
 
