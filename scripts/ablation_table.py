@@ -1,7 +1,8 @@
 """The ablation table of scripts/reproduce_fedpergnn_ablation.sh: one row per multirun named in ``OUT/rows.tsv``
 (its first line: the experiment and the overrides given to every row; then each row's folder, label and
 overrides), the mean ± sample std over its seeds of the test RMSE on the original scale at the best validation
-round (``selected_test_rmse_raw``), written to ``OUT/ablation.md`` and printed.
+round (``selected_test_rmse_raw``), written to ``OUT/ablation.md`` and printed. A row the script recorded as
+failed (``OUT/FAILED``) keeps its place: its finished seeds, or "failed" when none finished.
 
     .venv/bin/python scripts/ablation_table.py OUT
 """
@@ -38,13 +39,17 @@ def read_rows(rows_file: Path) -> tuple[list[str], list[list[str]]]:
 def table(out: Path) -> str:
     """The Markdown table of the rows in ``out/rows.tsv``."""
     header, rows = read_rows(out / "rows.tsv")
+    failed = set((out / "FAILED").read_text().split()) if (out / "FAILED").is_file() else set()
     lines = [f"| {header[0]} | overrides | test RMSE (original scale) at the best validation round | seeds |",
              "|---|---|---|---|"]
     for part, label, overrides in rows:
         try:
             cell = pivot(read_runs(out / part), METRIC).iloc[0]
         except ConfigError as e:
-            raise ConfigError(f"row {part!r} ({out / part}): {e}") from None
+            if part not in failed:
+                raise ConfigError(f"row {part!r} ({out / part}): {e}") from None
+            lines.append(f"| {label} | {f'`{overrides}`' if overrides else ''} | failed (`{part}.log`) | 0 |")
+            continue
         value = f"{cell['mean']:.4f}" + (f" ± {cell['std']:.4f}" if cell["runs"] > 1 else "")
         lines.append(f"| {label} | {f'`{overrides}`' if overrides else ''} | {value} | {int(cell['runs'])} |")
     given = " ".join(header[1:]).strip()

@@ -66,7 +66,7 @@ for part in $PARTS; do
   row "$part" "$@" &
 done
 wait
+$PY scripts/ablation_table.py "$OUT"  # a failed row keeps its place in the table, with the seeds that finished
 if [ -f "$OUT/FAILED" ]; then
   fail "failed rows (see their .log files in $OUT): $(tr '\n' ' ' < "$OUT/FAILED")"
 fi
-$PY scripts/ablation_table.py "$OUT"

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fedrec.errors import ConfigError
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "reproduce_fedpergnn_ablation.sh"
 
@@ -79,6 +81,24 @@ def test_the_table_gives_a_single_seed_without_a_spread(tmp_path: Path) -> None:
     assert table(tmp_path).splitlines()[2:] == [
         f"| the whole experiment |  | 0.8500 ± {statistics.stdev([0.9, 0.8]):.4f} | 2 |",
         "| without L2 | `task.weight_decay=0` | 1.2500 | 1 |"]
+
+
+def test_a_failed_row_keeps_its_place_with_the_seeds_that_finished(tmp_path: Path) -> None:
+    from scripts.ablation_table import table
+
+    (tmp_path / "rows.tsv").write_text("fedpergnn_flixster\t\nfull\tthe whole experiment\t\n"
+                                       "l2\twithout L2\ttask.weight_decay=0\n"
+                                       "head\tthe sigmoid head\tmodel.head=sigmoid\n")
+    (tmp_path / "FAILED").write_text("l2\nhead\n")
+    for part, runs in [("full", "0,0,ok,0.9\n"), ("l2", "0,0,ok,1.25\n1,1,error: diverged,\n")]:
+        (tmp_path / part).mkdir()
+        (tmp_path / part / "runs.csv").write_text("job,seed,status,selected_test_rmse_raw\n" + runs)
+    assert table(tmp_path).splitlines()[2:] == ["| the whole experiment |  | 0.9000 | 1 |",
+                                                "| without L2 | `task.weight_decay=0` | 1.2500 | 1 |",
+                                                "| the sigmoid head | `model.head=sigmoid` | failed (`head.log`) | 0 |"]
+    (tmp_path / "FAILED").write_text("l2\n")  # a row not recorded as failed must be readable
+    with pytest.raises(ConfigError, match="row 'head'"):
+        table(tmp_path)
 
 
 @pytest.mark.parametrize("rows, runs, message", [
