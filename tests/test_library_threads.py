@@ -202,3 +202,37 @@ def test_readme_example_runs_single_threaded_without_the_user_asking(tmp_path: P
     expected, _ = run(num_threads=None)
     torch.set_num_threads(caller_threads)
     assert summary == expected
+
+
+FIRST_PARALLEL_KERNEL = """
+import sys, torch
+from fedrec.trainer import FederatedTrainer
+from fedrec.utils.rng import PARALLEL_DRAWS, KeyedRows
+from tests.test_library_threads import CountingTask
+
+class DrawingTask(CountingTask):  # round 1 draws a block large enough for numba's parallel kernel
+    def run_round(self, round_idx):
+        if round_idx == 1:
+            KeyedRows(7, range(4)).draw("normal", PARALLEL_DRAWS // 4)
+        return super().run_round(round_idx)
+
+torch.ones(8).sum()  # torch's thread pool in use, as by a run's set-up
+task = DrawingTask(rounds=4)
+FederatedTrainer(default_root_dir=sys.argv[1], loggers=[], enable_progress_bar=False).fit(task)
+print(task.threads)
+"""
+
+
+def test_the_first_parallel_numba_kernel_of_a_process_leaves_the_count_alone(tmp_path: Path) -> None:
+    """numba's OpenMP pool sets the process's thread count to its own when it starts (at the first parallel kernel):
+    a fresh process's first fit keeps its one thread through that round and the rounds after, as a resumed run in a
+    new process must to give the same numbers."""
+    import os
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", FIRST_PARALLEL_KERNEL, str(tmp_path)], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300,
+                         env={**os.environ, "NUMBA_NUM_THREADS": "2"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines()[-1] == "[1, 1, 1, 1]"
