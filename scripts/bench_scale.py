@@ -250,18 +250,22 @@ def case_clients(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plot_clients(runs: list[dict[str, Any]], path: Path) -> None:
-    """Peak memory and steps/s against clients, log-log, one line per protocol and layout."""
+    """Peak memory and steps/s against clients, log-log, one line per protocol (colour and marker) and layout (line
+    style: the sparse and dense lines of a protocol, and lines that coincide, stay told apart)."""
     from fedrec.app.plots import legend_below, save_figure, set_title, subplots
 
     fig, axes = subplots(1, 2, figsize=(10, 4.6))
     lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in runs:
         lines.setdefault((r["protocol"], r["layout"]), []).append(r)
+    protocols = list(dict.fromkeys(protocol for protocol, _ in lines))
     for (protocol, layout), rs in lines.items():
         rs = sorted(rs, key=lambda r: r["clients"])
-        label = f"{protocol} ({layout})"
-        axes[0].plot([r["clients"] for r in rs], [r["peak_mib"] for r in rs], "o-", label=label)
-        axes[1].plot([r["clients"] for r in rs], [r["steps_per_s"] for r in rs], "o-", label=label)
+        n = protocols.index(protocol)
+        style = dict(color=f"C{n}", marker="osD^v"[n % 5], markerfacecolor="none" if layout == "dense" else None,
+                     linestyle="--" if layout == "dense" else "-", label=f"{protocol} ({layout})")
+        axes[0].plot([r["clients"] for r in rs], [r["peak_mib"] for r in rs], **style)
+        axes[1].plot([r["clients"] for r in rs], [r["steps_per_s"] for r in rs], **style)
     for ax, what in zip(axes, ("peak resident memory (MiB)", "steps/s")):
         ax.set_xscale("log")
         ax.set_yscale("log")
