@@ -153,9 +153,10 @@ def case_comm() -> None:
 
 
 def figure(rows: list[dict], path: Path) -> None:
-    from fedrec.app.plots import legend_beside, save_figure, set_title, subplots
+    """Fig. 5(a, b): measured and modelled overhead against d, one colour per K, one legend for both panels."""
+    from fedrec.app.plots import legend_below, save_figure, set_title, subplots
 
-    fig, axes = subplots(1, 2, figsize=(12, 4))
+    fig, axes = subplots(1, 2, figsize=(11, 4.4))
     for ax, name, title in zip(axes, ("ucb", "ts"), ("VFUCB / LinUCB", "VFTS / LinTS")):
         for K in sorted({r["K"] for r in rows if r["K"] >= 100}):
             sel = [r for r in rows if r["K"] == K]
@@ -168,7 +169,7 @@ def figure(rows: list[dict], path: Path) -> None:
         ax.set_ylabel("relative cost")
         set_title(ax, title + f" (M = {M})")
         ax.grid(alpha=0.3)
-        legend_beside(ax)
+    legend_below(fig, axes[0], ncols=3)
     save_figure(fig, path)
 
 
