@@ -2,7 +2,7 @@
 (its first line: the experiment and the overrides given to every row; then each row's folder, label and
 overrides), the mean ± sample std over its seeds of the test RMSE on the original scale at the best validation
 round (``selected_test_rmse_raw``), written to ``OUT/ablation.md`` and printed. A row the script recorded as
-failed (``OUT/FAILED``) keeps its place: its finished seeds, or "failed" when none finished.
+failed (``OUT/FAILED``) keeps its place: its finished seeds, marked, or "failed" when none finished.
 
     .venv/bin/python scripts/ablation_table.py OUT
 """
@@ -50,7 +50,8 @@ def table(out: Path) -> str:
                 raise ConfigError(f"row {part!r} ({out / part}): {e}") from None
             lines.append(f"| {label} | {f'`{overrides}`' if overrides else ''} | failed (`{part}.log`) | 0 |")
             continue
-        value = f"{cell['mean']:.4f}" + (f" ± {cell['std']:.4f}" if cell["runs"] > 1 else "")
+        value = f"{cell['mean']:.4f}" + (f" ± {cell['std']:.4f}" if cell["runs"] > 1 else "") + (
+            f" (some seeds failed: `{part}.log`)" if part in failed else "")
         lines.append(f"| {label} | {f'`{overrides}`' if overrides else ''} | {value} | {int(cell['runs'])} |")
     given = " ".join(header[1:]).strip()
     return "\n".join(lines) + "\n" + (f"\nEvery row also ran with `{given}`.\n" if given else "")

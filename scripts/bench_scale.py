@@ -251,7 +251,7 @@ def case_clients(args: argparse.Namespace) -> dict[str, Any]:
 
 def plot_clients(runs: list[dict[str, Any]], path: Path) -> None:
     """Peak memory and steps/s against clients, log-log, one line per protocol (colour and marker) and layout (line
-    style: the sparse and dense lines of a protocol, and lines that coincide, stay told apart)."""
+    style), so that a protocol's sparse and dense lines, and lines that coincide, can still be told apart."""
     from fedrec.app.plots import legend_below, save_figure, set_title, subplots
 
     fig, axes = subplots(1, 2, figsize=(10, 4.6))

@@ -66,7 +66,9 @@ for part in $PARTS; do
   row "$part" "$@" &
 done
 wait
-$PY scripts/ablation_table.py "$OUT"  # a failed row keeps its place in the table, with the seeds that finished
+status=0  # a failed row keeps its place in the table, with the seeds that finished
+$PY scripts/ablation_table.py "$OUT" || status=$?
 if [ -f "$OUT/FAILED" ]; then
   fail "failed rows (see their .log files in $OUT): $(tr '\n' ' ' < "$OUT/FAILED")"
 fi
+exit "$status"

@@ -94,7 +94,8 @@ def test_a_failed_row_keeps_its_place_with_the_seeds_that_finished(tmp_path: Pat
         (tmp_path / part).mkdir()
         (tmp_path / part / "runs.csv").write_text("job,seed,status,selected_test_rmse_raw\n" + runs)
     assert table(tmp_path).splitlines()[2:] == ["| the whole experiment |  | 0.9000 | 1 |",
-                                                "| without L2 | `task.weight_decay=0` | 1.2500 | 1 |",
+                                                "| without L2 | `task.weight_decay=0` | 1.2500 (some seeds failed: "
+                                                "`l2.log`) | 1 |",
                                                 "| the sigmoid head | `model.head=sigmoid` | failed (`head.log`) | 0 |"]
     (tmp_path / "FAILED").write_text("l2\n")  # a row not recorded as failed must be readable
     with pytest.raises(ConfigError, match="row 'head'"):
