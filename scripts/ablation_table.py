@@ -45,14 +45,13 @@ def table(out: Path) -> str:
     for part, label, overrides in rows:
         try:
             cell = pivot(read_runs(out / part), METRIC).iloc[0]
+            value, runs = f"{cell['mean']:.4f}" + (f" ± {cell['std']:.4f}" if cell["runs"] > 1 else "") + (
+                f" (some seeds failed: `{part}.log`)" if part in failed else ""), int(cell["runs"])
         except ConfigError as e:
             if part not in failed:
                 raise ConfigError(f"row {part!r} ({out / part}): {e}") from None
-            lines.append(f"| {label} | {f'`{overrides}`' if overrides else ''} | failed (`{part}.log`) | 0 |")
-            continue
-        value = f"{cell['mean']:.4f}" + (f" ± {cell['std']:.4f}" if cell["runs"] > 1 else "") + (
-            f" (some seeds failed: `{part}.log`)" if part in failed else "")
-        lines.append(f"| {label} | {f'`{overrides}`' if overrides else ''} | {value} | {int(cell['runs'])} |")
+            value, runs = f"failed (`{part}.log`)", 0
+        lines.append(f"| {label} | {f'`{overrides}`' if overrides else ''} | {value} | {runs} |")
     given = " ".join(header[1:]).strip()
     return "\n".join(lines) + "\n" + (f"\nEvery row also ran with `{given}`.\n" if given else "")
 
