@@ -239,3 +239,32 @@ def test_the_first_parallel_numba_kernel_of_a_process_leaves_the_count_alone(tmp
                          env={**os.environ, "NUMBA_NUM_THREADS": "2", "NUMBA_THREADING_LAYER": "omp"})
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.splitlines()[-2:] == ["omp", "[1, 1, 1, 1]"]
+
+
+DRAW_IN_A_BUILD = """
+import sys, torch
+from fedrec.utils.threads import torch_threads
+
+torch.ones(8).sum()
+with torch_threads(1):  # as the command line: the count is set before the run is built, numba not yet loaded
+    assert "numba" not in sys.modules
+    from fedrec.utils.rng import PARALLEL_DRAWS, KeyedRows
+    KeyedRows(7, range(4)).draw("normal", PARALLEL_DRAWS // 4)  # the process's first parallel kernel
+    import numba
+    print(numba.threading_layer())
+    print(torch.get_num_threads())
+"""
+
+
+def test_a_parallel_draw_while_a_run_is_built_leaves_the_count_alone() -> None:
+    """The command line sets the count before it builds the run, numba is loaded during the build, and a build may
+    draw a block large enough for the parallel kernel (numba's pool starting there): the draw keeps torch's count."""
+    import os
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", DRAW_IN_A_BUILD], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300,
+                         env={**os.environ, "NUMBA_NUM_THREADS": "2", "NUMBA_THREADING_LAYER": "omp"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines()[-2:] == ["omp", "1"]
