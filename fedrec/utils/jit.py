@@ -66,6 +66,21 @@ def jit(fn: F | None = None, *, parallel: bool = False, inline: bool = False) ->
     return wrap(fn) if fn is not None else wrap
 
 
+@contextmanager
+def keeping_torch_threads() -> Iterator[None]:
+    """Run a parallel kernel and give torch back the thread count it had (if torch is loaded): numba's OpenMP layer
+    sets the process's OpenMP count, torch's too, to its own when its pool starts at the first parallel kernel, which
+    would silently change a run's thread count, and its numbers, where that happens outside a trainer's block
+    (:func:`fedrec.utils.threads.torch_threads` starts the pool on entering one)."""
+    torch = sys.modules.get("torch")
+    keep = torch.get_num_threads() if torch is not None else None
+    try:
+        yield
+    finally:
+        if keep is not None and torch.get_num_threads() != keep:
+            torch.set_num_threads(keep)
+
+
 def over_replicates(body: Callable[..., None], name: str | None = None
                     ) -> tuple[Callable[..., None], Callable[..., None]]:
     """The kernels that run ``body(r, *structures)`` for every replicate ``r`` (replicates are independent):

@@ -21,9 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedrec.errors import check_choice
-from fedrec.utils.jit import jit, parallel_variant, prange
+from fedrec.utils.jit import jit, keeping_torch_threads, parallel_variant, prange
 from fedrec.utils.seeding import numpy_generator
-from fedrec.utils.threads import start_numba_threads
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -229,9 +228,9 @@ class KeyedRows:
         ``"laplace"`` with scale 1)."""
         check_choice("distribution", distribution, DISTRIBUTIONS)
         out = np.empty((self.owner.shape[0], int(width)))
-        fill_rows = _keyed_fill
         if out.size >= PARALLEL_DRAWS and out.shape[0] > 1:
-            start_numba_threads()  # also outside a trainer's block (a run's set-up): keep torch's thread count
-            fill_rows = _keyed_fill_parallel
-        fill_rows(self.key, self.owner, self.start, DISTRIBUTIONS[distribution], out)
+            with keeping_torch_threads():  # also outside a trainer's block, as while a run is built
+                _keyed_fill_parallel(self.key, self.owner, self.start, DISTRIBUTIONS[distribution], out)
+        else:
+            _keyed_fill(self.key, self.owner, self.start, DISTRIBUTIONS[distribution], out)
         return out

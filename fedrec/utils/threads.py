@@ -22,14 +22,12 @@ def check_num_threads(value: object) -> int | None:
     return int(value)
 
 
-def start_numba_threads(keep: int | None = None) -> None:
-    """Start numba's thread pool now if numba is loaded, then give torch ``keep`` threads again (None: the count it
-    has now). numba's OpenMP layer sets the process's OpenMP thread count (torch's too) to its own when its pool
-    starts, at the first parallel kernel: unguarded, that would silently change torch's count, and a run's numbers
-    with it, mid-run. Called on entering :func:`torch_threads` and before every parallel draw."""
+def start_numba_threads(keep: int) -> None:
+    """Start numba's thread pool now if numba is loaded, then give torch ``keep`` threads again. numba's OpenMP layer
+    sets the process's OpenMP thread count (torch's too) to its own when its pool starts, at the first parallel
+    kernel: inside a block that would silently change torch's count, and a run's numbers with it, mid-run."""
     numba = sys.modules.get("numba")
     if numba is not None:
-        keep = torch.get_num_threads() if keep is None else keep
         numba.get_num_threads()  # starts the pool
         if torch.get_num_threads() != keep:
             torch.set_num_threads(keep)
