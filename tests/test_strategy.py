@@ -278,12 +278,15 @@ def test_over_size_uploads_are_dropped_or_abort(tiny: RatingData) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ server placement
-def test_server_placement_adds_one_noise_draw_of_the_stated_scale_to_the_clipped_sum(tiny: RatingData) -> None:
+@pytest.mark.parametrize("reduce", ["mean", "sum"])
+def test_server_placement_adds_one_noise_draw_of_the_stated_scale_to_the_clipped_sum(tiny: RatingData,
+                                                                                     reduce: str) -> None:
     """The server's update equals a plain loop: clip each client's whole upload (ω and its rows, pseudo rows
     included) to the clip, sum densely over the item table, add σ = z·clip times the keyed normals of owner 0, and
-    divide by the expected clients (q · holding)."""
+    divide by the expected clients (q · holding); under ``reduce="sum"`` the noised sum is the update."""
     dp = _server_dp(tiny, clip=0.05)
-    task = make_task(tiny, dp, FedSGD(weighting="uniform"), strategy=Strategy("poisson", sample_rate=0.6))
+    task = make_task(tiny, dp, FedSGD(weighting="uniform", reduce=reduce),
+                     strategy=Strategy("poisson", sample_rate=0.6))
     got = {}
     step = task.strategy.server_step
 
@@ -307,7 +310,7 @@ def test_server_placement_adds_one_noise_draw_of_the_stated_scale_to_the_clipped
     draw = torch.from_numpy(KeyedRows(task._key("server_noise", 1), np.zeros(1, dtype=np.int64)).draw(
         "normal", P + I * k + 1)[0])
     holding = int(task._prepare(1).data.num_clients)
-    want = (dense + z * 0.05 * draw[:-1]) / (0.6 * holding)
+    want = (dense + z * 0.05 * draw[:-1]) / (0.6 * holding if reduce == "mean" else 1.0)
     assert torch.equal(got["items"], torch.arange(I))  # every item's row moves: the sum's support is not revealed
     torch.testing.assert_close(got["shared"].double(), want[:P], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(got["rows"].double().reshape(-1), want[P:], rtol=1e-5, atol=1e-7)

@@ -6,8 +6,10 @@ the clipped uploads into one dense vector (ω and the whole item table, so the s
 who sent which item) and adds **one** Gaussian draw of standard deviation ``z·Δ`` to it, with ``Δ = clip`` under
 add/remove adjacency. The update is that noised sum divided by the round's *expected* number of clients (the
 fixed-denominator estimator of McMahan et al.), so a client's presence changes the update by at most ``Δ`` over
-it. Because every client is in a round only with probability ``q``, the accountant composes Poisson-subsampled
-Gaussian rounds (:class:`~fedrec.privacy.accountant.SampledGaussianAccountant`): amplification by sampling.
+it; under ``aggregator.reduce=sum`` it is the noised sum itself, in the units of the non-private summed update, so
+that one ``task.weight_decay`` suits both the server's step and the clients' own user rows. Because every client
+is in a round only with probability ``q``, the accountant composes Poisson-subsampled Gaussian rounds
+(:class:`~fedrec.privacy.accountant.SampledGaussianAccountant`): amplification by sampling.
 
 Adaptive clipping (Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021, Algorithm 1): each client also reports
 ``b_c − ½`` with ``b_c = 1[‖u_c‖ ≤ clip]``; the server noises that sum with ``N(0, σ_b²)``, estimates the fraction
@@ -109,16 +111,19 @@ class ServerNoise:
         """σ of each coordinate of the update sum's noise: z_Δ · Δ at the current clip."""
         return self.update_multiplier * self.mechanism.sensitivity
 
-    def noised(self, sums: ClippedSums, expected_clients: float, key: int) -> tuple[Tensor, Tensor]:
+    def noised(self, sums: ClippedSums, expected_clients: float, key: int, reduce: str = "mean"
+               ) -> tuple[Tensor, Tensor]:
         """``(ω update (P,), item-table update (I, k))``: the clipped sums plus one Gaussian draw each coordinate,
-        from the stream of owner 0 under ``key`` (every process draws the same), over ``expected_clients``; with
-        adaptive clipping the clip then moves (for the next round)."""
+        from the stream of owner 0 under ``key`` (every process draws the same), over ``expected_clients``
+        (``reduce="mean"``) or not divided (``"sum"``); with adaptive clipping the clip then moves (for the next
+        round)."""
         P, (I, k) = sums.shared.numel(), sums.rows.shape
         draw = torch.from_numpy(KeyedRows(key, np.zeros(1, dtype=np.int64)).draw("normal", P + I * k + 1)[0])
         draw = draw.to(sums.shared.device)
         std = self.update_stddev
-        shared = (sums.shared + std * draw[:P]) / expected_clients
-        rows = (sums.rows + std * draw[P:P + I * k].view(I, k)) / expected_clients
+        denominator = expected_clients if reduce == "mean" else 1.0
+        shared = (sums.shared + std * draw[:P]) / denominator
+        rows = (sums.rows + std * draw[P:P + I * k].view(I, k)) / denominator
         if self.adaptive:
             unclipped = float(sums.unclipped[0]) + self.count_stddev * float(draw[-1])
             fraction = unclipped / expected_clients + 0.5

@@ -289,7 +289,8 @@ class Strategy:
                   collective: Collective, holding: int, key: Callable[[str], int]) -> tuple[Tensor, Tensor, Tensor]:
         """The server's update ``(ω, item ids, item rows)`` of ``model`` from this process's used ``uploads``
         (None: it has none): the aggregator's, or under server placement the noised sum of the clipped uploads over
-        the expected clients of a round of ``holding`` clients (every item's row), drawn under
+        the expected clients of a round of ``holding`` clients (``aggregator.reduce=sum``: the noised sum; every
+        item's row), drawn under
         ``key("server_noise")``. In a run of several processes the sums, and the ``together`` tensors with them,
         are added up over processes."""
         device, dtype = model.user_emb.device, model.item_emb.dtype
@@ -303,7 +304,8 @@ class Strategy:
                 ClippedSums.zeros(num_shared, num_items, dim, device)
             if not single:
                 collective.all_reduce([*sums.tensors(), *together])
-            g_shared, g_rows = dp.server.noised(sums, self.expected_clients(holding), key("server_noise"))
+            g_shared, g_rows = dp.server.noised(sums, self.expected_clients(holding), key("server_noise"),
+                                                self.aggregator.reduce)
             return g_shared.to(dtype), torch.arange(num_items, device=g_rows.device), g_rows.to(dtype)
         if single:
             return self.aggregator(uploads)
