@@ -26,6 +26,7 @@ def main() -> None:
     sys.path.insert(0, str(root))
     import torch
 
+    import fedrec
     from fedrec.aggregation import FedAdam
     from fedrec.data import load_ratings
     from fedrec.models import FedGNN, MatrixFactorization
@@ -34,9 +35,12 @@ def main() -> None:
     from fedrec.tasks import FedRecTask
     from tests.test_fedrec import write_ml1m  # 9329ae9's writer of the synthetic ML-1M file
 
+    if not Path(fedrec.__file__).resolve().is_relative_to(root):
+        sys.exit(f"fedrec was imported from {fedrec.__file__}, not from the checkout {root}")
     torch.set_num_threads(1)  # as the test suite's conftest
-    data = load_ratings("ml-1m", write_ml1m(Path(tempfile.mkdtemp()), users=30, items=40, seed=1), seed=0,
-                        rounds=4, num_clients=8)
+    with tempfile.TemporaryDirectory() as folder:
+        data = load_ratings("ml-1m", write_ml1m(Path(folder), users=30, items=40, seed=1), seed=0, rounds=4,
+                            num_clients=8)
     cases = {  # as the test's CASES, with 9329ae9's API (local steps on the aggregator)
         "fedsgd": (FedGNN, None, FedSGD, None),
         "fedsgd-gaussian": (FedGNN, "gaussian", FedSGD, None),

@@ -7,8 +7,8 @@
 #   each swept over attack.fraction=0,0.05,0.2 x privacy=none,gaussian (epsilon = 10). ROUNDS (default 100):
 #   task.rounds of every run. MODEL=mf runs the grid with matrix factorisation (mf_ml100k_robust). SERVERS=0 skips
 #   the server-optimiser runs; NOISE=1 adds the untargeted Gaussian-noise attack at 5% and 20% (one more grid).
-# Time on this 2-core machine: 30-70 minutes with ROUNDS=40 and 3 seeds (the documented table; 30 when little else
-# runs), about 2.5 times that with the default 100 rounds (Krum and Multi-Krum are the slowest runs).
+# Time on a 2-core machine: 30-70 minutes with ROUNDS=40 and 3 seeds (the documented table; 29 on an idle AVX-512
+# one, 70 on an older one shared with other work), about 2.5 times that with the default 100 rounds (Krum and Multi-Krum are the slowest runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-reproductions/robust}

@@ -40,9 +40,11 @@ class HalvedNoise(ServerNoise):
 class DoubledDraw(ServerNoise):
     """A ``noised`` that draws otherwise than ServerNoise's (its noise doubled after the fact)."""
 
-    def noised(self, sums: ClippedSums, expected_clients: float, key: int) -> tuple[torch.Tensor, torch.Tensor]:
-        shared, rows = super().noised(sums, expected_clients, key)
-        clean_shared, clean_rows = sums.shared / expected_clients, sums.rows / expected_clients
+    def noised(self, sums: ClippedSums, expected_clients: float, key: int, divide: bool = True
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        shared, rows = super().noised(sums, expected_clients, key, divide)
+        d = expected_clients if divide else 1.0
+        clean_shared, clean_rows = sums.shared / d, sums.rows / d
         return 2 * shared - clean_shared, 2 * rows - clean_rows
 
 

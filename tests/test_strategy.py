@@ -41,7 +41,7 @@ def _server_dp(data: RatingData, **kw) -> ClientDP:
 # ------------------------------------------------------------------------------------------------ the default
 #: (model sha1, metrics sha1, last test RMSE) of four rounds, computed by the round of commit 9329ae9 (before
 #: strategies) on each machine type the suite has run on (float results differ between CPUs' kernels):
-#: the default strategy must reproduce one machine's pins bit for bit. A new machine type's come from
+#: the default strategy must reproduce one machine's pins bit for bit. A new machine type's pins come from
 #: ``scripts/pin_default_round.py`` run on a checkout of 9329ae9.
 PINNED = {
     "the machines of 2026-11-28": {
@@ -195,11 +195,13 @@ def test_the_same_clients_take_part_at_one_and_two_processes(grouped: RatingData
                 assert got[name] == pytest.approx(v, rel=1e-6, abs=1e-7, nan_ok=True), name
     single = task()
     play_sharded([single], range(ROUNDS))
-    for t in tasks:  # float32 parameters whose clients' gradients come from batches of other shapes (one process or
-        # two): equal to float32 rounding, which Adam's normalised steps carry over four rounds (within 1e-6 on AVX2
-        # kernels, up to 1.7e-6 on AVX-512 ones, server placement)
+    # float32 parameters whose clients' gradients come from batches of other shapes (one process or two): equal to
+    # float32 rounding, which Adam's normalised steps carry over four rounds; within 1e-6 under client placement, and
+    # under server placement on AVX2 kernels, up to 1.7e-6 under server placement on AVX-512 ones
+    tol = 1e-6 if placement == "client" else 5e-6
+    for t in tasks:
         for name, v in single.model.state_dict().items():
-            torch.testing.assert_close(t.model.state_dict()[name], v, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(t.model.state_dict()[name], v, rtol=tol, atol=tol)
         assert torch.equal(t.privacy.spent(), single.privacy.spent())
 
 

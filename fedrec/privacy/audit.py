@@ -576,7 +576,8 @@ def audit_server_dp(noise: ServerNoise, *, sample_rate: float, rounds: int = 1, 
         epsilon_reported, delta: what the accountant reports for (z, q, rounds), and its δ.
         tensor_sizes, rows, width, num_items: the canary's upload and the item table.
         trials, seed, confidence: runs per input, the key of every draw, the bound's confidence.
-        expected_clients: the update's fixed denominator.
+        expected_clients: the update's fixed denominator (1.0: the noised sum itself, as under
+            ``aggregator.reduce=sum``); the bound does not depend on it.
     """
     if noise.adaptive:
         raise ConfigError("audit_server_dp audits non-adaptive server noise: adaptive clipping moves the clip")

@@ -111,17 +111,17 @@ class ServerNoise:
         """σ of each coordinate of the update sum's noise: z_Δ · Δ at the current clip."""
         return self.update_multiplier * self.mechanism.sensitivity
 
-    def noised(self, sums: ClippedSums, expected_clients: float, key: int, reduce: str = "mean"
+    def noised(self, sums: ClippedSums, expected_clients: float, key: int, divide: bool = True
                ) -> tuple[Tensor, Tensor]:
         """``(ω update (P,), item-table update (I, k))``: the clipped sums plus one Gaussian draw each coordinate,
-        from the stream of owner 0 under ``key`` (every process draws the same), over ``expected_clients``
-        (``reduce="mean"``) or not divided (``"sum"``); with adaptive clipping the clip then moves (for the next
-        round)."""
+        from the stream of owner 0 under ``key`` (every process draws the same), over ``expected_clients`` if
+        ``divide`` (``aggregator.reduce=mean``; the noised sum itself under ``sum``); with adaptive clipping the clip
+        then moves (for the next round)."""
         P, (I, k) = sums.shared.numel(), sums.rows.shape
         draw = torch.from_numpy(KeyedRows(key, np.zeros(1, dtype=np.int64)).draw("normal", P + I * k + 1)[0])
         draw = draw.to(sums.shared.device)
         std = self.update_stddev
-        denominator = expected_clients if reduce == "mean" else 1.0
+        denominator = expected_clients if divide else 1.0
         shared = (sums.shared + std * draw[:P]) / denominator
         rows = (sums.rows + std * draw[P:P + I * k].view(I, k)) / denominator
         if self.adaptive:

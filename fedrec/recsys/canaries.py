@@ -151,7 +151,8 @@ def audit_one_run(build: Callable[[Attack], Any], canaries: int, *, guesses: int
 
     The run is DP-FedAvg with server-placed noise (:mod:`fedrec.privacy.central`, non-adaptive clip), its canary
     clients :class:`CanaryClients` with c_i of norm 10·clip, so that clipping leaves each on the ball's edge. Every
-    round's released update (the noised sum over the expected clients: ω and the whole item table) is recorded as
+    round's released update (the noised sum over the expected clients, or the sum itself under
+    ``aggregator.reduce=sum``: ω and the whole item table) is recorded as
     the server steps with it, and canary i's score is Σ_t ⟨update_t, c_i/‖c_i‖⟩, the updates projected on its
     clipped direction. The auditor guesses "included" for the ``guesses``/2 highest scores and "excluded" for the
     ``guesses``/2 lowest, and the right guesses give the bound at the run's δ (:func:`one_run_p_value`). Only the

@@ -288,9 +288,9 @@ class Strategy:
     def aggregate(self, uploads: Uploads | None, model: FederatedRecommender, together: list[Tensor],
                   collective: Collective, holding: int, key: Callable[[str], int]) -> tuple[Tensor, Tensor, Tensor]:
         """The server's update ``(ω, item ids, item rows)`` of ``model`` from this process's used ``uploads``
-        (None: it has none): the aggregator's, or under server placement the noised sum of the clipped uploads over
-        the expected clients of a round of ``holding`` clients (``aggregator.reduce=sum``: the noised sum; every
-        item's row), drawn under
+        (None: it has none): the aggregator's, or under server placement the noised sum of the clipped uploads, every
+        item's row, over the expected clients of a round of ``holding`` clients (under ``aggregator.reduce=sum`` the
+        noised sum itself), drawn under
         ``key("server_noise")``. In a run of several processes the sums, and the ``together`` tensors with them,
         are added up over processes."""
         device, dtype = model.user_emb.device, model.item_emb.dtype
@@ -305,7 +305,7 @@ class Strategy:
             if not single:
                 collective.all_reduce([*sums.tensors(), *together])
             g_shared, g_rows = dp.server.noised(sums, self.expected_clients(holding), key("server_noise"),
-                                                self.aggregator.reduce)
+                                                divide=self.aggregator.reduce == "mean")
             return g_shared.to(dtype), torch.arange(num_items, device=g_rows.device), g_rows.to(dtype)
         if single:
             return self.aggregator(uploads)

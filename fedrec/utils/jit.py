@@ -68,7 +68,7 @@ def jit(fn: F | None = None, *, parallel: bool = False, inline: bool = False) ->
 
 @contextmanager
 def keeping_torch_threads() -> Iterator[None]:
-    """Run a parallel kernel and give torch back the thread count it had (if torch is loaded): numba's OpenMP layer
+    """Around a parallel kernel: give torch back the thread count it had (if torch is loaded). numba's OpenMP layer
     sets the process's OpenMP count, torch's too, to its own when its pool starts at the first parallel kernel, which
     would silently change a run's thread count, and its numbers, where that happens outside a trainer's block
     (:func:`fedrec.utils.threads.torch_threads` starts the pool on entering one)."""
