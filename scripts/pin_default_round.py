@@ -16,6 +16,24 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+#: the metrics of every round that the pins hash
+PINNED_METRICS = ("train_loss", "test_rmse", "clients", "epsilon_spent", "comm_upload_scalars")
+
+
+def fingerprint(task: Any, rounds: int) -> tuple[str, str, float]:
+    """``task`` run for ``rounds`` rounds: (sha1 of its model's state, sha1 of the :data:`PINNED_METRICS` of every
+    round, the last round's test RMSE), the test's pins (``task``: a FedRecTask of this tree or of 9329ae9)."""
+    metrics = []
+    for r in range(rounds):
+        m = task.run_round(r)
+        metrics.append({k: m[k] for k in sorted(m) if k in PINNED_METRICS})
+    digest = hashlib.sha1()
+    for name, v in sorted(task.model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(v.detach().cpu().numpy().tobytes())
+    return digest.hexdigest(), hashlib.sha1(json.dumps(metrics).encode()).hexdigest(), metrics[-1]["test_rmse"]
 
 
 def main() -> None:
@@ -54,17 +72,8 @@ def main() -> None:
         torch.manual_seed(0)
         task = FedRecTask(data, model_cls(data.num_users, data.num_items, 4), aggregator(), dp, rounds=4,
                           pseudo_items=5, seed=3, server=None if server is None else server())
-        metrics = []
-        for r in range(4):
-            m = task.run_round(r)
-            metrics.append({k: m[k] for k in sorted(m) if k in
-                            ("train_loss", "test_rmse", "clients", "epsilon_spent", "comm_upload_scalars")})
-        digest = hashlib.sha1()
-        for name, v in sorted(task.model.state_dict().items()):
-            digest.update(name.encode())
-            digest.update(v.detach().cpu().numpy().tobytes())
-        metrics_sha1 = hashlib.sha1(json.dumps(metrics).encode()).hexdigest()
-        print(f'"{case}": ("{digest.hexdigest()}", "{metrics_sha1}", {metrics[-1]["test_rmse"]!r}),')
+        model_sha1, metrics_sha1, last_rmse = fingerprint(task, 4)
+        print(f'"{case}": ("{model_sha1}", "{metrics_sha1}", {last_rmse!r}),')
 
 
 if __name__ == "__main__":

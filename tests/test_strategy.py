@@ -4,7 +4,6 @@ across a resume) and has its stated rate, failed and bad uploads are excluded an
 is one draw of the stated scale on the clipped sum (checked against a plain loop)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -22,6 +21,7 @@ from fedrec.privacy import ClientDP
 from fedrec.recsys import FedAvg, FedSGD, Krum, Strategy
 from fedrec.tasks import FedRecTask
 from fedrec.utils.rng import KeyedRows
+from scripts.pin_default_round import fingerprint
 from tests.helpers import StubTrainer, make_task, play_sharded, tiny_fixture
 
 ROUNDS = 4
@@ -71,7 +71,6 @@ CASES = {  # model, privacy, aggregator, local steps (then: FedAvg(local_steps=2
     "fedavg-laplace-fedadam": (MatrixFactorization, "laplace", FedAvg, 2, lambda: FedAdam(lr=0.05)),
     "fedavg-gaussian": (FedGNN, "gaussian", FedAvg, None, None),
 }
-PINNED_METRICS = ("train_loss", "test_rmse", "clients", "epsilon_spent", "comm_upload_scalars")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -80,15 +79,7 @@ def test_the_default_strategy_is_the_round_before_strategies(tiny: RatingData, c
     strategy = None if steps is None else Strategy(local_steps=steps)
     task = make_task(tiny, _dp(tiny, mechanism, delta=1e-5), aggregator(), model_cls, strategy=strategy,
                      server=None if server is None else server())
-    metrics = []
-    for r in range(ROUNDS):
-        m = task.run_round(r)
-        metrics.append({k: m[k] for k in sorted(m) if k in PINNED_METRICS})
-    digest = hashlib.sha1()
-    for name, v in sorted(task.model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(v.detach().cpu().numpy().tobytes())
-    got = (digest.hexdigest(), hashlib.sha1(json.dumps(metrics).encode()).hexdigest(), metrics[-1]["test_rmse"])
+    got = fingerprint(task, ROUNDS)
     assert got in [pins[case] for pins in PINNED.values()], (
         f"{case}: {got} is no machine's pins; on a new machine type, compare with scripts/pin_default_round.py")
 
