@@ -102,9 +102,26 @@ def test_the_initial_scale_scales_the_tables() -> None:
     torch.testing.assert_close(b.item_emb, 0.01 * a.item_emb)
 
 
+def test_the_initial_bias_starts_mu_and_nothing_else() -> None:
+    """μ starts at ``init_bias``, the logit of a user with zero vector and bias (items start with zero bias); the tables
+    draw the same values as with μ at 0 (no random number is taken for it)."""
+    torch.manual_seed(3)
+    a = MatrixFactorization(5, 7, 2, bias=True, head="linear")
+    torch.manual_seed(3)
+    b = MatrixFactorization(5, 7, 2, bias=True, head="linear", init_bias=0.6)
+    assert a.global_bias.item() == 0.0 and b.global_bias.item() == pytest.approx(0.6)
+    torch.testing.assert_close(a.user_emb, b.user_emb, rtol=0, atol=0)
+    torch.testing.assert_close(a.item_emb, b.item_emb, rtol=0, atol=0)
+    states = torch.zeros(3, b.row_dim)  # users with zero vectors and biases: their logit is μ alone
+    shared = {n: p.detach() for n, p in b.shared_parameters().items()}
+    logits = b.pair_logits(shared, states, b.item_emb.detach()[:3], torch.arange(3))
+    torch.testing.assert_close(logits, torch.full_like(logits, 0.6))
+
+
 @pytest.mark.parametrize(("field", "value", "says"), [
     ("bias", "1", "model.bias must be true or false"), ("head", "softmax", "model.head"),
-    ("init_std", "0", "model.init_std")])
+    ("init_std", "0", "model.init_std"), ("init_bias", "nan", "model.init_bias must be a finite number"),
+    ("init_bias", "0.6", r"model.init_bias .* \+model.bias=true")])
 def test_bad_parts_are_refused(compose_cfg: Callable[..., DictConfig], field: str, value: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         build_task(compose_cfg(*QUICK, f"+model.{field}={value}"))
