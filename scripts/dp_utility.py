@@ -43,17 +43,18 @@ MODELS = {"mf": MatrixFactorization, "fedgnn": FedGNN}
 DELTA = 1e-6
 
 
-def load(name: str, rounds: int, one_client_per_user: bool = False) -> Any:
-    """The data set with a validation split (10 % of the training ratings) for model selection."""
+def load(name: str, rounds: int, one_client_per_user: bool = False, stream: bool = True) -> Any:
+    """The data set with a validation split (10 % of the training ratings) for model selection; ``stream=False``
+    has every training rating from round 0 (else half arrives over the rounds)."""
     if name == "ml100k":
         from fedrec.data import load_ratings
 
         return load_ratings("ml-100k", os.environ.get("FEDREC_DATA_DIR", "data"), seed=0, rounds=rounds,
-                            val_fraction=0.1)
+                            val_fraction=0.1, stream=stream)
     from fedrec.data.synthetic import synthetic_ratings
 
     users, items, ratings, clients = SIZES[name]
-    return synthetic_ratings(users=users, items=items, ratings=ratings, rounds=rounds, seed=0,
+    return synthetic_ratings(users=users, items=items, ratings=ratings, rounds=rounds, seed=0, stream=stream,
                              num_clients=None if one_client_per_user else clients,
                              val_fraction=0.1)
 
@@ -93,7 +94,8 @@ def run(data: Any, model: str, placement: str, epsilon: float, args: argparse.Na
         privacy = ClientDP(N, "gaussian", epsilon=epsilon, delta=DELTA, clip=args.client_clip)
     elif private:
         privacy = ClientDP(N, "gaussian", epsilon=epsilon, delta=DELTA, clip=args.server_clip, placement="server",
-                           adjacency="add_remove", sensitivity_factor=1.0, adaptive_clip=args.adaptive_clip)
+                           adjacency="add_remove", sensitivity_factor=1.0, adaptive_clip=args.adaptive_clip,
+                           target_quantile=args.target_quantile)
         strategy, pseudo = Strategy("poisson", sample_rate=args.sample_rate), 0
         aggregator = aggregator if args.summed else FedSGD("uniform")
         server = None if args.server_momentum_lr is None else FedAvgM(lr=args.server_momentum_lr)
@@ -149,6 +151,7 @@ def main() -> None:
     p.add_argument("--client-clip", type=float, default=0.1)
     p.add_argument("--pseudo-items", type=int, default=0)
     p.add_argument("--adaptive-clip", action="store_true", help="server placement: adaptive clipping")
+    p.add_argument("--target-quantile", type=float, default=0.5, help="adaptive clipping: the norms' quantile")
     p.add_argument("--server-momentum-lr", type=float, default=None,
                    help="server placement: FedAvgM at this server lr on the noised mean (default: task.optimizer)")
     p.add_argument("--dim", type=int, default=8)
@@ -160,11 +163,12 @@ def main() -> None:
     p.add_argument("--init-bias", type=float, default=0.0,
                    help="with --summed: μ's initial value (0.6: the middle of 1..5 stars / 5, public)")
     p.add_argument("--one-client-per-user", action="store_true", help="synthetic sizes: every user a client")
+    p.add_argument("--no-stream", action="store_true", help="every training rating from round 0")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--figure", type=Path)
     args = p.parse_args()
-    data = load(args.data, args.rounds, args.one_client_per_user)
+    data = load(args.data, args.rounds, args.one_client_per_user, stream=not args.no_stream)
     bias, mean = bias_baseline(data), bias_baseline(data, regs=(0.0,), sweeps=0)
     print(f"{args.data}: test RMSE of the bias baseline {bias['test_rmse']:.4f} (ridge {bias['reg']:g}, chosen on "
           f"validation), of the mean rating "

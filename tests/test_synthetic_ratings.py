@@ -127,6 +127,14 @@ def test_rounds_change_only_the_arrivals() -> None:
     assert few.stream_round.max() == 2 and many.stream_round.max() == 29
 
 
+def test_without_streaming_every_training_rating_is_there_from_round_0() -> None:
+    streamed, whole = (synthetic_ratings(300, 200, 8_000, seed=4, rounds=5, stream=s) for s in (True, False))
+    assert len(streamed.stream) > 0 and len(whole.stream) == 0
+    assert np.array_equal(whole.test.item, streamed.test.item) and np.array_equal(whole.val.item, streamed.val.item)
+    first, last = whole.training_until(0), streamed.training_until(4)
+    assert sorted(zip(first.user, first.item)) == sorted(zip(last.user, last.item))
+
+
 # ------------------------------------------------------------------------------------ values and splits
 
 
@@ -193,6 +201,7 @@ def test_splits_follow_the_rules_of_ratings_py(moderate: RatingData) -> None:
         ({"val_fraction": -0.1}, "val_fraction"),
         ({"rounds": 0}, "rounds"),
         ({"normalize": "zscore"}, "normalize"),
+        ({"stream": "no"}, "data.stream must be true or false"),
     ],
 )
 def test_bad_input_names_the_field(kwargs: dict, field: str) -> None:

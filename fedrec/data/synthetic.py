@@ -72,6 +72,7 @@ def synthetic_ratings(
     test_fraction: float = 0.2,
     val_fraction: float = 0.0,
     normalize: str = "max",
+    stream: bool = True,
 ) -> RatingData:
     """A synthetic rating dataset of exactly ``users`` users, ``items`` items and ``ratings`` distinct (user, item)
     ratings, with power-law popularity (module docstring), split like :func:`fedrec.data.load_ratings`.
@@ -84,8 +85,9 @@ def synthetic_ratings(
         noise: share of the rating score's variance that is noise, in [0, 1].
         num_clients: clients; None = one per user. Fewer groups the users at random into clients of near-equal
             size (MovieLens-1M's experiments use 605).
-        seed, rounds, test_fraction, val_fraction, normalize: as for :func:`fedrec.data.load_ratings`
-            (``normalize="max"`` maps 1..5 to 0.2..1, ``"minmax"`` to 0..1).
+        seed, rounds, test_fraction, val_fraction, normalize, stream: as for :func:`fedrec.data.load_ratings`
+            (``normalize="max"`` maps 1..5 to 0.2..1, ``"minmax"`` to 0..1; ``stream=False``: every training rating
+            from round 0).
 
     Raises ConfigError naming the field for a size < 1, ``ratings`` outside ``[max(users, items, 2), users ·
     items]``, an exponent < 0, ``num_clients`` outside ``[1, users]``, or a bad split setting.
@@ -105,6 +107,8 @@ def synthetic_ratings(
     rank = check_int("rank", rank)
     noise = check_float("noise", noise, low=0.0, high=1.0)
     num_clients = users if num_clients is None else check_int("num_clients", num_clients)
+    if not isinstance(stream, bool):
+        raise ConfigError(f"data.stream must be true or false, got {stream!r}")
     if num_clients > users:
         raise ConfigError(f"num_clients must lie in [1, {users}] (the users), got {num_clients}")
     seed, rounds, test_fraction, val_fraction, normalize = check_split(
@@ -125,6 +129,7 @@ def synthetic_ratings(
         val_fraction=val_fraction,
         normalize=normalize,
         rating_range=RATING_SCALE,
+        streaming=stream,
     )
 
 
