@@ -7,7 +7,8 @@ Rows (``--data``): ``ml100k`` (MovieLens-100K from $FEDREC_DATA_DIR, 943 clients
 (user-level DP) at the synthetic sizes too.
 Models: as the authors configure them (d = ``--dim``, no biases, each client's RMSE averaged by the server), or with
 ``--summed`` matrix factorisation's own setting: biases μ + b_u + b_i and a linear head, the squared error summed
-over every rating (``aggregator.reduce=sum``), so that ``--weight-decay`` is MF's L2 on every row.
+over every rating (``aggregator.reduce=sum``), so that ``--weight-decay`` is MF's L2 on every row; with
+``--user-solve`` each client sets its user row to its ridge solution before computing its upload.
 Client placement: every client takes part every round and noises its own upload (the accountant's per-client
 ledger, no amplification). Server placement: Poisson sampling at ``--sample-rate`` (the expected clients per
 round over the clients, per data set), each upload clipped to ``--server-clip``, one Gaussian draw on the sum,
@@ -18,8 +19,8 @@ accounted as subsampled rounds. The share of the non-private gain over the bias 
     FEDREC_DATA_DIR=/path/to/data .venv/bin/python -m scripts.dp_utility --data ml100k --rounds 100 \\
         --out docs/figures/dp_utility_ml100k.csv --figure docs/figures/dp_utility_ml100k.png
     .venv/bin/python -m scripts.dp_utility --data ml10m --one-client-per-user --no-stream --models mf --summed \\
-        --dim 16 --init-std 0.05 --init-bias 0.6 --weight-decay 7 --placements server --epsilons inf,8,2,4,1 \\
-        --rounds 40 --sample-rate 0.5 --adaptive-clip --server-clip 1 \\
+        --user-solve --dim 16 --init-std 0.05 --init-bias 0.6 --weight-decay 7 --placements server \\
+        --epsilons inf,8,2,4,1 --rounds 40 --sample-rate 0.5 --adaptive-clip --server-clip 1 \\
         --out docs/figures/dp_utility_ml10m_summed.csv --figure docs/figures/dp_utility_ml10m_summed.png
 """
 from __future__ import annotations
@@ -106,7 +107,8 @@ def run(data: Any, model: str, placement: str, epsilon: float, args: argparse.Na
         server = None if args.server_momentum_lr is None else FedAvgM(lr=args.server_momentum_lr)
     parts: dict[str, Any] = {"bias": True, "head": "linear", "init_std": args.init_std,
                              "init_bias": args.init_bias} if args.summed else {}
-    setting: dict[str, Any] = {"objective": "sse", "mean_init": False} if args.summed else {}
+    setting: dict[str, Any] = {"objective": "sse", "mean_init": False,
+                               "user_solve": args.user_solve} if args.summed else {}
     task = FedRecTask(data, MODELS[model](data.num_users, data.num_items, args.dim, **parts), aggregator, privacy,
                       rounds=data.rounds, pseudo_items=pseudo, seed=0, strategy=strategy, lr=args.lr, server=server,
                       weight_decay=args.weight_decay, **setting)
@@ -165,6 +167,8 @@ def main() -> None:
     p.add_argument("--summed", action="store_true",
                    help="MF's own setting: biases, a linear head, the squared error summed over every rating")
     p.add_argument("--init-std", type=float, default=1.0, help="with --summed: the embeddings' initial std")
+    p.add_argument("--user-solve", action="store_true",
+                   help="with --summed: clients solve their user rows (ridge) instead of a gradient step")
     p.add_argument("--init-bias", type=float, default=0.0,
                    help="with --summed: μ's initial value (0.6: the middle of 1..5 stars / 5, public)")
     p.add_argument("--one-client-per-user", action="store_true", help="synthetic sizes: every user a client")

@@ -42,7 +42,7 @@ def test_the_bias_baseline_is_the_ridge_least_squares_fit(small: object) -> None
 def _args(**given: object) -> argparse.Namespace:
     settings = dict(pseudo_items=0, client_clip=0.1, server_clip=1.0, sample_rate=0.5, adaptive_clip=True,
                     target_quantile=0.5, server_momentum_lr=None, dim=4, lr=0.05, weight_decay=2.0, summed=True,
-                    init_std=0.05, init_bias=0.6, device="cpu")
+                    init_std=0.05, init_bias=0.6, user_solve=True, device="cpu")
     return argparse.Namespace(**{**settings, **given})
 
 

@@ -141,6 +141,8 @@ class UserStep(OptimizerStep):
         return [model.user_emb]
 
     def __call__(self, model: FederatedRecommender, users: Tensor, grads: Tensor) -> None:
+        if not users.numel():  # no client steps (``task.user_solve`` sets the rows instead): the optimiser waits
+            return
         table = model.user_emb
         keep = torch.ones(table.shape[0], dtype=torch.bool)
         keep[users] = False

@@ -74,7 +74,7 @@ from fedrec.data.ratings import RatingData, Ratings
 from fedrec.errors import ConfigError, check_choice, check_float, check_int
 from fedrec.federation.channel import Channel
 from fedrec.federation.collective import Collective
-from fedrec.models.recommender import FederatedRecommender
+from fedrec.models.recommender import FederatedRecommender, MatrixFactorization
 from fedrec.privacy.client_dp import ClientDP
 from fedrec.recsys.aggregate import Aggregator, Uploads
 from fedrec.recsys.attack import Attack
@@ -91,7 +91,7 @@ from fedrec.recsys.evaluate import (
 )
 from fedrec.recsys.expansion import ROLE as EXPANSION_ROLE
 from fedrec.recsys.expansion import GraphExpansion
-from fedrec.recsys.local import local_updates
+from fedrec.recsys.local import local_updates, solve_user_rows
 from fedrec.recsys.objectives import OBJECTIVES, WITH_NEGATIVES
 from fedrec.recsys.privatize import round_key
 from fedrec.recsys.ranking import UserItems, negatives_key, save_topk
@@ -177,6 +177,10 @@ class FedRecTask(FederatedTask):
             ratings once. Needs ``model.bias``, explicit ratings and no privacy (the sums are not noised).
         side_graphs: graph regularisation by the data's user and item graphs (:mod:`fedrec.recsys.side_graphs`),
             weights ``users`` and ``items`` (0: off).
+        user_solve: each training client sets its user rows to the ridge solution of its ratings given the item rows
+            it downloaded (:func:`~fedrec.recsys.local.solve_user_rows`, L2 ``weight_decay``) before computing its
+            upload at them, instead of a gradient step on them after the server's. Matrix factorisation with the
+            linear head on the summed loss (``model=mf +model.head=linear task.objective=sse``), one local step.
     """
 
     kind = "recommendation"
@@ -240,6 +244,7 @@ class FedRecTask(FederatedTask):
         expansion: Mapping[str, Any] | None = None,
         mean_init: bool = False,
         side_graphs: Mapping[str, Any] | None = None,
+        user_solve: bool = False,
     ) -> None:
         self.num_rounds = check_int("task.rounds", rounds)
         self.implicit = isinstance(data, ImplicitData)
@@ -304,6 +309,8 @@ class FedRecTask(FederatedTask):
                                                   getattr(data, "item_graph", None), data.name, privacy is not None)
         if self.side_graphs is not None:
             self.side_graphs.width(model)  # refuses smoothing biases the model has not
+        self.user_solve = _check_user_solve(user_solve, model, self.objective, self.strategy.local_steps,
+                                            weight_decay, self.side_graphs)
         endpoints = {"client": data.num_clients, "server": 1}
         if self.expansion is not None:
             if not getattr(model, "expansion", False):
@@ -506,11 +513,17 @@ class FedRecTask(FederatedTask):
         d, lo, hi = shard(full, self._bounds(full), self.collective.global_rank)
         device = model.user_emb.device
         user_grad = torch.zeros_like(model.user_emb.detach())
+        solved = torch.zeros_like(user_grad) if self.user_solve else None  # the clients' solved user rows
         loss_sum = torch.zeros(1, dtype=torch.float64)
         bad = torch.zeros(self.data.num_clients, dtype=torch.float64)  # clients whose upload is bad, all processes
         single = self.collective.world_size == 1
         if d.num_clients:
             # ③ local training, privatisation of ω and the real item rows, upload assembly
+            if solved is not None:  # the clients' own rows first, solved from the item rows they downloaded
+                rows_of_users = solve_user_rows(model, d.to(device), s.user_step.weight_decay)
+                with torch.no_grad():
+                    model.user_emb[d.users.to(device)] = rows_of_users
+                solved[d.users] = rows_of_users
             upd = local_updates(model, d.to(device), s.local_steps, s.local_lr, self.prox_mu,
                                 OBJECTIVES[self.objective], self.row_l2)
             shared, rows = upd.flat_shared(), upd.rows
@@ -541,7 +554,10 @@ class FedRecTask(FederatedTask):
             scalars = scalars + extra_rows * (k + 1)
         uploads = self.channel.send("upload", ("client", full.clients), ("server", 0), uploads, scalars)
         if not single:
-            self.collective.all_reduce([bad])
+            self.collective.all_reduce([bad] if solved is None else [bad, solved])
+            if solved is not None:  # every process takes the rows the others' clients solved
+                with torch.no_grad():
+                    model.user_emb[full.users] = solved[full.users]
         unused = s.screen(bad, late, lambda: s.diverged(round_idx, self.prox_mu))
         used = ~unused[full.clients]
         n = int(used.sum())
@@ -553,6 +569,8 @@ class FedRecTask(FederatedTask):
                                  int(self._prepare(round_idx).data.num_clients),
                                  lambda name: self._key(name, round_idx))
             users = full.users if n == full.num_clients else full.users[used[full.user_client]]
+            if solved is not None:  # their rows were solved in ③
+                users = users[:0]
             user_grads = user_grad[users]
             if self.side_graphs is not None:  # the graphs' terms (the server's on items, the clients' on users)
                 update = self.side_graphs.add_item_term(model, update)
@@ -703,3 +721,26 @@ class FedRecTask(FederatedTask):
         out.update({"comm_upload_scalars_used": self.used["scalars"],
                     "comm_upload_messages_used": self.used["messages"]})
         return out
+
+
+def _check_user_solve(user_solve: Any, model: FederatedRecommender, objective: str, local_steps: int,
+                      weight_decay: float, side_graphs: SideGraphs | None) -> bool:
+    """``task.user_solve`` as a bool, refused where the closed form is not the clients' optimum: another model or
+    head or loss, local steps (which would move the rows again), no L2 (a user with fewer ratings than a row's width
+    has no unique solution) or the side graphs' term on user rows."""
+    if not isinstance(user_solve, bool):
+        raise ConfigError(f"task.user_solve must be true or false, got {user_solve!r}")
+    if not user_solve:
+        return False
+    if not (isinstance(model, MatrixFactorization) and model.head == "linear" and objective == "sse"):
+        raise ConfigError("task.user_solve=true solves matrix factorisation's user rows on the summed squared error: "
+                          "it needs model=mf, +model.head=linear and task.objective=sse")
+    if local_steps > 1:
+        raise ConfigError(f"task.user_solve=true replaces the user rows' gradient steps, and the clients take "
+                          f"{local_steps} local steps: use aggregator=fedsgd (one step)")
+    if not weight_decay > 0:
+        raise ConfigError("task.user_solve=true needs task.weight_decay > 0 (the ridge of the users' solves)")
+    if side_graphs is not None:
+        raise ConfigError("task.user_solve=true takes no task.side_graphs (their term acts on user rows' gradient "
+                          "steps)")
+    return True
