@@ -68,8 +68,8 @@ def test_the_rows_are_stationary_for_the_models_own_summed_loss(grouped: RatingD
     model, d = _model(grouped).double(), _first_round(grouped)
     users = solve_user_rows(model, d, WD).requires_grad_(True)
     shared = {n: p.detach() for n, p in model.shared_parameters().items()}
-    loss = sse_losses(model, d, shared, users, model.item_emb.detach()[d.row_item]).sum() + WD / 4 * (
-        users ** 2).sum() * 2
+    loss = sse_losses(model, d, shared, users, model.item_emb.detach()[d.row_item]).sum() + WD / 2 * (
+        users ** 2).sum()
     (grad,) = torch.autograd.grad(loss, users)
     assert float(grad.abs().max()) < 1e-9
     assert float(users.detach().abs().max()) > 1e-3  # not the trivial zero

@@ -393,8 +393,6 @@ def load_ratings(
     """
     name = _check_name(name, DATASETS)
     split = check_choice("split", split, SPLITS)
-    if not isinstance(stream, bool):
-        raise ConfigError(f"data.stream must be true or false, got {stream!r}")
     if split != "random" and name != "ml-100k":
         raise ConfigError(f"split={split} is one of MovieLens-100K's own test sets; {name} has none (split=random)")
     fixed = name in MONTI_DATASETS
@@ -404,8 +402,8 @@ def load_ratings(
     if split != "random" and test_fraction is not None:
         raise ConfigError(f"test_fraction must be null with split={split}: the test set is {split}.test, got "
                           f"{test_fraction!r}")
-    seed, rounds, test_fraction, val_fraction, normalize = check_split(
-        seed, rounds, TEST_FRACTION if test_fraction is None else test_fraction, val_fraction, normalize
+    seed, rounds, test_fraction, val_fraction, normalize, stream = check_split(
+        seed, rounds, TEST_FRACTION if test_fraction is None else test_fraction, val_fraction, normalize, stream
     )
     if fixed:
         matrix = read_monti(name, data_dir)
@@ -474,15 +472,18 @@ def canonical_test(frame: pd.DataFrame, split: str, data_dir: str | Path) -> np.
 
 
 def check_split(
-    seed: object, rounds: object, test_fraction: object, val_fraction: object, normalize: object
-) -> tuple[int, int, float, float, str]:
+    seed: object, rounds: object, test_fraction: object, val_fraction: object, normalize: object, stream: object
+) -> tuple[int, int, float, float, str, bool]:
     """The split settings of :func:`load_ratings`, checked (ConfigError naming the field) and converted."""
+    if not isinstance(stream, bool):
+        raise ConfigError(f"data.stream must be true or false, got {stream!r}")
     return (
         check_int("seed", seed, minimum=0),
         check_int("rounds", rounds, minimum=1),
         check_float("test_fraction", test_fraction, low=0.0, high=1.0, low_open=True, high_open=True),
         check_float("val_fraction", val_fraction, low=0.0, high=1.0, high_open=True),
         _check_normalize(normalize),
+        stream,
     )
 
 

@@ -107,12 +107,10 @@ def synthetic_ratings(
     rank = check_int("rank", rank)
     noise = check_float("noise", noise, low=0.0, high=1.0)
     num_clients = users if num_clients is None else check_int("num_clients", num_clients)
-    if not isinstance(stream, bool):
-        raise ConfigError(f"data.stream must be true or false, got {stream!r}")
     if num_clients > users:
         raise ConfigError(f"num_clients must lie in [1, {users}] (the users), got {num_clients}")
-    seed, rounds, test_fraction, val_fraction, normalize = check_split(
-        seed, rounds, test_fraction, val_fraction, normalize
+    seed, rounds, test_fraction, val_fraction, normalize, stream = check_split(
+        seed, rounds, test_fraction, val_fraction, normalize, stream
     )
 
     user, item = rated_pairs(users, items, ratings, user_exponent, item_exponent, seed)
