@@ -513,18 +513,21 @@ class FedRecTask(FederatedTask):
         d, lo, hi = shard(full, self._bounds(full), self.collective.global_rank)
         device = model.user_emb.device
         user_grad = torch.zeros_like(model.user_emb.detach())
-        solved = torch.zeros_like(user_grad) if self.user_solve else None  # the clients' solved user rows
         loss_sum = torch.zeros(1, dtype=torch.float64)
         bad = torch.zeros(self.data.num_clients, dtype=torch.float64)  # clients whose upload is bad, all processes
         single = self.collective.world_size == 1
+        # task.user_solve over several processes: the rows this one's clients solved, for the others
+        solved = torch.zeros_like(user_grad) if self.user_solve and not single else None
         if d.num_clients:
             # ③ local training, privatisation of ω and the real item rows, upload assembly
-            if solved is not None:  # the clients' own rows first, solved from the item rows they downloaded
-                rows_of_users = solve_user_rows(model, d.to(device), s.user_step.weight_decay)
+            local = d.to(device)
+            if self.user_solve:  # the clients' own rows first, solved from the item rows they downloaded
+                rows_of_users = solve_user_rows(model, local, s.user_step.weight_decay)
                 with torch.no_grad():
-                    model.user_emb[d.users.to(device)] = rows_of_users
-                solved[d.users] = rows_of_users
-            upd = local_updates(model, d.to(device), s.local_steps, s.local_lr, self.prox_mu,
+                    model.user_emb[local.users] = rows_of_users
+                if solved is not None:
+                    solved[d.users] = rows_of_users
+            upd = local_updates(model, local, s.local_steps, s.local_lr, self.prox_mu,
                                 OBJECTIVES[self.objective], self.row_l2)
             shared, rows = upd.flat_shared(), upd.rows
             broken = s.nonfinite(shared, rows, d.row_client)
@@ -569,7 +572,7 @@ class FedRecTask(FederatedTask):
                                  int(self._prepare(round_idx).data.num_clients),
                                  lambda name: self._key(name, round_idx))
             users = full.users if n == full.num_clients else full.users[used[full.user_client]]
-            if solved is not None:  # their rows were solved in ③
+            if self.user_solve:  # their rows were solved in ③
                 users = users[:0]
             user_grads = user_grad[users]
             if self.side_graphs is not None:  # the graphs' terms (the server's on items, the clients' on users)
