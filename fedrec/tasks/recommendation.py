@@ -76,7 +76,7 @@ from fedrec.federation.channel import Channel
 from fedrec.federation.collective import Collective
 from fedrec.models.recommender import FederatedRecommender, MatrixFactorization
 from fedrec.privacy.client_dp import ClientDP
-from fedrec.recsys.aggregate import Aggregator, Uploads
+from fedrec.recsys.aggregate import Aggregator, FedSGD, Uploads
 from fedrec.recsys.attack import Attack
 from fedrec.recsys.data import RoundData, round_data, shard, shard_bounds
 from fedrec.recsys.evaluate import (
@@ -91,6 +91,7 @@ from fedrec.recsys.evaluate import (
 )
 from fedrec.recsys.expansion import ROLE as EXPANSION_ROLE
 from fedrec.recsys.expansion import GraphExpansion
+from fedrec.recsys.item_solve import ItemSolve, ItemSolveStep
 from fedrec.recsys.local import local_updates, solve_user_rows
 from fedrec.recsys.objectives import OBJECTIVES, WITH_NEGATIVES
 from fedrec.recsys.privatize import round_key
@@ -181,6 +182,11 @@ class FedRecTask(FederatedTask):
             it downloaded (:func:`~fedrec.recsys.local.solve_user_rows`, L2 ``weight_decay``) before computing its
             upload at them, instead of a gradient step on them after the server's. Matrix factorisation with the
             linear head on the summed loss (``model=mf +model.head=linear task.objective=sse``), one local step.
+        item_solve: the server's item step of alternating least squares (:mod:`fedrec.recsys.item_solve`, fields
+            ``ridge``, ``factor_scale``, ``average_from``) in place of the optimiser's: clients upload residual
+            sums, counts and their rows' second moment, and every item takes a Newton step; None (or ``enabled:
+            false``): off. Needs ``user_solve``, no pseudo items, ``aggregator.reduce=sum``, and server placement
+            if private.
     """
 
     kind = "recommendation"
@@ -245,6 +251,7 @@ class FedRecTask(FederatedTask):
         mean_init: bool = False,
         side_graphs: Mapping[str, Any] | None = None,
         user_solve: bool = False,
+        item_solve: Mapping[str, Any] | None = None,
     ) -> None:
         self.num_rounds = check_int("task.rounds", rounds)
         self.implicit = isinstance(data, ImplicitData)
@@ -275,8 +282,11 @@ class FedRecTask(FederatedTask):
                               f"has {data.num_users} and {data.num_items}")
         aggregator.validate(data.num_clients)
         self.strategy = strategy or Strategy()
+        self.item_solve = ItemSolve.from_config(item_solve)
         server_step = ServerStep(optimizer, lr, weight_decay, optimizer_state) if server is None else \
             AdaptiveServerStep(server, self.strategy.local_lr)
+        if self.item_solve is not None:
+            server_step = ItemSolveStep(self.item_solve, self.strategy.sampling_rate(data.num_clients))
         self.strategy.setup(aggregator, data.num_clients, self.num_rounds, privacy, server_step,
                             UserStep(optimizer, lr, weight_decay, optimizer_state))
         self.data, self.model, self.aggregator, self.privacy = data, model, aggregator, privacy
@@ -311,6 +321,8 @@ class FedRecTask(FederatedTask):
             self.side_graphs.width(model)  # refuses smoothing biases the model has not
         self.user_solve = _check_user_solve(user_solve, model, self.objective, self.strategy.local_steps,
                                             weight_decay, self.side_graphs)
+        if self.item_solve is not None:
+            _check_item_solve(self.user_solve, self.pseudo_items, aggregator, privacy, server, attack, self.expansion)
         endpoints = {"client": data.num_clients, "server": 1}
         if self.expansion is not None:
             if not getattr(model, "expansion", False):
@@ -352,6 +364,9 @@ class FedRecTask(FederatedTask):
         if self.collective.world_size > 1 and self.attack is not None:
             raise ConfigError(f"trainer.devices={self.collective.world_size}: attacks run in one process (attack="
                               f"{type(self.attack).__name__}); set trainer.devices=1")
+        if self.collective.world_size > 1 and self.item_solve is not None:
+            raise ConfigError(f"trainer.devices={self.collective.world_size}: task.item_solve runs in one process; "
+                              "set trainer.devices=1")
 
     def set_round_budget(self, budget: float | Tensor) -> None:
         """Set the next round's per-client privacy budget in :attr:`ClientDP.budget_unit` (ε_t for Laplace, an RDP
@@ -506,7 +521,12 @@ class FedRecTask(FederatedTask):
         one-process run); the server drops late and bad uploads (the strategy's), the sums are added up over
         processes, and every process takes the same server and user steps, so all hold the same model."""
         model, k, s = self.model, self.model.row_dim, self.strategy
-        sizes = [p.numel() for p in model.shared_parameters().values()]
+        model_size = sum(p.numel() for p in model.shared_parameters().values())
+        # what a client uploads: ω and its item rows, or under task.item_solve its rows' second moment and per item
+        # its residual sums (one more value than a row) and count
+        sizes = [p.numel() for p in model.shared_parameters().values()] if self.item_solve is None else \
+            [model.row_dim ** 2]
+        width = k if self.item_solve is None else k + 1
         privacy_key = self._key("privacy", round_idx) if self.privacy is not None else 0
         rows_key, order_key = self._key("pseudo_rows", round_idx), self._key("upload_order", round_idx)
         full = self._graphs(full)
@@ -527,8 +547,8 @@ class FedRecTask(FederatedTask):
                     model.user_emb[local.users] = rows_of_users
                 if solved is not None:
                     solved[d.users] = rows_of_users
-            upd = local_updates(model, local, s.local_steps, s.local_lr, self.prox_mu,
-                                OBJECTIVES[self.objective], self.row_l2)
+            upd = local_updates(model, local, s.local_steps, s.local_lr, self.prox_mu, OBJECTIVES[self.objective],
+                                self.row_l2) if self.item_solve is None else self.item_solve.statistics(model, local)
             shared, rows = upd.flat_shared(), upd.rows
             broken = s.nonfinite(shared, rows, d.row_client)
             if bool(broken.any()):  # the noise cannot hide a non-finite value: the upload is dropped (or aborts)
@@ -552,7 +572,7 @@ class FedRecTask(FederatedTask):
             uploads = None
         # ④ the channel counts every client's upload (its size is known to all processes), the server uses those on
         # time and not bad, and the aggregator (or the server's noise) combines them
-        scalars = upload_scalars(full, valid, sum(sizes), k)
+        scalars = upload_scalars(full, valid, sum(sizes), width)
         if self.attack is not None and uploads is not None:
             scalars = scalars + extra_rows * (k + 1)
         uploads = self.channel.send("upload", ("client", full.clients), ("server", 0), uploads, scalars)
@@ -581,8 +601,14 @@ class FedRecTask(FederatedTask):
                 user_grads = user_grads if term is None else user_grads + term
             s.step(model, update, users, user_grads)
         s.record(budget, full, self.data.num_clients, len(sizes))
-        broadcast = sum(sizes) + self.data.num_items * k
-        self.channel.send("download", ("server", 0), ("client", full.clients), None, broadcast)
+        broadcast, receivers = model_size + self.data.num_items * k, full.clients
+        if self.item_solve is not None:  # every client holding ratings solves its rows against the new table
+            everyone = self._prepare(round_idx).data
+            receivers = everyone.clients
+            rows_of_users = solve_user_rows(model, everyone.to(device), s.user_step.weight_decay)
+            with torch.no_grad():
+                model.user_emb[everyone.users.to(device)] = rows_of_users
+        self.channel.send("download", ("server", 0), ("client", receivers), None, broadcast)
         self.used["scalars"] += int(scalars[used].sum())
         self.used["messages"] += n
         out = {"clients": float(n), "train_loss": float(loss_sum[0]) / n if n else math.nan}
@@ -724,6 +750,23 @@ class FedRecTask(FederatedTask):
         out.update({"comm_upload_scalars_used": self.used["scalars"],
                     "comm_upload_messages_used": self.used["messages"]})
         return out
+
+
+def _check_item_solve(user_solve: bool, pseudo_items: int, aggregator: Aggregator, privacy: ClientDP | None,
+                      server: ServerOptimizer | None, attack: Attack | None, expansion: GraphExpansion | None) -> None:
+    """Refuse ``task.item_solve`` where its step is not defined: without the clients' user solves (its residuals
+    are taken at solved rows), with pseudo items (they would count as ratings), another rule than FedSGD's plain
+    sum, client-placed noise (each client's noise would not be one draw on the sums), a server optimiser, attacks or
+    graph expansion."""
+    plain_sum = type(aggregator) is FedSGD and aggregator.reduce == "sum" and aggregator.weighting == "uniform"
+    needs = [("task.user_solve=true", user_solve), ("task.pseudo_items=0", pseudo_items == 0),
+             ("aggregator=fedsgd aggregator.weighting=uniform aggregator.reduce=sum", plain_sum),
+             ("privacy.placement=server (or privacy=none)", privacy is None or privacy.placement == "server"),
+             ("server=none", server is None), ("attack=none", attack is None),
+             ("task.expansion.neighbours=0", expansion is None)]
+    missing = [name for name, ok in needs if not ok]
+    if missing:
+        raise ConfigError(f"task.item_solve: the server's item solve needs {', '.join(missing)}")
 
 
 def _check_user_solve(user_solve: Any, model: FederatedRecommender, objective: str, local_steps: int,

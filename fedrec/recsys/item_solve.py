@@ -1,0 +1,142 @@
+"""The server's item step of alternating least squares (``task.item_solve``), built to survive DP noise.
+
+Matrix factorisation with biases predicts ``μ + b_u + b_i + p_u·q_i``. With the user rows solved by their clients
+(``task.user_solve``), each item's least-squares problem is a ridge regression of the residuals on the features
+``ũ_u = (s·p_u, 1)`` of the users who rated it, in the coordinates ``ṽ_i = (q_i / s, b_i)``:
+
+    min Σ_{u rated i} (r_ui − μ − b_u − ũ_u·ṽ_i)² + λ ‖ṽ_i‖²,   Hessian A_i = Σ_u ũ_u ũ_uᵀ + λ I.
+
+Exact ALS needs every ``A_i``, ``(k+1)²`` numbers per item, and under DP each of them would be noised. Here a client
+uploads per rated item only its residual times its features, ``e_ui ũ_u`` (a gradient of the summed loss, k + 1
+numbers), and a count, and once its features' outer product ``ũ_u ũ_uᵀ``; the server approximates
+``A_i ≈ n_i M + λ I`` by the item's count ``n_i`` times the raters' second moment ``M`` (normalised to a unit bias
+entry) and takes the Newton step ``ṽ_i ← ṽ_i + η_t (n_i M + λ I)⁻¹ (Σ_u e_ui ũ_u − λ ṽ_i)`` on every item. The
+approximation changes the path, not the fixed point: the step is zero exactly where the item's gradient is.
+
+Why it helps under DP (server placement, :mod:`fedrec.privacy.central`): the noise on a sum is ``z·clip`` in every
+coordinate whatever the item's count, and a gradient step with one learning rate lets it move a rarely rated item
+as far as a popular one; the Newton step divides it by ``n_i M + λ``, so rare items stay near their prior and
+popular ones move to their solution in one step. From round ``average_from`` the step size falls as
+``η_t = 1 / (t − average_from + 2)``, which averages the noisy solutions of the later rounds instead of keeping the
+last. ``s`` (``factor_scale``) sets how the clip's norm is shared between the factors and the bias: user rows are
+small beside the bias's constant 1 (there are more users than items to share the L2), and scaling them up gives
+the factors' part of every upload, and of the noise-to-signal, a larger share. The counts and the moment ride in
+the same clipped upload at the fixed weights :data:`COUNT_WEIGHT` and :data:`MOMENT_WEIGHT` (the residual part's
+is 1), so one Gaussian draw and one accountant cover all of it. The global bias μ is not learned: it stays at its
+public initial value (``model.init_bias``).
+
+Private ALS on the full statistics is Chien et al. (ICML 2021), whose item step noises every ``A_i``; this one
+trades that for a shared second moment, which is what keeps the noise per item at k + 2 numbers.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedrec.errors import ConfigError, check_float, check_int
+from fedrec.models.recommender import FederatedRecommender
+from fedrec.recsys.data import RoundData
+from fedrec.recsys.local import LocalUpdates
+
+#: the weight of each rated item's count in a client's upload, beside its residual part's 1
+COUNT_WEIGHT = 1 / 12
+#: the weight of the client's features' second moment in its upload
+MOMENT_WEIGHT = 1 / 30
+
+
+@dataclass(frozen=True)
+class ItemSolve:
+    """``task.item_solve``: the item step's ridge λ (at full participation), the factor scale ``s`` and the round
+    from which the steps average (None: never; module docstring)."""
+
+    ridge: float = 30.0
+    factor_scale: float = 25.0
+    average_from: int | None = 4
+
+    @classmethod
+    def from_config(cls, node: Mapping[str, Any] | None) -> ItemSolve | None:
+        """The setting from ``task.item_solve`` (None, or ``enabled: false``: off), errors naming its fields."""
+        node = dict(node or {})
+        unknown = sorted(set(node) - {"enabled", *cls.__dataclass_fields__})
+        if unknown:
+            raise ConfigError(f"task.item_solve.{unknown[0]}: not a field of task.item_solve (enabled, "
+                              f"{', '.join(cls.__dataclass_fields__)})")
+        enabled = node.pop("enabled", bool(node))
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"task.item_solve.enabled must be true or false, got {enabled!r}")
+        if not enabled:
+            return None
+        average = node.get("average_from", cls.average_from)
+        return cls(ridge=check_float("task.item_solve.ridge", node.get("ridge", cls.ridge), low=0.0, low_open=True),
+                   factor_scale=check_float("task.item_solve.factor_scale",
+                                            node.get("factor_scale", cls.factor_scale), low=0.0, low_open=True),
+                   average_from=None if average is None else check_int("task.item_solve.average_from", average,
+                                                                       minimum=0))
+
+    def statistics(self, model: FederatedRecommender, data: RoundData) -> LocalUpdates:
+        """Every client's upload: per item row ``(Σ e_ui ũ_u, COUNT_WEIGHT · n)`` over its users ``u`` who rated
+        the item (``n`` of them), and ``MOMENT_WEIGHT · Σ_u vec(ũ_u ũ_uᵀ)`` over its users as ω; ``e_ui`` is the
+        residual of the current model (user rows already solved). Its loss is its summed squared error."""
+        k, s = model.embed_dim, self.factor_scale
+        users = model.user_emb.detach()[data.users].double()
+        items = model.item_emb.detach()[data.row_item].double()
+        eu, er = data.entry_user, data.entry_row
+        pred = model.global_bias.detach().double()[0] + users[eu, k] + items[er, k] + \
+            (users[eu, :k] * items[er, :k]).sum(1)
+        resid = data.entry_rating.double() - pred
+        feats = torch.cat([s * users[:, :k], torch.ones_like(users[:, k:])], 1)
+        per_entry = torch.cat([resid.unsqueeze(1) * feats[eu], torch.full_like(resid, COUNT_WEIGHT).unsqueeze(1)], 1)
+        rows = torch.zeros(len(items), k + 2, dtype=torch.float64, device=items.device).index_add_(0, er, per_entry)
+        outer = (feats.unsqueeze(2) * feats.unsqueeze(1)).reshape(len(feats), -1)
+        moment = torch.zeros(data.num_clients, outer.shape[1], dtype=torch.float64, device=items.device).index_add_(
+            0, data.user_client, MOMENT_WEIGHT * outer)
+        loss = torch.zeros(data.num_clients, dtype=torch.float64, device=items.device).index_add_(
+            0, data.entry_client, resid.pow(2))
+        dtype = model.item_emb.dtype
+        return LocalUpdates({"moment": moment.to(dtype)}, rows.to(dtype),
+                            torch.zeros_like(model.user_emb.detach()[data.users]), loss.to(dtype))
+
+
+class ItemSolveStep:
+    """The server step of :class:`ItemSolve` on a round's summed (and, under server placement, noised) uploads,
+    in place of the optimiser's; ``sample_rate`` is the expected share of clients in a round (the sums shrink with
+    it, so the ridge is taken at ``λ · sample_rate``)."""
+
+    def __init__(self, spec: ItemSolve, sample_rate: float) -> None:
+        self.spec = spec
+        self.sample_rate = check_float("sample_rate", sample_rate, low=0.0, high=1.0, low_open=True)
+        self.steps = 0
+
+    def __call__(self, model: FederatedRecommender, g_shared: Tensor, items: Tensor, g_rows: Tensor) -> None:
+        k, s = model.embed_dim, self.spec.factor_scale
+        table = model.item_emb.detach().double()
+        sums = torch.zeros(len(table), k + 2, dtype=torch.float64, device=table.device)
+        sums[items] = g_rows.double()
+        counts = (sums[:, k + 1] / COUNT_WEIGHT).clamp(min=0.0)
+        moment = g_shared.double().view(k + 1, k + 1) / MOMENT_WEIGHT
+        moment = (moment + moment.T) / 2
+        users = moment[k, k]  # the number of users in the sums (their ũ's last entry is 1)
+        moment = moment / users if users > 0 else torch.zeros_like(moment)
+        lam, (ev, basis) = self.spec.ridge * self.sample_rate, torch.linalg.eigh(moment)
+        ev = ev.clamp(min=0.0)  # noise can leave a negative eigenvalue: the moment of real features has none
+        v = torch.cat([table[:, :k] / s, table[:, k:]], 1)
+        grad = (sums[:, :k + 1] - lam * v) @ basis  # in the moment's eigenbasis, where every A_i is diagonal
+        step = (grad / (counts.unsqueeze(1) * ev + lam)) @ basis.T
+        start = self.spec.average_from
+        v = v + (step if start is None or self.steps < start else step / (self.steps - start + 2))
+        with torch.no_grad():
+            model.item_emb.copy_(torch.cat([v[:, :k] * s, v[:, k:]], 1).to(model.item_emb.dtype))
+        self.steps += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The steps taken (the averaging's clock)."""
+        return {"steps": self.steps}
+
+    def load_state_dict(self, model: FederatedRecommender, state: dict[str, Any] | None) -> None:
+        """Restore :meth:`state_dict` (``model`` is unused)."""
+        if state is not None:
+            self.steps = int(state["steps"])

@@ -1,0 +1,232 @@
+"""task.item_solve: the server's Newton item step of alternating least squares. Its uploads against a plain loop
+over each client's ratings; its step against a dense per-item solve, and against the exact ridge solution where
+the shared second moment is exact (every user rates every item); its fixed point where the items' gradient
+vanishes; the averaging clock across a checkpoint; the noise that server placement adds to its sums, of the stated
+scale; and the settings it refuses."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import DictConfig
+
+from fedrec.app.build import build_task
+from fedrec.data.ratings import RatingData
+from fedrec.errors import ConfigError
+from fedrec.models import MatrixFactorization
+from fedrec.privacy import ClientDP
+from fedrec.privacy.central import clipped_sums
+from fedrec.recsys import FedSGD, Strategy
+from fedrec.recsys.data import round_data
+from fedrec.recsys.item_solve import COUNT_WEIGHT, MOMENT_WEIGHT, ItemSolve, ItemSolveStep
+from fedrec.recsys.local import solve_user_rows
+from fedrec.tasks import FedRecTask
+from tests.helpers import tiny_fixture
+
+grouped = tiny_fixture(users=60, items=50, seed=2, rounds=3, num_clients=13)
+WD, K, MU = 0.8, 3, 0.55
+
+
+def _model(data: RatingData, seed: int = 5) -> MatrixFactorization:
+    torch.manual_seed(seed)
+    model = MatrixFactorization(data.num_users, data.num_items, K, bias=True, head="linear", init_std=0.5,
+                                init_bias=MU)
+    with torch.no_grad():
+        model.item_emb[:, -1] = 0.1 * torch.randn(data.num_items)
+        model.user_emb[:, -1] = 0.1 * torch.randn(data.num_users)
+    return model.double()
+
+
+def _round(data: RatingData):
+    tr = data.training_until(0)
+    return round_data(tr.user, tr.item, tr.rating, data.client_of_user, data.num_items)
+
+
+def test_the_uploads_are_each_clients_residual_sums_counts_and_moment(grouped: RatingData) -> None:
+    spec, model, d = ItemSolve(factor_scale=3.0), _model(grouped), _round(grouped)
+    up = spec.statistics(model, d)
+    users, items = model.user_emb.detach().numpy(), model.item_emb.detach().numpy()
+    ratings = {(int(u), int(i)): float(r) for u, i, r in zip(*[np.asarray(x) for x in (
+        d.users[d.entry_user], d.row_item[d.entry_row], d.entry_rating)])}
+    clients = d.clients.numpy()
+    for row in range(d.row_item.numel()):  # a plain loop over the client's users who rated the row's item
+        c, item = clients[int(d.row_client[row])], int(d.row_item[row])
+        want = np.zeros(K + 2)
+        for u in np.flatnonzero(grouped.client_of_user == c):
+            if (u, item) in ratings:
+                pred = float(model.global_bias.detach()) + users[u, K] + items[item, K] + users[u, :K] @ items[item, :K]
+                want[:K + 1] += (ratings[u, item] - pred) * np.append(3.0 * users[u, :K], 1.0)
+                want[K + 1] += COUNT_WEIGHT
+        np.testing.assert_allclose(up.rows[row].numpy(), want, rtol=1e-10, atol=1e-12)
+    moment = up.flat_shared().numpy()
+    for j in range(len(clients)):
+        feats = [np.append(3.0 * users[u, :K], 1.0) for u in d.users.numpy()[d.user_client.numpy() == j]]
+        np.testing.assert_allclose(moment[j], MOMENT_WEIGHT * sum(np.outer(f, f) for f in feats).ravel(), rtol=1e-10)
+    assert float(up.users.abs().max()) == 0.0  # the rows stay with the clients, solved
+
+
+def _sums(spec: ItemSolve, model: MatrixFactorization, d) -> tuple[torch.Tensor, torch.Tensor]:
+    up = spec.statistics(model, d)
+    rows = torch.zeros(model.num_items, K + 2, dtype=torch.float64).index_add_(0, d.row_item, up.rows)
+    return up.flat_shared().sum(0), rows
+
+
+def test_the_step_is_the_dense_newton_step_of_each_item(grouped: RatingData) -> None:
+    spec, model, d = ItemSolve(ridge=2.0, factor_scale=3.0, average_from=None), _model(grouped), _round(grouped)
+    shared, rows = _sums(spec, model, d)
+    before = model.item_emb.detach().clone()
+    ItemSolveStep(spec, 0.5)(model, shared, torch.arange(model.num_items), rows)
+    m = shared.view(K + 1, K + 1) / MOMENT_WEIGHT
+    m = m / m[K, K]
+    lam = 2.0 * 0.5
+    for i in range(model.num_items):
+        v = torch.cat([before[i, :K] / 3.0, before[i, K:]])
+        a = rows[i, K + 1] / COUNT_WEIGHT * m + lam * torch.eye(K + 1, dtype=torch.float64)
+        new = v + torch.linalg.solve(a, rows[i, :K + 1] - lam * v)
+        torch.testing.assert_close(model.item_emb.detach()[i], torch.cat([3.0 * new[:K], new[K:]]))
+
+
+def test_one_step_is_the_exact_ridge_solution_when_every_user_rates_every_item() -> None:
+    """Then every item's Hessian is n·M exactly, and the Newton step lands on numpy's ridge least squares."""
+    rng = np.random.default_rng(0)
+    users, items = 12, 7
+    user, item = (a.ravel() for a in np.meshgrid(np.arange(users), np.arange(items), indexing="ij"))
+    d = round_data(user, item, rng.uniform(0.2, 1.0, user.size).astype(np.float32), np.arange(users) % 4, items)
+    model = MatrixFactorization(users, items, K, bias=True, head="linear", init_std=0.5, init_bias=MU).double()
+    spec = ItemSolve(ridge=1.5, factor_scale=2.0, average_from=None)
+    shared, rows = _sums(spec, model, d)
+    ItemSolveStep(spec, 1.0)(model, shared, torch.arange(items), rows)
+    u = model.user_emb.detach().numpy()
+    feats = np.hstack([2.0 * u[:, :K], np.ones((users, 1))])
+    rating = np.zeros((users, items))
+    rating[d.users[d.entry_user].numpy(), d.row_item[d.entry_row].numpy()] = d.entry_rating.double().numpy()
+    for i in range(items):
+        y = rating[:, i] - float(model.global_bias.detach()) - u[:, K]
+        stacked = np.vstack([feats, np.sqrt(1.5) * np.eye(K + 1)])
+        want = np.linalg.lstsq(stacked, np.concatenate([y, np.zeros(K + 1)]), rcond=None)[0]
+        got = model.item_emb.detach().numpy()[i]
+        np.testing.assert_allclose(np.append(got[:K] / 2.0, got[K]), want, rtol=1e-8, atol=1e-10)
+
+
+def test_items_where_the_gradient_vanishes_do_not_move(grouped: RatingData) -> None:
+    """The approximate Hessian changes the path, not the fixed point: set every item to its ridge solution (numpy)
+    and the step leaves it there, averaging or not."""
+    model, d = _model(grouped), _round(grouped)
+    spec = ItemSolve(ridge=1.0, factor_scale=2.0, average_from=0)
+    u, k = model.user_emb.detach().numpy(), K
+    user, item = d.users[d.entry_user].numpy(), d.row_item[d.entry_row].numpy()
+    y = d.entry_rating.double().numpy() - float(model.global_bias.detach()) - u[user, k]
+    with torch.no_grad():
+        for i in range(model.num_items):
+            mine = item == i
+            a = np.hstack([2.0 * u[user[mine], :k], np.ones((int(mine.sum()), 1))])
+            stacked = np.vstack([a, np.eye(k + 1)])  # ridge 1 · sample rate 1
+            x = np.linalg.lstsq(stacked, np.concatenate([y[mine], np.zeros(k + 1)]), rcond=None)[0]
+            model.item_emb[i] = torch.from_numpy(np.append(2.0 * x[:k], x[k]))
+    before = model.item_emb.detach().clone()
+    shared, rows = _sums(spec, model, d)
+    ItemSolveStep(spec, 1.0)(model, shared, torch.arange(model.num_items), rows)
+    torch.testing.assert_close(model.item_emb.detach(), before, rtol=0, atol=1e-12)
+
+
+def test_the_steps_average_from_their_round_and_the_clock_survives_a_checkpoint(grouped: RatingData) -> None:
+    """From step ``average_from`` on, each step moves an item 1/2, 1/3, ... of its Newton step; a restored step
+    continues the clock."""
+    model, d = _model(grouped), _round(grouped)
+    spec = ItemSolve(ridge=1.0, factor_scale=2.0, average_from=1)
+    full = ItemSolve(ridge=1.0, factor_scale=2.0, average_from=None)
+    shared, rows = _sums(spec, model, d)
+
+    def moved(step: ItemSolveStep) -> torch.Tensor:
+        m = model.double()
+        m.load_state_dict(_model(grouped).state_dict())
+        before = m.item_emb.detach().clone()
+        step(m, shared, torch.arange(m.num_items), rows)
+        return m.item_emb.detach() - before
+
+    whole = moved(ItemSolveStep(full, 1.0))
+    step = ItemSolveStep(spec, 1.0)
+    for fraction in (1.0, 1 / 2, 1 / 3):  # steps 0 (before averaging), 1, 2
+        torch.testing.assert_close(moved(step), fraction * whole)
+    restored = ItemSolveStep(spec, 1.0)
+    restored.load_state_dict(model, step.state_dict())
+    torch.testing.assert_close(moved(restored), whole / 4)
+
+
+def _task(data: RatingData, privacy: ClientDP | None = None, **kw: object) -> FedRecTask:
+    settings = dict(strategy=Strategy(), objective="sse", weight_decay=WD, user_solve=True,
+                    item_solve={"enabled": True, "ridge": 5.0, "factor_scale": 2.0, "average_from": 2})
+    settings.update(kw)
+    aggregator = settings.pop("aggregator", FedSGD("uniform", reduce="sum"))
+    return FedRecTask(data, _model(data).float(), aggregator, privacy, rounds=data.rounds,
+                      pseudo_items=settings.pop("pseudo_items", 0), seed=3, **settings)
+
+
+def test_a_private_round_adds_one_noise_draw_of_the_stated_scale(grouped: RatingData) -> None:
+    """Server placement: the step receives the clipped sums of the statistics plus N(0, (z·clip)²) in every
+    coordinate, estimated over the ~550 coordinates of the sums (a DP step that adds no noise fails)."""
+    dp = ClientDP(grouped.num_clients, "gaussian", epsilon=4.0, delta=1e-5, clip=0.5, placement="server",
+                  adjacency="add_remove", sensitivity_factor=1.0)
+    task = _task(grouped, privacy=dp, strategy=Strategy("poisson", sample_rate=1.0))
+    seen = []
+    step = task.strategy.server_step
+    task.strategy.server_step = lambda model, *update: (seen.append(update), step(model, *update))
+    task.run_round(0)
+    up = task.last_uploads
+    sums = clipped_sums(dp.mechanism, up.shared, up.rows, up.row_client, up.row_item, grouped.num_items)
+    norms = dp.mechanism.client_norms([up.shared, up.rows], [None, up.row_client], up.clients.numel())
+    assert float(norms.max()) > 0.5  # the clip acted
+    g_shared, items, g_rows = seen[0]
+    noise = torch.cat([g_shared.double() - sums.shared, (g_rows.double() - sums.rows[items]).ravel()])
+    z = dp.server.update_multiplier
+    assert z > 0.5
+    assert abs(float(noise.std()) / (z * 0.5) - 1.0) < 0.15  # ≈ 6 standard errors of a ~550-sample std
+    assert abs(float(noise.mean())) < 4 * z * 0.5 / noise.numel() ** 0.5
+    assert task.summary()["epsilon_spent"] <= 4.0
+
+
+def test_every_client_holds_its_row_solved_against_the_new_table(grouped: RatingData) -> None:
+    """After the item step, every client (sampled or not) solves its rows against the table it downloads, so the
+    evaluation sees users fitted to the current items."""
+    task = _task(grouped, strategy=Strategy("poisson", sample_rate=0.5))
+    task.run_round(0)
+    d = _round(grouped)
+    torch.testing.assert_close(task.model.user_emb.detach()[d.users],
+                               solve_user_rows(task.model, d, WD).to(task.model.user_emb.dtype))
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"user_solve": False}, "task.user_solve=true"),
+    ({"pseudo_items": 3}, "task.pseudo_items=0"),
+    ({"aggregator": FedSGD("uniform")}, "aggregator.reduce=sum"),
+    ({"aggregator": FedSGD(reduce="sum")}, "aggregator.weighting=uniform"),
+    ({"item_solve": {"enabled": "yes"}}, "task.item_solve.enabled must be true or false"),
+    ({"item_solve": {"enabled": True, "ridge": 0.0}}, "task.item_solve.ridge"),
+    ({"item_solve": {"enabled": True, "step": 1}}, "task.item_solve.step: not a field"),
+    ({"item_solve": {"enabled": True, "average_from": -1}}, "task.item_solve.average_from"),
+])
+def test_settings_without_the_step_are_refused(grouped: RatingData, change: dict, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        _task(grouped, **change)
+
+
+def test_client_placement_is_refused(grouped: RatingData) -> None:
+    dp = ClientDP(grouped.num_clients, "gaussian", epsilon=4.0, delta=1e-5, clip=0.5)
+    with pytest.raises(ConfigError, match=r"privacy.placement=server"):
+        _task(grouped, privacy=dp)
+
+
+def test_a_run_from_the_command_line(compose_cfg: Callable[..., DictConfig]) -> None:
+    args = ("+experiment=fedgnn_synthetic", "task.rounds=3", "data.users=150", "data.items=80", "data.ratings=4000",
+            "data.num_clients=15", "model=mf", "+model.head=linear", "+model.bias=true", "+model.init_bias=0.6",
+            "task.objective=sse", "task.user_solve=true", "task.weight_decay=2", "task.pseudo_items=0",
+            "aggregator=fedsgd", "aggregator.reduce=sum", "aggregator.weighting=uniform")
+    task = build_task(compose_cfg(*args, "task.item_solve.enabled=true"))
+    assert isinstance(task.strategy.server_step, ItemSolveStep)
+    for r in range(3):
+        assert np.isfinite(task.run_round(r)["test_rmse"])
+    with pytest.raises(ConfigError, match="task.item_solve: .*task.user_solve=true"):
+        build_task(compose_cfg(*args[:-6], "task.pseudo_items=0", "aggregator=fedsgd", "aggregator.reduce=sum",
+                               "aggregator.weighting=uniform", "task.item_solve.enabled=true"))
