@@ -10,8 +10,8 @@ Models: as the authors configure them (d = ``--dim``, no biases, each client's R
 over every rating (``aggregator.reduce=sum``), so that ``--weight-decay`` is MF's L2 on every row; with
 ``--user-solve`` each client sets its user row to its ridge solution before computing its upload, and with
 ``--item-solve`` the server solves the items too (``task.item_solve``: Newton steps from the clients' residual sums,
-counts and second moment, averaged from round ``--average-from`` in private runs; the non-private reference takes
-full steps at ``--reference-ridge``).
+counts and second moment, averaged from round ``--average-from`` and weighted by the items' counts to the power
+``--count-power`` in private runs; the non-private reference takes full, unweighted steps at ``--reference-ridge``).
 Client placement: every client takes part every round and noises its own upload (the accountant's per-client
 ledger, no amplification). Server placement: Poisson sampling at ``--sample-rate`` (the expected clients per
 round over the clients, per data set), each upload clipped to ``--server-clip``, one Gaussian draw on the sum,
@@ -28,7 +28,7 @@ accounted as subsampled rounds. The share of the non-private gain over the bias 
     .venv/bin/python -m scripts.dp_utility --data ml10m --one-client-per-user --no-stream --models mf --summed \\
         --user-solve --item-solve --dim 8 --init-std 0.05 --init-bias 0.6 --weight-decay 7 --placements server \\
         --epsilons inf,8,4,2,1 --rounds 10 --sample-rate 1 --server-clip 1 --item-ridge 30 --reference-ridge 1 \\
-        --factor-scale 25 --average-from 6 --out docs/figures/dp_utility_ml10m_als.csv \\
+        --factor-scale 25 --average-from 6 --count-power 0.5 --out docs/figures/dp_utility_ml10m_als.csv \\
         --figure docs/figures/dp_utility_ml10m_als.png
 """
 from __future__ import annotations
@@ -117,10 +117,11 @@ def run(data: Any, model: str, placement: str, epsilon: float, args: argparse.Na
                              "init_bias": args.init_bias} if args.summed else {}
     setting: dict[str, Any] = {"objective": "sse", "mean_init": False,
                                "user_solve": args.user_solve} if args.summed else {}
-    if args.item_solve:  # the non-private reference takes full steps (averaging is there for the noise)
+    if args.item_solve:  # the non-private reference takes full, unweighted steps (both are there for the noise)
         setting["item_solve"] = {"enabled": True, "factor_scale": args.factor_scale,
                                  "ridge": args.item_ridge if private else args.reference_ridge or args.item_ridge,
-                                 "average_from": args.average_from if private and args.average_from >= 0 else None}
+                                 "average_from": args.average_from if private and args.average_from >= 0 else None,
+                                 "count_power": args.count_power if private else 0.0}
     task = FedRecTask(data, MODELS[model](data.num_users, data.num_items, args.dim, **parts), aggregator, privacy,
                       rounds=data.rounds, pseudo_items=pseudo, seed=0, strategy=strategy, lr=args.lr, server=server,
                       weight_decay=args.weight_decay, **setting)
@@ -191,6 +192,8 @@ def main() -> None:
     p.add_argument("--factor-scale", type=float, default=25.0, help="--item-solve: the user factors' scale")
     p.add_argument("--average-from", type=int, default=4,
                    help="--item-solve: private runs average their steps from this round on (-1: never)")
+    p.add_argument("--count-power", type=float, default=0.0,
+                   help="--item-solve: private runs weight each item's part of an upload by its count^-a")
     p.add_argument("--one-client-per-user", action="store_true", help="synthetic sizes: every user a client")
     p.add_argument("--no-stream", action="store_true", help="every training rating from round 0")
     p.add_argument("--device", default="cpu")

@@ -6,6 +6,7 @@ scale; and the settings it refuses."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -44,9 +45,11 @@ def _round(data: RatingData):
     return round_data(tr.user, tr.item, tr.rating, data.client_of_user, data.num_items)
 
 
-def test_the_uploads_are_each_clients_residual_sums_counts_and_moment(grouped: RatingData) -> None:
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_uploads_are_each_clients_residual_sums_counts_and_moment(grouped: RatingData, weighted: bool) -> None:
     spec, model, d = ItemSolve(factor_scale=3.0), _model(grouped), _round(grouped)
-    up = spec.statistics(model, d)
+    weights = torch.linspace(0.2, 3.0, grouped.num_items, dtype=torch.float64) if weighted else None
+    up = spec.statistics(model, d, weights)
     users, items = model.user_emb.detach().numpy(), model.item_emb.detach().numpy()
     ratings = {(int(u), int(i)): float(r) for u, i, r in zip(*[np.asarray(x) for x in (
         d.users[d.entry_user], d.row_item[d.entry_row], d.entry_rating)])}
@@ -59,7 +62,8 @@ def test_the_uploads_are_each_clients_residual_sums_counts_and_moment(grouped: R
                 pred = float(model.global_bias.detach()) + users[u, K] + items[item, K] + users[u, :K] @ items[item, :K]
                 want[:K + 1] += (ratings[u, item] - pred) * np.append(3.0 * users[u, :K], 1.0)
                 want[K + 1] += COUNT_WEIGHT
-        np.testing.assert_allclose(up.rows[row].numpy(), want, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(up.rows[row].numpy(), want * (1.0 if weights is None else float(weights[item])),
+                                   rtol=1e-10, atol=1e-12)
     moment = up.flat_shared().numpy()
     for j in range(len(clients)):
         feats = [np.append(3.0 * users[u, :K], 1.0) for u in d.users.numpy()[d.user_client.numpy() == j]]
@@ -67,8 +71,9 @@ def test_the_uploads_are_each_clients_residual_sums_counts_and_moment(grouped: R
     assert float(up.users.abs().max()) == 0.0  # the rows stay with the clients, solved
 
 
-def _sums(spec: ItemSolve, model: MatrixFactorization, d) -> tuple[torch.Tensor, torch.Tensor]:
-    up = spec.statistics(model, d)
+def _sums(spec: ItemSolve, model: MatrixFactorization, d, weights: torch.Tensor | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    up = spec.statistics(model, d, weights)
     rows = torch.zeros(model.num_items, K + 2, dtype=torch.float64).index_add_(0, d.row_item, up.rows)
     return up.flat_shared().sum(0), rows
 
@@ -110,11 +115,17 @@ def test_one_step_is_the_exact_ridge_solution_when_every_user_rates_every_item()
         np.testing.assert_allclose(np.append(got[:K] / 2.0, got[K]), want, rtol=1e-8, atol=1e-10)
 
 
-def test_items_where_the_gradient_vanishes_do_not_move(grouped: RatingData) -> None:
-    """The approximate Hessian changes the path, not the fixed point: set every item to its ridge solution (numpy)
-    and the step leaves it there, averaging or not."""
+@pytest.mark.parametrize("power", [0.0, 0.5])
+def test_items_where_the_gradient_vanishes_do_not_move(grouped: RatingData, power: float) -> None:
+    """The approximate Hessian changes the path, not the fixed point: set every item to its ridge solution (numpy;
+    with count weights f_i, the ridge λ / f_i) and the step leaves it there, averaging or not."""
     model, d = _model(grouped), _round(grouped)
-    spec = ItemSolve(ridge=1.0, factor_scale=2.0, average_from=0)
+    spec = ItemSolve(ridge=1.0, factor_scale=2.0, average_from=0, count_power=power)
+    step = ItemSolveStep(spec, 1.0)
+    step.counts = torch.linspace(0.5, 40.0, model.num_items, dtype=torch.float64)  # as if from an earlier step
+    weights = step.item_weights()
+    assert (weights is None) == (power == 0)
+    ridge = np.ones(model.num_items) if weights is None else 1.0 / weights.numpy()
     u, k = model.user_emb.detach().numpy(), K
     user, item = d.users[d.entry_user].numpy(), d.row_item[d.entry_row].numpy()
     y = d.entry_rating.double().numpy() - float(model.global_bias.detach()) - u[user, k]
@@ -122,13 +133,24 @@ def test_items_where_the_gradient_vanishes_do_not_move(grouped: RatingData) -> N
         for i in range(model.num_items):
             mine = item == i
             a = np.hstack([2.0 * u[user[mine], :k], np.ones((int(mine.sum()), 1))])
-            stacked = np.vstack([a, np.eye(k + 1)])  # ridge 1 · sample rate 1
+            stacked = np.vstack([a, np.sqrt(ridge[i]) * np.eye(k + 1)])
             x = np.linalg.lstsq(stacked, np.concatenate([y[mine], np.zeros(k + 1)]), rcond=None)[0]
             model.item_emb[i] = torch.from_numpy(np.append(2.0 * x[:k], x[k]))
     before = model.item_emb.detach().clone()
-    shared, rows = _sums(spec, model, d)
-    ItemSolveStep(spec, 1.0)(model, shared, torch.arange(model.num_items), rows)
+    shared, rows = _sums(spec, model, d, weights)
+    step(model, shared, torch.arange(model.num_items), rows)
     torch.testing.assert_close(model.item_emb.detach(), before, rtol=0, atol=1e-12)
+
+
+def test_count_weights_follow_the_counts_power_at_unit_mean_square_over_ratings() -> None:
+    """f_i ∝ max(n_i, 1)^(−a) with Σ n_i f_i² = Σ n_i; after a step the counts are the weighted count sums over
+    the weights the clients used."""
+    step = ItemSolveStep(ItemSolve(count_power=0.5), 1.0)
+    assert step.item_weights() is None  # no counts before the first step
+    step.counts = torch.tensor([0.0, 1.0, 4.0, 100.0], dtype=torch.float64)
+    f = step.item_weights()
+    torch.testing.assert_close(f / f[2], torch.tensor([2.0, 2.0, 1.0, 0.2], dtype=torch.float64))
+    torch.testing.assert_close((step.counts * f ** 2).sum(), step.counts.sum())
 
 
 def test_the_steps_average_from_their_round_and_the_clock_survives_a_checkpoint(grouped: RatingData) -> None:
@@ -172,7 +194,9 @@ def test_a_private_round_adds_one_noise_draw_of_the_stated_scale(grouped: Rating
     task = _task(grouped, privacy=dp, strategy=Strategy("poisson", sample_rate=1.0))
     seen = []
     step = task.strategy.server_step
-    task.strategy.server_step = lambda model, *update: (seen.append(update), step(model, *update))
+    spy = mock.Mock(wraps=step, item_weights=step.item_weights)
+    spy.side_effect = lambda model, *update: (seen.append(update), step(model, *update))
+    task.strategy.server_step = spy
     task.run_round(0)
     up = task.last_uploads
     sums = clipped_sums(dp.mechanism, up.shared, up.rows, up.row_client, up.row_item, grouped.num_items)
@@ -197,6 +221,36 @@ def test_every_client_holds_its_row_solved_against_the_new_table(grouped: Rating
                                solve_user_rows(task.model, d, WD).to(task.model.user_emb.dtype))
 
 
+def test_a_resumed_private_run_repeats_the_uninterrupted_one(grouped: RatingData) -> None:
+    """Three rounds straight, and two rounds, a checkpoint and the third in a new task: the same model and metrics
+    (the averaging clock, the privacy ledger and the clip travel in the checkpoint)."""
+    def task() -> FedRecTask:
+        dp = ClientDP(grouped.num_clients, "gaussian", epsilon=4.0, delta=1e-5, clip=0.5, placement="server",
+                      adjacency="add_remove", sensitivity_factor=1.0, adaptive_clip=True)
+        return _task(grouped, privacy=dp, strategy=Strategy("poisson", sample_rate=0.6),
+                     item_solve={"enabled": True, "ridge": 5.0, "factor_scale": 2.0, "average_from": 1,
+                                 "count_power": 0.5})
+
+    full = task()
+    want = [full.run_round(r) for r in range(3)]
+    first = task()
+    for r in range(2):
+        first.run_round(r)
+    resumed = task()
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.strategy.server_step.steps == 2
+    assert resumed.run_round(2) == want[2]
+    for name, v in full.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[name], v), name
+
+
+def test_a_checkpoint_of_an_optimiser_run_is_refused(grouped: RatingData) -> None:
+    plain = _task(grouped, item_solve=None)
+    plain.run_round(0)
+    with pytest.raises(ConfigError, match="cannot resume: .*task.item_solve"):
+        _task(grouped).load_state_dict(plain.state_dict())
+
+
 @pytest.mark.parametrize(("change", "says"), [
     ({"user_solve": False}, "task.user_solve=true"),
     ({"pseudo_items": 3}, "task.pseudo_items=0"),
@@ -206,6 +260,7 @@ def test_every_client_holds_its_row_solved_against_the_new_table(grouped: Rating
     ({"item_solve": {"enabled": True, "ridge": 0.0}}, "task.item_solve.ridge"),
     ({"item_solve": {"enabled": True, "step": 1}}, "task.item_solve.step: not a field"),
     ({"item_solve": {"enabled": True, "average_from": -1}}, "task.item_solve.average_from"),
+    ({"item_solve": {"enabled": True, "count_power": -0.5}}, "task.item_solve.count_power"),
 ])
 def test_settings_without_the_step_are_refused(grouped: RatingData, change: dict, says: str) -> None:
     with pytest.raises(ConfigError, match=says):

@@ -25,6 +25,12 @@ the same clipped upload at the fixed weights :data:`COUNT_WEIGHT` and :data:`MOM
 is 1), so one Gaussian draw and one accountant cover all of it. The global bias μ is not learned: it stays at its
 public initial value (``model.init_bias``).
 
+With ``count_power = a > 0`` the clip's norm is also shared unevenly between a client's items: each item's part of
+the upload is weighted by ``f_i ∝ n_i^(−a)``, from the counts of the previous step's noised sums (released, so free),
+which spends less of a heavy user's norm on items that thousands rate and more on the rest (the adaptive weights of
+Krichene et al., ICML 2023). The ridge λ stays in the weighted sums' units, where the noise is the same for every
+item: in the ratings' units item i's ridge is ``λ / f_i``, more shrinkage where the noise weighs more.
+
 Private ALS on the full statistics is Chien et al. (ICML 2021), whose item step noises every ``A_i``; this one
 trades that for a shared second moment, which is what keeps the noise per item at k + 2 numbers.
 """
@@ -50,12 +56,14 @@ MOMENT_WEIGHT = 1 / 30
 
 @dataclass(frozen=True)
 class ItemSolve:
-    """``task.item_solve``: the item step's ridge λ (at full participation), the factor scale ``s`` and the round
-    from which the steps average (None: never; module docstring)."""
+    """``task.item_solve``: the item step's ridge λ (at full participation), the factor scale ``s``, the round
+    from which the steps average (None: never) and the power ``a`` of the count weights (0: none; module
+    docstring)."""
 
     ridge: float = 30.0
     factor_scale: float = 25.0
     average_from: int | None = 4
+    count_power: float = 0.0
 
     @classmethod
     def from_config(cls, node: Mapping[str, Any] | None) -> ItemSolve | None:
@@ -75,12 +83,16 @@ class ItemSolve:
                    factor_scale=check_float("task.item_solve.factor_scale",
                                             node.get("factor_scale", cls.factor_scale), low=0.0, low_open=True),
                    average_from=None if average is None else check_int("task.item_solve.average_from", average,
-                                                                       minimum=0))
+                                                                       minimum=0),
+                   count_power=check_float("task.item_solve.count_power", node.get("count_power", cls.count_power),
+                                           low=0.0))
 
-    def statistics(self, model: FederatedRecommender, data: RoundData) -> LocalUpdates:
-        """Every client's upload: per item row ``(Σ e_ui ũ_u, COUNT_WEIGHT · n)`` over its users ``u`` who rated
-        the item (``n`` of them), and ``MOMENT_WEIGHT · Σ_u vec(ũ_u ũ_uᵀ)`` over its users as ω; ``e_ui`` is the
-        residual of the current model (user rows already solved). Its loss is its summed squared error."""
+    def statistics(self, model: FederatedRecommender, data: RoundData, weights: Tensor | None = None
+                   ) -> LocalUpdates:
+        """Every client's upload: per item row ``f_i · (Σ e_ui ũ_u, COUNT_WEIGHT · n)`` over its users ``u`` who
+        rated the item (``n`` of them), and ``MOMENT_WEIGHT · Σ_u vec(ũ_u ũ_uᵀ)`` over its users as ω; ``e_ui`` is
+        the residual of the current model (user rows already solved) and ``f`` the server's ``weights`` (None: 1).
+        Its loss is its summed squared error."""
         k, s = model.embed_dim, self.factor_scale
         users = model.user_emb.detach()[data.users].double()
         items = model.item_emb.detach()[data.row_item].double()
@@ -90,6 +102,8 @@ class ItemSolve:
         resid = data.entry_rating.double() - pred
         feats = torch.cat([s * users[:, :k], torch.ones_like(users[:, k:])], 1)
         per_entry = torch.cat([resid.unsqueeze(1) * feats[eu], torch.full_like(resid, COUNT_WEIGHT).unsqueeze(1)], 1)
+        if weights is not None:
+            per_entry = per_entry * weights.to(per_entry)[data.row_item[er]].unsqueeze(1)
         rows = torch.zeros(len(items), k + 2, dtype=torch.float64, device=items.device).index_add_(0, er, per_entry)
         outer = (feats.unsqueeze(2) * feats.unsqueeze(1)).reshape(len(feats), -1)
         moment = torch.zeros(data.num_clients, outer.shape[1], dtype=torch.float64, device=items.device).index_add_(
@@ -110,17 +124,35 @@ class ItemSolveStep:
         self.spec = spec
         self.sample_rate = check_float("sample_rate", sample_rate, low=0.0, high=1.0, low_open=True)
         self.steps = 0
+        self.counts: Tensor | None = None  # the items' rater counts from the last step's (noised) sums
+
+    def item_weights(self) -> Tensor | None:
+        """``(I,)`` float64, the weights ``f_i ∝ max(n_i, 1)^(−a)`` of the items' parts of the next uploads from the
+        last step's counts, scaled so that their mean square over ratings, ``Σ n_i f_i² / Σ n_i``, is 1 (the clip
+        means the same as without them); None without ``count_power`` or before the first step (module
+        docstring). They are computed from released sums, so they cost no privacy; None too while those sum to no
+        rating."""
+        if not self.spec.count_power or self.counts is None or not float(self.counts.clamp(min=0.0).sum()) > 0:
+            return None
+        counts = self.counts.clamp(min=0.0)
+        weights = counts.clamp(min=1.0).pow(-self.spec.count_power)
+        return weights / ((counts * weights.pow(2)).sum() / counts.sum()).sqrt()
 
     def __call__(self, model: FederatedRecommender, g_shared: Tensor, items: Tensor, g_rows: Tensor) -> None:
         k, s = model.embed_dim, self.spec.factor_scale
         table = model.item_emb.detach().double()
         sums = torch.zeros(len(table), k + 2, dtype=torch.float64, device=table.device)
         sums[items] = g_rows.double()
-        counts = (sums[:, k + 1] / COUNT_WEIGHT).clamp(min=0.0)
+        weights = self.item_weights()  # those the clients were sent for this round
+        weights = torch.ones(len(table), dtype=torch.float64, device=table.device) if weights is None else \
+            weights.to(table.device)
+        counts = (sums[:, k + 1] / COUNT_WEIGHT).clamp(min=0.0)  # weighted: f_i n_i
+        self.counts = counts / weights
         moment = g_shared.double().view(k + 1, k + 1) / MOMENT_WEIGHT
         moment = (moment + moment.T) / 2
         users = moment[k, k]  # the number of users in the sums (their ũ's last entry is 1)
         moment = moment / users if users > 0 else torch.zeros_like(moment)
+        # λ acts on the weighted sums, where the noise is the same for every item (λ / f_i in ratings' units)
         lam, (ev, basis) = self.spec.ridge * self.sample_rate, torch.linalg.eigh(moment)
         ev = ev.clamp(min=0.0)  # noise can leave a negative eigenvalue: the moment of real features has none
         v = torch.cat([table[:, :k] / s, table[:, k:]], 1)
@@ -133,10 +165,15 @@ class ItemSolveStep:
         self.steps += 1
 
     def state_dict(self) -> dict[str, Any]:
-        """The steps taken (the averaging's clock)."""
-        return {"steps": self.steps}
+        """The steps taken (the averaging's clock) and the items' counts (the next weights')."""
+        return {"steps": self.steps, "counts": None if self.counts is None else self.counts.clone()}
 
     def load_state_dict(self, model: FederatedRecommender, state: dict[str, Any] | None) -> None:
         """Restore :meth:`state_dict` (``model`` is unused)."""
-        if state is not None:
-            self.steps = int(state["steps"])
+        if state is None:
+            return
+        if "steps" not in state:
+            raise ConfigError("cannot resume: the checkpoint's server step is an optimiser's, this run has "
+                              "task.item_solve")
+        self.steps = int(state["steps"])
+        self.counts = None if state.get("counts") is None else state["counts"].clone()

@@ -548,7 +548,8 @@ class FedRecTask(FederatedTask):
                 if solved is not None:
                     solved[d.users] = rows_of_users
             upd = local_updates(model, local, s.local_steps, s.local_lr, self.prox_mu, OBJECTIVES[self.objective],
-                                self.row_l2) if self.item_solve is None else self.item_solve.statistics(model, local)
+                                self.row_l2) if self.item_solve is None else \
+                self.item_solve.statistics(model, local, s.server_step.item_weights())
             shared, rows = upd.flat_shared(), upd.rows
             broken = s.nonfinite(shared, rows, d.row_client)
             if bool(broken.any()):  # the noise cannot hide a non-finite value: the upload is dropped (or aborts)
@@ -605,6 +606,7 @@ class FedRecTask(FederatedTask):
         if self.item_solve is not None:  # every client holding ratings solves its rows against the new table
             everyone = self._prepare(round_idx).data
             receivers = everyone.clients
+            broadcast += 0 if s.server_step.item_weights() is None else self.data.num_items
             rows_of_users = solve_user_rows(model, everyone.to(device), s.user_step.weight_decay)
             with torch.no_grad():
                 model.user_emb[everyone.users.to(device)] = rows_of_users
