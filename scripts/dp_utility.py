@@ -27,7 +27,7 @@ accounted as subsampled rounds. The share of the non-private gain over the bias 
         --out docs/figures/dp_utility_ml10m_summed.csv --figure docs/figures/dp_utility_ml10m_summed.png
     .venv/bin/python -m scripts.dp_utility --data ml10m --one-client-per-user --no-stream --models mf --summed \\
         --user-solve --item-solve --dim 8 --init-std 0.05 --init-bias 0.6 --weight-decay 7 --placements server \\
-        --epsilons inf,8,4,2,1 --rounds 10 --sample-rate 1 --server-clip 1 --item-ridge 30 --reference-ridge 1 \\
+        --epsilons inf,8,4,2,1 --rounds 10 --sample-rate 1 --server-clip 1 --ridge-per-noise 14 --reference-ridge 1 \\
         --factor-scale 25 --average-from 6 --count-power 0.5 --out docs/figures/dp_utility_ml10m_als.csv \\
         --figure docs/figures/dp_utility_ml10m_als.png
 """
@@ -48,6 +48,7 @@ from fedrec.aggregation import FedAvgM
 from fedrec.app.plots import legend_below, save_figure, set_title, subplots
 from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.privacy import ClientDP
+from fedrec.privacy.accountant import sampled_noise_multiplier
 from fedrec.recsys import FedSGD, Strategy
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
@@ -118,8 +119,11 @@ def run(data: Any, model: str, placement: str, epsilon: float, args: argparse.Na
     setting: dict[str, Any] = {"objective": "sse", "mean_init": False,
                                "user_solve": args.user_solve} if args.summed else {}
     if args.item_solve:  # the non-private reference takes full, unweighted steps (both are there for the noise)
-        setting["item_solve"] = {"enabled": True, "factor_scale": args.factor_scale,
-                                 "ridge": args.item_ridge if private else args.reference_ridge or args.item_ridge,
+        ridge = args.reference_ridge or args.item_ridge
+        if private:  # a fixed ridge, or one in proportion to the noise's standard deviation z · clip
+            ridge = args.item_ridge if args.ridge_per_noise is None else args.ridge_per_noise * args.server_clip * \
+                sampled_noise_multiplier(epsilon, DELTA, args.sample_rate, data.rounds)
+        setting["item_solve"] = {"enabled": True, "factor_scale": args.factor_scale, "ridge": ridge,
                                  "average_from": args.average_from if private and args.average_from >= 0 else None,
                                  "count_power": args.count_power if private else 0.0}
     task = FedRecTask(data, MODELS[model](data.num_users, data.num_items, args.dim, **parts), aggregator, privacy,
@@ -187,6 +191,8 @@ def main() -> None:
     p.add_argument("--item-solve", action="store_true",
                    help="with --user-solve: the server's item step of ALS (task.item_solve) instead of the optimiser")
     p.add_argument("--item-ridge", type=float, default=30.0, help="--item-solve: the items' ridge")
+    p.add_argument("--ridge-per-noise", type=float, default=None,
+                   help="--item-solve: private runs' ridge as this multiple of the noise's std z · --server-clip")
     p.add_argument("--reference-ridge", type=float, default=None,
                    help="--item-solve: the non-private run's ridge (default: --item-ridge)")
     p.add_argument("--factor-scale", type=float, default=25.0, help="--item-solve: the user factors' scale")

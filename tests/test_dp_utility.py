@@ -43,7 +43,8 @@ def _args(**given: object) -> argparse.Namespace:
     settings = dict(pseudo_items=0, client_clip=0.1, server_clip=1.0, sample_rate=0.5, adaptive_clip=True,
                     target_quantile=0.5, server_momentum_lr=None, dim=4, lr=0.05, weight_decay=2.0, summed=True,
                     init_std=0.05, init_bias=0.6, user_solve=True, device="cpu", item_solve=False,
-                    item_ridge=30.0, reference_ridge=None, factor_scale=25.0, average_from=4, count_power=0.0)
+                    item_ridge=30.0, reference_ridge=None, factor_scale=25.0, average_from=4, count_power=0.0,
+                    ridge_per_noise=None)
     return argparse.Namespace(**{**settings, **given})
 
 
@@ -66,7 +67,8 @@ def test_a_non_private_summed_run_learns_from_the_middle_of_the_scale(small: obj
 def test_an_item_solve_run_is_private_only_with_noise(small: object, epsilon: float) -> None:
     """--item-solve: the private run spends its budget at server placement, the non-private one runs without
     noise."""
-    args = _args(item_solve=True, reference_ridge=3.5, adaptive_clip=False, sample_rate=1.0, count_power=0.5)
+    args = _args(item_solve=True, reference_ridge=3.5, adaptive_clip=False, sample_rate=1.0, count_power=0.5,
+                 ridge_per_noise=14.0)
     row = run(small, "mf", "server", epsilon, args)
     assert math.isfinite(row["test_rmse"])
     if math.isfinite(epsilon):

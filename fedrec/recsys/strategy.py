@@ -54,6 +54,7 @@ from fedrec.privacy.central import ClippedSums, clipped_sums
 from fedrec.privacy.client_dp import ClientDP
 from fedrec.recsys.aggregate import AggregateSums, Aggregator, FedSGD, Uploads
 from fedrec.recsys.data import RoundData
+from fedrec.recsys.item_solve import ItemSolveStep
 from fedrec.recsys.privatize import privatize_uploads, record_round, round_budget
 from fedrec.recsys.server import AdaptiveServerStep, ServerStep, UserStep
 from fedrec.utils.rng import KeyedRows
@@ -121,7 +122,7 @@ class Strategy:
         self.local_steps = self._local_steps or 1
         self.aggregator: Aggregator | None = None  # the run's, bound by setup
         self.privacy: ClientDP | None = None
-        self.server_step: ServerStep | AdaptiveServerStep = ServerStep()
+        self.server_step: ServerStep | AdaptiveServerStep | ItemSolveStep = ServerStep()
         self.user_step: UserStep = UserStep()
 
     @property
@@ -130,7 +131,8 @@ class Strategy:
         return self.participation == "all" and self.dropout == 0.0 and self.deadline is None
 
     def setup(self, aggregator: Aggregator, num_clients: int, num_rounds: int = 1, privacy: ClientDP | None = None,
-              server_step: ServerStep | AdaptiveServerStep | None = None, user_step: UserStep | None = None) -> None:
+              server_step: ServerStep | AdaptiveServerStep | ItemSolveStep | None = None,
+              user_step: UserStep | None = None) -> None:
         """Bind the run's aggregator, privacy and optimiser steps, resolve the local steps against the aggregator,
         and check them against each other and the run's ``num_clients`` clients over ``num_rounds`` rounds (server
         placement calibrates its noise for the sampling rate here)."""

@@ -183,10 +183,10 @@ class FedRecTask(FederatedTask):
             upload at them, instead of a gradient step on them after the server's. Matrix factorisation with the
             linear head on the summed loss (``model=mf +model.head=linear task.objective=sse``), one local step.
         item_solve: the server's item step of alternating least squares (:mod:`fedrec.recsys.item_solve`, fields
-            ``ridge``, ``factor_scale``, ``average_from``) in place of the optimiser's: clients upload residual
-            sums, counts and their rows' second moment, and every item takes a Newton step; None (or ``enabled:
-            false``): off. Needs ``user_solve``, no pseudo items, ``aggregator.reduce=sum``, and server placement
-            if private.
+            ``ridge``, ``factor_scale``, ``average_from``, ``count_power``) in place of the optimiser's: clients
+            upload residual sums, counts and their rows' second moment, every item takes a Newton step, and every
+            client then re-solves its rows; None (or ``enabled: false``): off. Needs ``user_solve``, no pseudo items,
+            FedSGD's plain sum, and server placement if private.
     """
 
     kind = "recommendation"
@@ -521,11 +521,10 @@ class FedRecTask(FederatedTask):
         one-process run); the server drops late and bad uploads (the strategy's), the sums are added up over
         processes, and every process takes the same server and user steps, so all hold the same model."""
         model, k, s = self.model, self.model.row_dim, self.strategy
-        model_size = sum(p.numel() for p in model.shared_parameters().values())
+        model_sizes = [p.numel() for p in model.shared_parameters().values()]
         # what a client uploads: ω and its item rows, or under task.item_solve its rows' second moment and per item
         # its residual sums (one more value than a row) and count
-        sizes = [p.numel() for p in model.shared_parameters().values()] if self.item_solve is None else \
-            [model.row_dim ** 2]
+        sizes = model_sizes if self.item_solve is None else [model.row_dim ** 2]
         width = k if self.item_solve is None else k + 1
         privacy_key = self._key("privacy", round_idx) if self.privacy is not None else 0
         rows_key, order_key = self._key("pseudo_rows", round_idx), self._key("upload_order", round_idx)
@@ -602,7 +601,7 @@ class FedRecTask(FederatedTask):
                 user_grads = user_grads if term is None else user_grads + term
             s.step(model, update, users, user_grads)
         s.record(budget, full, self.data.num_clients, len(sizes))
-        broadcast, receivers = model_size + self.data.num_items * k, full.clients
+        broadcast, receivers = sum(model_sizes) + self.data.num_items * k, full.clients
         if self.item_solve is not None:  # every client holding ratings solves its rows against the new table
             everyone = self._prepare(round_idx).data
             receivers = everyone.clients
