@@ -1,8 +1,9 @@
 """task.item_solve: the server's Newton item step of alternating least squares. Its uploads against a plain loop
 over each client's ratings; its step against a dense per-item solve, and against the exact ridge solution where
 the shared second moment is exact (every user rates every item); its fixed point where the items' gradient
-vanishes; the averaging clock across a checkpoint; the noise that server placement adds to its sums, of the stated
-scale; and the settings it refuses."""
+vanishes, with and without count weights; the weights themselves; the averaging clock across a checkpoint and a
+resumed private run; the noise that server placement adds to its sums, of the stated scale; and the settings it
+refuses."""
 from __future__ import annotations
 
 from collections.abc import Callable
