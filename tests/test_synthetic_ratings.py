@@ -133,6 +133,9 @@ def test_without_streaming_every_training_rating_is_there_from_round_0() -> None
     assert np.array_equal(whole.test.item, streamed.test.item) and np.array_equal(whole.val.item, streamed.val.item)
     first, last = whole.training_until(0), streamed.training_until(4)
     assert sorted(zip(first.user, first.item)) == sorted(zip(last.user, last.item))
+    assert all(whole.arrivals(r) == 0 for r in range(5))
+    for r in range(5):  # a round's arrivals are what training_until adds in it
+        assert streamed.arrivals(r) == len(streamed.training_until(r)) - len(streamed.training_until(r - 1))
 
 
 # ------------------------------------------------------------------------------------ values and splits

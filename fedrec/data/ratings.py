@@ -175,6 +175,11 @@ class RatingData:
         end = int(np.searchsorted(self.stream_round, round, side="right"))
         return Ratings.concat(self.initial, self.stream.take(slice(0, end)))
 
+    def arrivals(self, round: int) -> int:
+        """How many streamed training ratings arrive in ``round`` (0 in every round without streaming)."""
+        return int(np.searchsorted(self.stream_round, round, side="right")
+                   - np.searchsorted(self.stream_round, round, side="left"))
+
     def denormalize(self, rating: np.ndarray) -> np.ndarray:
         """Map normalised ratings (or predictions) back to the dataset's rating scale."""
         lo, hi = self.rating_range

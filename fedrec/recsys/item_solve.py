@@ -97,9 +97,8 @@ class ItemSolve:
         users = model.user_emb.detach()[data.users].double()
         items = model.item_emb.detach()[data.row_item].double()
         eu, er = data.entry_user, data.entry_row
-        pred = model.global_bias.detach().double()[0] + users[eu, k] + items[er, k] + \
-            (users[eu, :k] * items[er, :k]).sum(1)
-        resid = data.entry_rating.double() - pred
+        mu = {"global_bias": model.global_bias.detach().double()}  # the model's own prediction, in float64
+        resid = data.entry_rating.double() - model.pair_logits(mu, users, items[er], eu)
         feats = torch.cat([s * users[:, :k], torch.ones_like(users[:, k:])], 1)
         per_entry = torch.cat([resid.unsqueeze(1) * feats[eu], torch.full_like(resid, COUNT_WEIGHT).unsqueeze(1)], 1)
         if weights is not None:
@@ -132,9 +131,11 @@ class ItemSolveStep:
         means the same as without them); None without ``count_power`` or before the first step (module
         docstring). They are computed from released sums, so they cost no privacy; None too while those sum to no
         rating."""
-        if not self.spec.count_power or self.counts is None or not float(self.counts.clamp(min=0.0).sum()) > 0:
+        if not self.spec.count_power or self.counts is None:
             return None
         counts = self.counts.clamp(min=0.0)
+        if not float(counts.sum()) > 0:
+            return None
         weights = counts.clamp(min=1.0).pow(-self.spec.count_power)
         return weights / ((counts * weights.pow(2)).sum() / counts.sum()).sqrt()
 

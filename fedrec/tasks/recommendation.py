@@ -540,7 +540,9 @@ class FedRecTask(FederatedTask):
         if d.num_clients:
             # ③ local training, privatisation of ω and the real item rows, upload assembly
             local = d.to(device)
-            if self.user_solve:  # the clients' own rows first, solved from the item rows they downloaded
+            # the clients' own rows first, solved from the item rows they downloaded; under task.item_solve every
+            # client re-solved its rows after the last step, so only a round that brings new ratings solves again
+            if self.user_solve and (self.item_solve is None or round_idx == 0 or self.data.arrivals(round_idx)):
                 rows_of_users = solve_user_rows(model, local, s.user_step.weight_decay)
                 with torch.no_grad():
                     model.user_emb[local.users] = rows_of_users
