@@ -110,7 +110,7 @@ def run(data: Any, model: str, placement: str, epsilon: float, args: argparse.Na
     elif private:
         privacy = ClientDP(N, "gaussian", epsilon=epsilon, delta=DELTA, clip=args.server_clip, placement="server",
                            adjacency="add_remove", sensitivity_factor=1.0, adaptive_clip=args.adaptive_clip,
-                           target_quantile=args.target_quantile)
+                           target_quantile=args.target_quantile, noise_schedule=args.noise_schedule)
         strategy, pseudo = Strategy("poisson", sample_rate=args.sample_rate), 0
         aggregator = aggregator if args.summed else FedSGD("uniform")
         server = None if args.server_momentum_lr is None else FedAvgM(lr=args.server_momentum_lr)
@@ -125,7 +125,8 @@ def run(data: Any, model: str, placement: str, epsilon: float, args: argparse.Na
                 sampled_noise_multiplier(epsilon, DELTA, args.sample_rate, data.rounds)
         setting["item_solve"] = {"enabled": True, "factor_scale": args.factor_scale, "ridge": ridge,
                                  "average_from": args.average_from if private and args.average_from >= 0 else None,
-                                 "count_power": args.count_power if private else 0.0}
+                                 "count_power": args.count_power if private else 0.0,
+                                 "noise_ridge": args.noise_ridge, "count_average": args.count_average}
     task = FedRecTask(data, MODELS[model](data.num_users, data.num_items, args.dim, **parts), aggregator, privacy,
                       rounds=data.rounds, pseudo_items=pseudo, seed=0, strategy=strategy, lr=args.lr, server=server,
                       weight_decay=args.weight_decay, **setting)
@@ -175,6 +176,8 @@ def main() -> None:
     p.add_argument("--client-clip", type=float, default=0.1)
     p.add_argument("--pseudo-items", type=int, default=0)
     p.add_argument("--adaptive-clip", action="store_true", help="server placement: adaptive clipping")
+    p.add_argument("--noise-schedule", type=lambda text: [float(g) for g in text.split(",")], default=None,
+                   help="server placement: each round's factor on the noise multiplier, comma-separated")
     p.add_argument("--target-quantile", type=float, default=0.5, help="adaptive clipping: the norms' quantile")
     p.add_argument("--server-momentum-lr", type=float, default=None,
                    help="server placement: FedAvgM at this server lr on the noised mean (default: task.optimizer)")
@@ -200,12 +203,18 @@ def main() -> None:
                    help="--item-solve: private runs average their steps from this round on (-1: never)")
     p.add_argument("--count-power", type=float, default=0.0,
                    help="--item-solve: private runs weight each item's part of an upload by its count^-a")
+    p.add_argument("--noise-ridge", type=float, default=0.0,
+                   help="--item-solve: rho, each item's ridge grows by rho sigma^2 / curvature (0 without noise)")
+    p.add_argument("--count-average", action="store_true",
+                   help="--item-solve: the items' Hessians take the mean of every step's noised counts")
     p.add_argument("--one-client-per-user", action="store_true", help="synthetic sizes: every user a client")
     p.add_argument("--no-stream", action="store_true", help="every training rating from round 0")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--figure", type=Path)
     args = p.parse_args()
+    if args.noise_schedule is not None and args.ridge_per_noise is not None:
+        p.error("--ridge-per-noise takes the uniform calibration's z: with --noise-schedule use --noise-ridge")
     data = load(args.data, args.rounds, args.one_client_per_user, stream=not args.no_stream)
     bias, mean = bias_baseline(data), bias_baseline(data, regs=(0.0,), sweeps=0)
     print(f"{args.data}: test RMSE of the bias baseline {bias['test_rmse']:.4f} (ridge {bias['reg']:g}, chosen on "

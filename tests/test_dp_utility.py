@@ -44,7 +44,7 @@ def _args(**given: object) -> argparse.Namespace:
                     target_quantile=0.5, server_momentum_lr=None, dim=4, lr=0.05, weight_decay=2.0, summed=True,
                     init_std=0.05, init_bias=0.6, user_solve=True, device="cpu", item_solve=False,
                     item_ridge=30.0, reference_ridge=None, factor_scale=25.0, average_from=4, count_power=0.0,
-                    ridge_per_noise=None)
+                    ridge_per_noise=None, noise_ridge=0.0, count_average=False, noise_schedule=None)
     return argparse.Namespace(**{**settings, **given})
 
 

@@ -1,9 +1,9 @@
 """task.item_solve: the server's Newton item step of alternating least squares. Its uploads against a plain loop
 over each client's ratings; its step against a dense per-item solve, and against the exact ridge solution where
 the shared second moment is exact (every user rates every item); its fixed point where the items' gradient
-vanishes, with and without count weights; the weights themselves; the averaging clock across a checkpoint and a
-resumed private run; the noise that server placement adds to its sums, of the stated scale; and the settings it
-refuses."""
+vanishes, with and without count weights; the weights themselves; the noise ridge against a dense solve and the
+averaged counts against their precision-weighted mean; the averaging clock across a checkpoint and a resumed private
+run; the noise that server placement adds to its sums, of the stated scale; and the settings it refuses."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -178,6 +178,69 @@ def test_the_steps_average_from_their_round_and_the_clock_survives_a_checkpoint(
     torch.testing.assert_close(moved(restored), whole / 4)
 
 
+def test_the_noise_ridge_is_each_items_ridge_along_the_moments_eigenvectors(grouped: RatingData) -> None:
+    """With noise of std σ on the sums, item i's ridge along the moment's eigenvector k is λ + ρσ²/(n_i e_k): the
+    step against a dense per-item solve with that ridge matrix (numpy's eigenbasis); without noise it is the plain
+    step, bit for bit."""
+    spec = ItemSolve(ridge=2.0, factor_scale=3.0, average_from=None, noise_ridge=0.7)
+    model, d = _model(grouped), _round(grouped)
+    shared, rows = _sums(spec, model, d)
+    before = model.item_emb.detach().clone()
+    ItemSolveStep(spec, 0.5, lambda: 1.3)(model, shared, torch.arange(model.num_items), rows)
+    m = (shared.view(K + 1, K + 1) / MOMENT_WEIGHT).numpy()
+    m = (m + m.T) / 2 / m[K, K]
+    e, q = np.linalg.eigh(m)
+    for i in range(model.num_items):
+        n = float(rows[i, K + 1]) / COUNT_WEIGHT
+        ridge = q @ np.diag(2.0 * 0.5 + 0.7 * 1.3 ** 2 / np.maximum(n * e, 1e-6)) @ q.T
+        v = np.append(before[i, :K].numpy() / 3.0, before[i, K].numpy())
+        new = v + np.linalg.solve(n * m + ridge, rows[i, :K + 1].numpy() - ridge @ v)
+        np.testing.assert_allclose(model.item_emb.detach()[i].numpy(), np.append(3.0 * new[:K], new[K:]),
+                                   rtol=1e-8, atol=1e-10)
+    quiet, plain = _model(grouped), _model(grouped)
+    ItemSolveStep(spec, 0.5, lambda: 0.0)(quiet, shared, torch.arange(model.num_items), rows)
+    ItemSolveStep(ItemSolve(ridge=2.0, factor_scale=3.0, average_from=None), 0.5)(
+        plain, shared, torch.arange(model.num_items), rows)
+    assert torch.equal(quiet.item_emb, plain.item_emb)
+
+
+def test_averaged_counts_are_the_mean_of_every_steps_and_survive_a_checkpoint(grouped: RatingData) -> None:
+    """Under count_average each step's Hessians take the mean of the steps' count estimates so far (its sums' count
+    over the weights the clients used, then the weights again), each weighted by its precision (f_i / σ_t)²: the
+    third step against a dense Newton step at that mean, and a step restored after two continues it."""
+    spec = ItemSolve(ridge=1.0, factor_scale=2.0, average_from=None, count_power=0.5, count_average=True)
+    model, d = _model(grouped), _round(grouped)
+    noise = torch.Generator().manual_seed(0)
+    rounds, sigmas = [], iter([2.0, 2.0, 0.5, 0.5])  # the third step's σ, also for the restored one
+    step = ItemSolveStep(spec, 1.0, lambda: next(sigmas))
+    for _ in range(3):
+        weights = step.item_weights()
+        shared, rows = _sums(spec, model, d, weights)
+        rows[:, K + 1] += 0.5 * torch.randn(model.num_items, generator=noise, dtype=torch.float64)  # noised counts
+        rounds.append((weights, shared, rows))
+        if len(rounds) == 3:
+            before, restored = model.item_emb.detach().clone(), ItemSolveStep(spec, 1.0, lambda: next(sigmas))
+            restored.load_state_dict(model, step.state_dict())
+        step(model, shared, torch.arange(model.num_items), rows)
+    raw = [r[:, K + 1] / COUNT_WEIGHT / (1.0 if w is None else w) for w, _, r in rounds]
+    precision = [(1.0 if w is None else w) ** 2 / sigma ** 2 for (w, _, _), sigma in zip(rounds, (2.0, 2.0, 0.5))]
+    mean = (sum(p * c for p, c in zip(precision, raw)) / sum(precision)).clamp(min=0.0)
+    torch.testing.assert_close(step.counts, mean)
+    weights, shared, rows = rounds[2]
+    m = shared.view(K + 1, K + 1) / MOMENT_WEIGHT
+    m = (m + m.T) / 2 / m[K, K]
+    for i in range(model.num_items):
+        v = torch.cat([before[i, :K] / 2.0, before[i, K:]])
+        a = mean[i] * weights[i] * m + torch.eye(K + 1, dtype=torch.float64)
+        new = v + torch.linalg.solve(a, rows[i, :K + 1] - v)
+        torch.testing.assert_close(model.item_emb.detach()[i], torch.cat([2.0 * new[:K], new[K:]]))
+    again = _model(grouped)
+    with torch.no_grad():
+        again.item_emb.copy_(before)
+    restored(again, shared, torch.arange(model.num_items), rows)
+    assert torch.equal(again.item_emb, model.item_emb)
+
+
 def _task(data: RatingData, privacy: ClientDP | None = None, **kw: object) -> FedRecTask:
     settings = dict(strategy=Strategy(), objective="sse", weight_decay=WD, user_solve=True,
                     item_solve={"enabled": True, "ridge": 5.0, "factor_scale": 2.0, "average_from": 2})
@@ -209,6 +272,7 @@ def test_a_private_round_adds_one_noise_draw_of_the_stated_scale(grouped: Rating
     assert z > 0.5
     assert abs(float(noise.std()) / (z * 0.5) - 1.0) < 0.15  # ≈ 6 standard errors of a ~550-sample std
     assert abs(float(noise.mean())) < 4 * z * 0.5 / noise.numel() ** 0.5
+    assert step.noise_stddev() == pytest.approx(z * 0.5)  # what the noise ridge weighs by
     assert task.summary()["epsilon_spent"] <= 4.0
 
 
@@ -222,15 +286,16 @@ def test_every_client_holds_its_row_solved_against_the_new_table(grouped: Rating
                                solve_user_rows(task.model, d, WD).to(task.model.user_emb.dtype))
 
 
-def test_a_resumed_private_run_repeats_the_uninterrupted_one(grouped: RatingData) -> None:
+@pytest.mark.parametrize("noise_settings", [{}, {"noise_ridge": 20.0, "count_average": True}])
+def test_a_resumed_private_run_repeats_the_uninterrupted_one(grouped: RatingData, noise_settings: dict) -> None:
     """Three rounds straight, and two rounds, a checkpoint and the third in a new task: the same model and metrics
-    (the averaging clock, the privacy ledger and the clip travel in the checkpoint)."""
+    (the averaging clock, the counts, the privacy ledger and the clip travel in the checkpoint)."""
     def task() -> FedRecTask:
         dp = ClientDP(grouped.num_clients, "gaussian", epsilon=4.0, delta=1e-5, clip=0.5, placement="server",
                       adjacency="add_remove", sensitivity_factor=1.0, adaptive_clip=True)
         return _task(grouped, privacy=dp, strategy=Strategy("poisson", sample_rate=0.6),
                      item_solve={"enabled": True, "ridge": 5.0, "factor_scale": 2.0, "average_from": 1,
-                                 "count_power": 0.5})
+                                 "count_power": 0.5, **noise_settings})
 
     full = task()
     want = [full.run_round(r) for r in range(3)]
@@ -262,6 +327,8 @@ def test_a_checkpoint_of_an_optimiser_run_is_refused(grouped: RatingData) -> Non
     ({"item_solve": {"enabled": True, "step": 1}}, "task.item_solve.step: not a field"),
     ({"item_solve": {"enabled": True, "average_from": -1}}, "task.item_solve.average_from"),
     ({"item_solve": {"enabled": True, "count_power": -0.5}}, "task.item_solve.count_power"),
+    ({"item_solve": {"enabled": True, "noise_ridge": -1.0}}, "task.item_solve.noise_ridge"),
+    ({"item_solve": {"enabled": True, "count_average": 1}}, "task.item_solve.count_average must be true or false"),
 ])
 def test_settings_without_the_step_are_refused(grouped: RatingData, change: dict, says: str) -> None:
     with pytest.raises(ConfigError, match=says):

@@ -1,6 +1,7 @@
 """The Poisson-subsampled Gaussian accountant (DP-FedAvg's central DP) against references computed here: the RDP of
 the subsampled Gaussian by numerical integration (and by its binomial closed form at integer orders), the exact
-un-sampled Gaussian at q = 1, PRV below RDP, noise calibration, monotonicity, merging and state round trips."""
+un-sampled Gaussian at q = 1, PRV below RDP, noise calibration (uniform and scheduled, against Opacus's accountant),
+monotonicity, merging and state round trips."""
 from __future__ import annotations
 
 import math
@@ -18,6 +19,7 @@ from fedrec.privacy.accountant import (
     gaussian_rdp_epsilon,
     make_accountant,
     sampled_noise_multiplier,
+    scheduled_noise_multiplier,
 )
 
 DELTA = 1e-5
@@ -143,6 +145,33 @@ def test_less_sampling_needs_less_noise(accountant: str, calibrated: dict) -> No
 def test_prv_needs_no_more_noise_than_rdp(calibrated: dict) -> None:
     for q in (0.05, 0.2):
         assert calibrated["prv", q] <= calibrated["rdp", q] * 1.01
+
+
+@pytest.mark.parametrize(("q", "schedule"), [(1.0, [2.0] * 5 + [1.0] * 5), (0.2, [3.0, 1.5, 1.0, 1.0] * 10),
+                                           (0.05, [1.0] * 60 + [0.5] * 40)])
+def test_a_scheduled_calibration_spends_the_budget_round_by_round(q: float, schedule: list[float]) -> None:
+    """Rounds at z · g_t, composed one by one in Opacus's own RDPAccountant, spend ε to the tolerance."""
+    from opacus.accountants import RDPAccountant
+
+    z = scheduled_noise_multiplier(2.0, DELTA, q, schedule)
+    acc = RDPAccountant()
+    for g in schedule:
+        acc.step(noise_multiplier=z * g, sample_rate=q)
+    assert 2.0 - 0.01 <= acc.get_epsilon(delta=DELTA) <= 2.0
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_a_schedule_of_ones_is_the_uniform_calibration(accountant: str, calibrated: dict) -> None:
+    z = scheduled_noise_multiplier(2.0, DELTA, 0.2, [1.0] * 100, accountant)
+    assert 2.0 - 0.01 <= _eps(0.2, z, 100, accountant) <= 2.0
+    assert z == pytest.approx(calibrated[accountant, 0.2], rel=0.01)
+
+
+def test_a_scheduled_calibration_checks_its_factors() -> None:
+    with pytest.raises(ConfigError, match="^schedule must"):
+        scheduled_noise_multiplier(1.0, DELTA, 0.1, [1.0, 0.0])
+    with pytest.raises(ConfigError, match="^schedule: no rounds"):
+        scheduled_noise_multiplier(1.0, DELTA, 0.1, [])
 
 
 @pytest.mark.parametrize(("kw", "field"), [

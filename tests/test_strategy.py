@@ -320,6 +320,51 @@ def test_server_placement_spends_epsilon_over_the_run_and_then_stops(tiny: Ratin
     assert m["clients"] == 0 and trainer.should_stop and task.summary()["epsilon_spent"] == eps[-1]
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_noise_schedule_sets_each_rounds_noise_and_the_ledger_composes_them(tiny: RatingData,
+                                                                              adaptive: bool) -> None:
+    """Round t draws at z · g_t (with adaptive clipping, what the count's noise leaves of it), the ledger holds
+    the rounds as they were run and spends ε to the tolerance; the noise on the sums has that scale."""
+    schedule = [3.0, 2.0, 1.0, 1.0][:ROUNDS] + [1.0] * max(ROUNDS - 4, 0)
+    dp = _server_dp(tiny, clip=0.05, noise_schedule=schedule, adaptive_clip=adaptive, count_stddev=40.0)
+    task = make_task(tiny, dp, FedSGD(weighting="uniform", reduce="sum"), strategy=Strategy("poisson",
+                                                                                            sample_rate=0.6))
+    z = dp.server.base_multiplier
+    seen = []
+    step = task.strategy.server_step
+
+    def record(model, g_shared, items, g_items):
+        seen.append(torch.cat([g_shared.double(), g_items.double().reshape(-1)]))
+        step(model, g_shared, items, g_items)
+    task.strategy.server_step = record
+    for r, g in enumerate(schedule):
+        clip = dp.mechanism.clip  # the round's (adaptive clipping moves it after the draw)
+        task.run_round(r)
+        want = (z * g if not adaptive else ((z * g) ** -2 - 80.0 ** -2) ** -0.5) * clip
+        assert dp.server.last_stddev == pytest.approx(want, rel=1e-12)
+        assert float(seen[-1].std()) == pytest.approx(want, rel=0.2)  # beside it, the clipped sum is small
+    history = dp.server_accountant.state_dict()["history"]
+    assert sorted((zz, n) for zz, _, n in history) == sorted((z * g, schedule.count(g)) for g in set(schedule))
+    assert 4.0 - 0.01 <= task.summary()["epsilon_spent"] <= 4.0
+    assert task.summary()["noise_schedule"] == schedule and task.summary()["noise_multiplier"] == z
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    (dict(noise_schedule=[1.0, -1.0]), r"privacy.noise_schedule\[1\] must"),
+    (dict(noise_schedule="1,2"), "privacy.noise_schedule must be a list"),
+    (dict(noise_schedule=[1.0]), "privacy.noise_schedule has 1 entries and the run"),
+])
+def test_bad_noise_schedules_are_refused(tiny: RatingData, kw: dict, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        make_task(tiny, _server_dp(tiny, **kw), FedSGD(weighting="uniform"), strategy=Strategy("poisson",
+                                                                                              sample_rate=0.6))
+
+
+def test_a_noise_schedule_needs_server_placement(tiny: RatingData) -> None:
+    with pytest.raises(ConfigError, match="privacy.noise_schedule .*privacy.placement=server"):
+        ClientDP(tiny.num_clients, "gaussian", epsilon=4.0, noise_schedule=[1.0] * ROUNDS)
+
+
 def test_adaptive_clipping_moves_the_clip_towards_the_quantile(tiny: RatingData) -> None:
     dp = _server_dp(tiny, clip=1e-6, adaptive_clip=True, count_stddev=5.0)
     task = make_task(tiny, dp, FedSGD(weighting="uniform"))

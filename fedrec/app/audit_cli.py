@@ -101,6 +101,9 @@ def _audit_server(task: Any, settings: dict[str, Any], seed: int) -> Any:
     from fedrec.privacy.audit import audit_server_dp
 
     dp, rounds, rows = task.privacy, settings["rounds"] or task.num_rounds, max(settings["rows"], 1)
+    if dp.server.schedule is not None:
+        raise ConfigError("audit: the server-placement audit draws every round at one noise multiplier; run it "
+                          "without privacy.noise_schedule")
     ledger = SampledGaussianAccountant(dp.delta, dp.server_accountant.accountant)
     ledger.step(dp.server.noise_multiplier, rounds, dp.sample_rate)
     return audit_server_dp(dp.server, sample_rate=dp.sample_rate, rounds=rounds, epsilon_reported=ledger.epsilon(),

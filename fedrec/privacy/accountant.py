@@ -42,6 +42,7 @@ Uniform split (the default schedule)
 from __future__ import annotations
 
 import abc
+import collections
 import contextlib
 import functools
 import math
@@ -257,6 +258,41 @@ def sampled_noise_multiplier(
     steps = check_int("rounds", rounds, minimum=1)
     tol = check_float("epsilon_tolerance", epsilon_tolerance, low=0.0, low_open=True)
     return _noise_multiplier(eps, d, q, steps, accountant, tol, None)
+
+
+def scheduled_noise_multiplier(
+    epsilon: float,
+    delta: float,
+    sample_rate: float,
+    schedule: Sequence[float],
+    accountant: str = "rdp",
+    epsilon_tolerance: float = 0.01,
+) -> float:
+    """The smallest scale z (to the tolerance) whose rounds at noise multipliers ``z · g_t``, one per factor of
+    ``schedule``, each Poisson-subsampled at ``sample_rate``, spend at most ``epsilon`` at ``delta`` under
+    ``accountant``: bisection on z, which ε decreases in (the spent ε lies in ``[epsilon - epsilon_tolerance,
+    epsilon]``). A schedule of ones is :func:`sampled_noise_multiplier`'s calibration."""
+    eps = check_float("epsilon", epsilon, low=0.0, low_open=True)
+    d = _check_delta(delta)
+    q = check_float("sample_rate", sample_rate, low=0.0, high=1.0, low_open=True)
+    tol = check_float("epsilon_tolerance", epsilon_tolerance, low=0.0, low_open=True)
+    factors = collections.Counter(check_float("schedule", g, low=0.0, low_open=True) for g in schedule)
+    if not factors:
+        raise ConfigError("schedule: no rounds to calibrate")
+    name = check_choice("accountant", accountant, ACCOUNTANTS)
+
+    def spent(z: float) -> float:
+        return _sampled_epsilon(name, tuple(sorted((z * g, q, n) for g, n in factors.items())), d, None)
+
+    low, high = 0.0, 1.0
+    while spent(high) > eps:
+        low, high = high, 2.0 * high
+    for _ in range(200):  # the bracket halves each time; high always spends at most eps
+        if eps - spent(high) <= tol:
+            break
+        middle = (low + high) / 2
+        low, high = (middle, high) if spent(middle) > eps else (low, middle)
+    return high
 
 
 def uniform_epsilon_per_round(epsilon_total: float, rounds: int) -> float:

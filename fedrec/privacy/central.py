@@ -16,10 +16,16 @@ Adaptive clipping (Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021, Algorithm
 of unclipped clients ``b̃`` and moves the clip geometrically, ``clip ← clip · exp(−η (b̃ − γ))`` towards the
 ``γ`` quantile of the update norms. The two noised sums together are one Gaussian mechanism of noise multiplier
 ``z``: the update's own is ``z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2)`` (their Theorem 1), so the accountant's ε is unchanged.
+
+A noise schedule (``privacy.noise_schedule``, one factor ``g_t`` per round) sets round t's noise multiplier to
+``z · g_t``, so a run can spend less of its budget on the early rounds, which only move the model towards where the
+later ones average (the budget allocation of Lee & Kifer, KDD 2018); the accountant composes the rounds as they
+were run, and the calibration finds the ``z`` whose scheduled rounds spend ε.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +36,14 @@ from torch import Tensor
 from fedrec.errors import ConfigError, check_float
 from fedrec.privacy.mechanisms import GaussianMechanism
 from fedrec.utils.rng import KeyedRows
+
+
+def check_schedule(schedule: Sequence[float]) -> tuple[float, ...]:
+    """``privacy.noise_schedule`` as a tuple of the rounds' noise factors, each a number > 0."""
+    if isinstance(schedule, (str, bytes)) or not isinstance(schedule, Sequence) or not len(schedule):
+        raise ConfigError(f"privacy.noise_schedule must be a list of numbers > 0, one per round, got {schedule!r}")
+    return tuple(check_float(f"privacy.noise_schedule[{t}]", g, low=0.0, low_open=True)
+                 for t, g in enumerate(schedule))
 
 
 @dataclass
@@ -81,13 +95,17 @@ class ServerNoise:
         clip_lr: η > 0, the geometric step of the clip.
         count_stddev: σ_b, the count's noise; None: the expected clients / 20 (Andrew et al.'s choice), at least z
             (so the update keeps z_Δ ≤ 1.16·z on small rounds).
+        schedule: the rounds' factors ``g_t`` (round t's noise multiplier is ``z · g_t``, set by :meth:`at_round`);
+            None: z every round.
     """
 
     def __init__(self, mechanism: GaussianMechanism, noise_multiplier: float, *, adaptive: bool = False,
                  target_quantile: float = 0.5, clip_lr: float = 0.2, count_stddev: float | None = None,
-                 expected_clients: float = 1.0) -> None:
+                 expected_clients: float = 1.0, schedule: Sequence[float] | None = None) -> None:
         self.mechanism = mechanism
-        self.noise_multiplier = check_float("privacy.noise_multiplier", noise_multiplier, low=0.0, low_open=True)
+        self.base_multiplier = check_float("privacy.noise_multiplier", noise_multiplier, low=0.0, low_open=True)
+        self.schedule = None if schedule is None else check_schedule(schedule)
+        self.noise_multiplier = self.base_multiplier  # the current round's z (:meth:`at_round`)
         if not isinstance(adaptive, bool):
             raise ConfigError(f"privacy.adaptive_clip must be true or false, got {adaptive!r}")
         self.adaptive = adaptive
@@ -95,16 +113,28 @@ class ServerNoise:
                                            low_open=True, high_open=True)
         self.clip_lr = check_float("privacy.clip_lr", clip_lr, low=0.0, low_open=True)
         self.count_stddev = 0.0
-        self.update_multiplier = self.noise_multiplier
+        self.last_stddev = 0.0  # σ of the last draw on the update (:meth:`noised`), for steps that weigh by it
         if adaptive:
             self.count_stddev = max(expected_clients / 20.0, self.noise_multiplier) if count_stddev is None else \
                 check_float("privacy.count_stddev", count_stddev, low=0.0, low_open=True)
-            rest = self.noise_multiplier ** -2 - (2.0 * self.count_stddev) ** -2
-            if rest <= 0:
+            largest = self.base_multiplier * max(self.schedule or (1.0,))
+            if self.count_stddev <= largest / 2:
                 raise ConfigError(f"privacy.count_stddev={self.count_stddev:.4g} leaves no noise for the update at "
-                                  f"noise multiplier {self.noise_multiplier:.4g}: it must exceed z/2 = "
-                                  f"{self.noise_multiplier / 2:.4g} (more clients per round, or set it larger)")
-            self.update_multiplier = rest ** -0.5
+                                  f"noise multiplier {largest:.4g}: it must exceed z/2 = {largest / 2:.4g} (more "
+                                  f"clients per round, or set it larger)")
+        self.update_multiplier = self._update_multiplier()
+
+    def _update_multiplier(self) -> float:
+        """z_Δ of the current round: z itself, or with adaptive clipping what the count's noise leaves of it."""
+        z = self.noise_multiplier
+        return (z ** -2 - (2.0 * self.count_stddev) ** -2) ** -0.5 if self.adaptive else z
+
+    def at_round(self, round_idx: int) -> None:
+        """Set round ``round_idx``'s noise multiplier, ``z · g_t`` under a schedule (z without one)."""
+        if self.schedule is None:
+            return
+        self.noise_multiplier = self.base_multiplier * self.schedule[round_idx]
+        self.update_multiplier = self._update_multiplier()
 
     @property
     def update_stddev(self) -> float:
@@ -120,7 +150,7 @@ class ServerNoise:
         P, (I, k) = sums.shared.numel(), sums.rows.shape
         draw = torch.from_numpy(KeyedRows(key, np.zeros(1, dtype=np.int64)).draw("normal", P + I * k + 1)[0])
         draw = draw.to(sums.shared.device)
-        std = self.update_stddev
+        std = self.last_stddev = self.update_stddev
         denominator = expected_clients if divide else 1.0
         shared = (sums.shared + std * draw[:P]) / denominator
         rows = (sums.rows + std * draw[P:P + I * k].view(I, k)) / denominator

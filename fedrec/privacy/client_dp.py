@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 import secrets
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -61,9 +62,10 @@ from fedrec.privacy.accountant import (
     SampledGaussianAccountant,
     check_epsilon_setting,
     sampled_noise_multiplier,
+    scheduled_noise_multiplier,
     uniform_epsilon_per_round,
 )
-from fedrec.privacy.central import ServerNoise
+from fedrec.privacy.central import ServerNoise, check_schedule
 from fedrec.privacy.mechanisms import (
     GaussianMechanism,
     LaplaceMechanism,
@@ -149,6 +151,8 @@ class ClientDP:
         conventions: ``"paper"`` or ``"authors"`` (see the module docstring).
         placement: ``"client"`` or ``"server"`` (see the module docstring).
         noise_multiplier: server placement: the rounds' z; None calibrates it to spend ``epsilon`` over the run.
+        noise_schedule: server placement: one factor per round, round t's z being ``noise_multiplier · g_t`` (its
+            calibration spends ``epsilon`` over the scheduled rounds); None: the same z every round.
         adaptive_clip, target_quantile, clip_lr, count_stddev: server placement's adaptive clipping
             (:class:`~fedrec.privacy.central.ServerNoise`).
     """
@@ -172,6 +176,7 @@ class ClientDP:
         target_quantile: float = 0.5,
         clip_lr: float = 0.2,
         count_stddev: float | None = None,
+        noise_schedule: Sequence[float] | None = None,
     ) -> None:
         mechs: dict[str, type[NoiseMechanism]] = {"gaussian": GaussianMechanism, "laplace": LaplaceMechanism}
         if mechanism not in mechs:  # "none" (no client-level DP) is read by fedrec.app.build, which makes no ClientDP
@@ -217,8 +222,10 @@ class ClientDP:
         self.num_clients = num_clients
         self.server: ServerNoise | None = None  # server placement: set by setup_server once the rounds are known
         self.sample_rate = 1.0
+        schedule = None if noise_schedule is None else check_schedule(noise_schedule)
         self._server_settings = {"noise_multiplier": noise_multiplier, "adaptive": adaptive_clip,
-                                 "target_quantile": target_quantile, "clip_lr": clip_lr, "count_stddev": count_stddev}
+                                 "target_quantile": target_quantile, "clip_lr": clip_lr, "count_stddev": count_stddev,
+                                 "schedule": schedule}
         if self.placement == "server":
             if mechanism != "gaussian" or authors or adjacency != "add_remove":
                 raise ConfigError("privacy.placement=server adds one Gaussian draw to the clipped sum and accounts "
@@ -226,19 +233,25 @@ class ClientDP:
                                   "privacy.mechanism=gaussian, privacy.conventions=paper and "
                                   f"privacy.adjacency=add_remove (got {mechanism}, {conventions}, {adjacency})")
             self.server_accountant = SampledGaussianAccountant(self.delta, accountant)
-        elif noise_multiplier is not None or adaptive_clip:
-            raise ConfigError("privacy.noise_multiplier and privacy.adaptive_clip set the server's noise: they need "
-                              "privacy.placement=server")
+        elif noise_multiplier is not None or adaptive_clip or schedule is not None:
+            raise ConfigError("privacy.noise_multiplier, privacy.noise_schedule and privacy.adaptive_clip set the "
+                              "server's noise: they need privacy.placement=server")
 
     def setup_server(self, rounds: int, sample_rate: float, expected_clients: float) -> None:
         """Server placement: the rounds' noise multiplier (``noise_multiplier``, or the smallest whose ``rounds``
         rounds at ``sample_rate`` spend ``epsilon`` at δ) and the server's noise, for rounds of
         ``expected_clients`` clients on average."""
         settings = dict(self._server_settings)
-        z = settings.pop("noise_multiplier")
-        if z is None:
+        z, schedule = settings.pop("noise_multiplier"), settings["schedule"]
+        if schedule is not None and len(schedule) != rounds:
+            raise ConfigError(f"privacy.noise_schedule has {len(schedule)} entries and the run {rounds} rounds "
+                              "(task.rounds): give one per round")
+        if z is None and schedule is None:
             z = sampled_noise_multiplier(self.epsilon_total * (1.0 - BUDGET_MARGIN), self.delta, sample_rate, rounds,
                                          self.accountant.accountant)
+        elif z is None:
+            z = scheduled_noise_multiplier(self.epsilon_total * (1.0 - BUDGET_MARGIN), self.delta, sample_rate,
+                                           schedule, self.accountant.accountant)
         self.sample_rate = float(sample_rate)
         self.server = ServerNoise(self.mechanism, z, expected_clients=expected_clients, **settings)
 
@@ -350,8 +363,9 @@ class ClientDP:
                     "delta": self.delta, "epsilon_spent": float(spent.max()), "epsilon_spent_mean": float(spent.mean()),
                     "accountant": self.server_accountant.accountant, "clip": self.mechanism.clip,
                     "sensitivity": self.mechanism.sensitivity, "adjacency": self.mechanism.adjacency,
-                    "noise_multiplier": self.server.noise_multiplier, "sample_rate": self.sample_rate,
-                    "adaptive_clip": self.server.adaptive, "privacy_rng": self.rng}
+                    "noise_multiplier": self.server.base_multiplier, "sample_rate": self.sample_rate,
+                    "adaptive_clip": self.server.adaptive, "privacy_rng": self.rng,
+                    **({} if self.server.schedule is None else {"noise_schedule": list(self.server.schedule)})}
         hist = self.accountant.state_dict()["history"]
         out: dict[str, Any] = {
             "privacy": self.name,

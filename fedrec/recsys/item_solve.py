@@ -31,12 +31,20 @@ which spends less of a heavy user's norm on items that thousands rate and more o
 Krichene et al., ICML 2023). The ridge λ stays in the weighted sums' units, where the noise is the same for every
 item: in the ratings' units item i's ridge is ``λ / f_i``, more shrinkage where the noise weighs more.
 
+Two settings act on the noise alone (the fixed point without noise stays the ridge solution). ``noise_ridge = ρ``
+adds ``ρ σ² / (n_i e_k)`` to item i's ridge along the moment's eigenvector k (eigenvalue ``e_k``; σ the noise's
+standard deviation on the sums, 0 without noise): the shrinkage that minimises the expected error of a noisy
+estimate (a Wiener filter), which leaves a popular item's direction at λ and pulls a rare item's towards its prior.
+``count_average`` gives the Hessians the mean of every step's noised counts instead of the last step's, each weighted
+by its precision ``(f_i / σ_t)²`` (a round's weights and noise differ): the counts change little between rounds (not
+at all without a stream), and a rarely rated item's count is otherwise as noisy as it is large.
+
 Private ALS on the full statistics is Chien et al. (ICML 2021), whose item step noises every ``A_i``; this one
 trades that for a shared second moment, which is what keeps the noise per item at k + 2 numbers.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,18 +60,22 @@ from fedrec.recsys.local import LocalUpdates
 COUNT_WEIGHT = 1 / 12
 #: the weight of the client's features' second moment in its upload
 MOMENT_WEIGHT = 1 / 30
+#: the least curvature ``n_i e_k`` the noise ridge divides by (an item without raters gets a ridge that holds it)
+_CURVATURE_FLOOR = 1e-6
 
 
 @dataclass(frozen=True)
 class ItemSolve:
     """``task.item_solve``: the item step's ridge λ (at full participation), the factor scale ``s``, the round
-    from which the steps average (None: never) and the power ``a`` of the count weights (0: none; module
-    docstring)."""
+    from which the steps average (None: never), the power ``a`` of the count weights (0: none), the noise ridge ρ
+    and whether the Hessians' counts average over the steps (module docstring)."""
 
     ridge: float = 30.0
     factor_scale: float = 25.0
     average_from: int | None = 4
     count_power: float = 0.0
+    noise_ridge: float = 0.0
+    count_average: bool = False
 
     @classmethod
     def from_config(cls, node: Mapping[str, Any] | None) -> ItemSolve | None:
@@ -79,13 +91,19 @@ class ItemSolve:
         if not enabled:
             return None
         average = node.get("average_from", cls.average_from)
+        count_average = node.get("count_average", cls.count_average)
+        if not isinstance(count_average, bool):
+            raise ConfigError(f"task.item_solve.count_average must be true or false, got {count_average!r}")
         return cls(ridge=check_float("task.item_solve.ridge", node.get("ridge", cls.ridge), low=0.0, low_open=True),
                    factor_scale=check_float("task.item_solve.factor_scale",
                                             node.get("factor_scale", cls.factor_scale), low=0.0, low_open=True),
                    average_from=None if average is None else check_int("task.item_solve.average_from", average,
                                                                        minimum=0),
                    count_power=check_float("task.item_solve.count_power", node.get("count_power", cls.count_power),
-                                           low=0.0))
+                                           low=0.0),
+                   noise_ridge=check_float("task.item_solve.noise_ridge", node.get("noise_ridge", cls.noise_ridge),
+                                           low=0.0),
+                   count_average=count_average)
 
     def statistics(self, model: FederatedRecommender, data: RoundData, weights: Tensor | None = None
                    ) -> LocalUpdates:
@@ -117,13 +135,17 @@ class ItemSolve:
 class ItemSolveStep:
     """The server step of :class:`ItemSolve` on a round's summed (and, under server placement, noised) uploads,
     in place of the optimiser's; ``sample_rate`` is the expected share of clients in a round (the sums shrink with
-    it, so the ridge is taken at ``λ · sample_rate``)."""
+    it, so the ridge is taken at ``λ · sample_rate``) and ``noise_stddev`` says the standard deviation of the noise
+    on the sums the step is given (None: there is none)."""
 
-    def __init__(self, spec: ItemSolve, sample_rate: float) -> None:
+    def __init__(self, spec: ItemSolve, sample_rate: float, noise_stddev: Callable[[], float] | None = None) -> None:
         self.spec = spec
         self.sample_rate = check_float("sample_rate", sample_rate, low=0.0, high=1.0, low_open=True)
+        self.noise_stddev = noise_stddev
         self.steps = 0
-        self.counts: Tensor | None = None  # the items' rater counts from the last step's (noised) sums
+        self.counts: Tensor | None = None  # the items' rater counts from the (noised) sums: the last step's or mean
+        # under count_average: the precision-weighted sum of every step's counts, and the precisions' sum
+        self.count_total: tuple[Tensor, Tensor] | None = None
 
     def item_weights(self) -> Tensor | None:
         """``(I,)`` float64, the weights ``f_i ∝ max(n_i, 1)^(−a)`` of the items' parts of the next uploads from the
@@ -147,8 +169,18 @@ class ItemSolveStep:
         weights = self.item_weights()  # those the clients were sent for this round
         weights = torch.ones(len(table), dtype=torch.float64, device=table.device) if weights is None else \
             weights.to(table.device)
-        counts = (sums[:, k + 1] / COUNT_WEIGHT).clamp(min=0.0)  # weighted: f_i n_i
-        self.counts = counts / weights
+        sigma = 0.0 if self.noise_stddev is None else self.noise_stddev()
+        if self.spec.count_average:  # the steps' estimates in ratings' units, each weighted by its precision
+            raw = sums[:, k + 1] / COUNT_WEIGHT / weights  # its noise: σ / (COUNT_WEIGHT f_i)
+            precision = weights.pow(2) / (sigma ** 2 if sigma > 0 else 1.0)
+            total, weight = (raw * precision, precision) if self.count_total is None else \
+                (self.count_total[0] + raw * precision, self.count_total[1] + precision)
+            self.count_total = (total, weight)
+            self.counts = (total / weight).clamp(min=0.0)
+            counts = self.counts * weights  # weighted: f_i n_i
+        else:
+            counts = (sums[:, k + 1] / COUNT_WEIGHT).clamp(min=0.0)  # weighted: f_i n_i
+            self.counts = counts / weights
         moment = g_shared.double().view(k + 1, k + 1) / MOMENT_WEIGHT
         moment = (moment + moment.T) / 2
         users = moment[k, k]  # the number of users in the sums (their ũ's last entry is 1)
@@ -157,8 +189,13 @@ class ItemSolveStep:
         lam, (ev, basis) = self.spec.ridge * self.sample_rate, torch.linalg.eigh(moment)
         ev = ev.clamp(min=0.0)  # noise can leave a negative eigenvalue: the moment of real features has none
         v = torch.cat([table[:, :k] / s, table[:, k:]], 1)
-        grad = (sums[:, :k + 1] - lam * v) @ basis  # in the moment's eigenbasis, where every A_i is diagonal
-        step = (grad / (counts.unsqueeze(1) * ev + lam)) @ basis.T
+        curvature = counts.unsqueeze(1) * ev  # every A_i is diagonal in the moment's eigenbasis
+        if self.spec.noise_ridge and sigma > 0:  # λ + ρ σ² / (n_i e_k), per item and direction
+            lam = lam + self.spec.noise_ridge * sigma ** 2 / curvature.clamp(min=_CURVATURE_FLOOR)
+            grad = sums[:, :k + 1] @ basis - lam * (v @ basis)
+        else:
+            grad = (sums[:, :k + 1] - lam * v) @ basis
+        step = (grad / (curvature + lam)) @ basis.T
         start = self.spec.average_from
         v = v + (step if start is None or self.steps < start else step / (self.steps - start + 2))
         with torch.no_grad():
@@ -166,8 +203,10 @@ class ItemSolveStep:
         self.steps += 1
 
     def state_dict(self) -> dict[str, Any]:
-        """The steps taken (the averaging's clock) and the items' counts (the next weights')."""
-        return {"steps": self.steps, "counts": None if self.counts is None else self.counts.clone()}
+        """The steps taken (the averaging's clock) and the items' counts (the next weights', and their running
+        sum under ``count_average``)."""
+        return {"steps": self.steps, "counts": None if self.counts is None else self.counts.clone(),
+                "count_total": None if self.count_total is None else tuple(t.clone() for t in self.count_total)}
 
     def load_state_dict(self, model: FederatedRecommender, state: dict[str, Any] | None) -> None:
         """Restore :meth:`state_dict` (``model`` is unused)."""
@@ -178,3 +217,5 @@ class ItemSolveStep:
                               "task.item_solve")
         self.steps = int(state["steps"])
         self.counts = None if state.get("counts") is None else state["counts"].clone()
+        self.count_total = None if state.get("count_total") is None else tuple(t.clone() for t in
+                                                                              state["count_total"])

@@ -241,11 +241,14 @@ class Strategy:
 
 
     # ------------------------------------------------------------------------------------------ the server's side
-    def admit(self, run: Tensor, budget: Tensor | None, num_rounds: int) -> tuple[Tensor, Tensor | None]:
+    def admit(self, run: Tensor, budget: Tensor | None, num_rounds: int, round_idx: int
+              ) -> tuple[Tensor, Tensor | None]:
         """Step ②: of the clients set to ``run`` (``(num_clients,)`` bool), those the privacy budget admits, and
         the round's per-client budgets of client-placed noise (``budget``, a planner's, or else the uniform split
-        over ``num_rounds``; None without client noise). A server-placed round past ε admits no one."""
+        over ``num_rounds``; None without client noise). A server-placed round (at round ``round_idx``'s noise
+        multiplier) past ε admits no one."""
         if self.server_placed:
+            self.privacy.server.at_round(round_idx)
             return (run if self.privacy.server_round_affordable() else torch.zeros_like(run)), None
         if self.privacy is None:
             return run, None

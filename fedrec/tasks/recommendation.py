@@ -183,10 +183,10 @@ class FedRecTask(FederatedTask):
             upload at them, instead of a gradient step on them after the server's. Matrix factorisation with the
             linear head on the summed loss (``model=mf +model.head=linear task.objective=sse``), one local step.
         item_solve: the server's item step of alternating least squares (:mod:`fedrec.recsys.item_solve`, fields
-            ``ridge``, ``factor_scale``, ``average_from``, ``count_power``) in place of the optimiser's: clients
-            upload residual sums, counts and their rows' second moment, every item takes a Newton step, and every
-            client then re-solves its rows; None (or ``enabled: false``): off. Needs ``user_solve``, no pseudo items,
-            FedSGD's plain sum, and server placement if private.
+            ``ridge``, ``factor_scale``, ``average_from``, ``count_power``, ``noise_ridge``, ``count_average``) in
+            place of the optimiser's: clients upload residual sums, counts and their rows' second moment, every item
+            takes a Newton step, and every client then re-solves its rows; None (or ``enabled: false``): off. Needs
+            ``user_solve``, no pseudo items, FedSGD's plain sum, and server placement if private.
     """
 
     kind = "recommendation"
@@ -286,7 +286,8 @@ class FedRecTask(FederatedTask):
         server_step = ServerStep(optimizer, lr, weight_decay, optimizer_state) if server is None else \
             AdaptiveServerStep(server, self.strategy.local_lr)
         if self.item_solve is not None:
-            server_step = ItemSolveStep(self.item_solve, self.strategy.sampling_rate(data.num_clients))
+            noise = None if privacy is None else lambda: privacy.server.last_stddev  # set up with the strategy
+            server_step = ItemSolveStep(self.item_solve, self.strategy.sampling_rate(data.num_clients), noise)
         self.strategy.setup(aggregator, data.num_clients, self.num_rounds, privacy, server_step,
                             UserStep(optimizer, lr, weight_decay, optimizer_state))
         self.data, self.model, self.aggregator, self.privacy = data, model, aggregator, privacy
@@ -505,7 +506,7 @@ class FedRecTask(FederatedTask):
         """Step ②: the round's budget; the data, pseudo items and per-client budgets of the clients that train (the
         strategy's, which the privacy budget admits)."""
         d = prep.data
-        run, budget = self.strategy.admit(plan.training, self._budget, self.num_rounds)
+        run, budget = self.strategy.admit(plan.training, self._budget, self.num_rounds, round_idx)
         self._budget = None
         if not bool(run[d.clients].all()):
             keep = run[d.clients]
