@@ -93,6 +93,17 @@ def test_bad_values_are_one_error_line(audit_cli, tmp_path: Path, capsys, overri
     assert not (tmp_path / "bad" / "audit.json").exists()
 
 
+def test_a_noise_schedule_is_refused_naming_it(audit_cli, tmp_path: Path, capsys) -> None:
+    """The server-placement audit draws every round at one noise multiplier: a scheduled run (its config read
+    through Hydra's list) is one error line."""
+    with pytest.raises(SystemExit) as e:
+        audit_cli(*SMALL, "privacy.placement=server", "strategy.participation=poisson", "strategy.sample_rate=0.5",
+                  "privacy.noise_schedule=[2,1,1,1]", f"hydra.run.dir={tmp_path / 'bad'}")
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "without privacy.noise_schedule" in err[0]
+
+
 def test_a_bandit_run_is_refused_with_a_pointer_to_the_script(audit_cli, tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         audit_cli("+experiment=gossip_synthetic_k3", "privacy.epsilon=1", f"hydra.run.dir={tmp_path}")
