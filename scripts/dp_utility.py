@@ -11,7 +11,9 @@ over every rating (``aggregator.reduce=sum``), so that ``--weight-decay`` is MF'
 ``--user-solve`` each client sets its user row to its ridge solution before computing its upload, and with
 ``--item-solve`` the server solves the items too (``task.item_solve``: Newton steps from the clients' residual sums,
 counts and second moment, averaged from round ``--average-from`` and weighted by the items' counts to the power
-``--count-power`` in private runs; the non-private reference takes full, unweighted steps at ``--reference-ridge``).
+``--count-power`` in private runs, with ``--noise-ridge`` and ``--count-average``; the non-private reference takes
+full, unweighted steps at ``--reference-ridge``); ``--noise-schedule`` gives server placement's rounds their factors
+on the noise multiplier.
 Client placement: every client takes part every round and noises its own upload (the accountant's per-client
 ledger, no amplification). Server placement: Poisson sampling at ``--sample-rate`` (the expected clients per
 round over the clients, per data set), each upload clipped to ``--server-clip``, one Gaussian draw on the sum,
@@ -27,8 +29,9 @@ accounted as subsampled rounds. The share of the non-private gain over the bias 
         --out docs/figures/dp_utility_ml10m_summed.csv --figure docs/figures/dp_utility_ml10m_summed.png
     .venv/bin/python -m scripts.dp_utility --data ml10m --one-client-per-user --no-stream --models mf --summed \\
         --user-solve --item-solve --dim 8 --init-std 0.05 --init-bias 0.6 --weight-decay 7 --placements server \\
-        --epsilons inf,8,4,2,1 --rounds 10 --sample-rate 1 --server-clip 1 --ridge-per-noise 14 --reference-ridge 1 \\
-        --factor-scale 25 --average-from 6 --count-power 0.5 --out docs/figures/dp_utility_ml10m_als.csv \\
+        --epsilons inf,8,4,2,1 --rounds 10 --sample-rate 1 --server-clip 1 --reference-ridge 1 --factor-scale 25 \\
+        --average-from 6 --count-power 0.5 --item-ridge 10 --noise-ridge 50 --count-average \\
+        --noise-schedule 2,2,2,2,2,1,1,1,1,1 --out docs/figures/dp_utility_ml10m_als.csv \\
         --figure docs/figures/dp_utility_ml10m_als.png
 """
 from __future__ import annotations
