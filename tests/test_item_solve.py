@@ -353,3 +353,25 @@ def test_a_run_from_the_command_line(compose_cfg: Callable[..., DictConfig]) -> 
     with pytest.raises(ConfigError, match="task.item_solve: .*task.user_solve=true"):
         build_task(compose_cfg(*args[:-6], "task.pseudo_items=0", "aggregator=fedsgd", "aggregator.reduce=sum",
                                "aggregator.weighting=uniform", "task.item_solve.enabled=true"))
+
+
+def test_a_private_scheduled_run_from_the_command_line(compose_cfg: Callable[..., DictConfig]) -> None:
+    """Server placement with the noise schedule, the noise ridge and averaged counts from Hydra: each round draws at
+    its scheduled multiplier, which the step weighs by, and the run spends at most its ε."""
+    cfg = compose_cfg("+experiment=fedgnn_synthetic", "task.rounds=3", "data.users=150", "data.items=80",
+                      "data.ratings=4000", "data.num_clients=15", "model=mf", "+model.head=linear", "+model.bias=true",
+                      "+model.init_bias=0.6", "task.objective=sse", "task.user_solve=true", "task.weight_decay=2",
+                      "task.pseudo_items=0", "aggregator=fedsgd", "aggregator.reduce=sum",
+                      "aggregator.weighting=uniform", "task.item_solve.enabled=true", "task.item_solve.noise_ridge=5",
+                      "task.item_solve.count_average=true",
+                      "privacy=gaussian", "privacy.placement=server", "privacy.epsilon=4", "privacy.clip=1",
+                      "strategy.participation=poisson", "strategy.sample_rate=1.0", "privacy.noise_schedule=[2,1,1]")
+    task = build_task(cfg)
+    step, server = task.strategy.server_step, task.privacy.server
+    assert step.spec.noise_ridge == 5.0 and step.spec.count_average
+    for r, g in enumerate((2.0, 1.0, 1.0)):
+        assert np.isfinite(task.run_round(r)["test_rmse"])
+        assert step.noise_stddev() == pytest.approx(server.base_multiplier * g * 1.0, rel=1e-12)
+    summary = task.summary()
+    assert summary["noise_schedule"] == [2.0, 1.0, 1.0] and 3.99 <= summary["epsilon_spent"] <= 4.0
+
