@@ -360,6 +360,15 @@ def test_bad_noise_schedules_are_refused(tiny: RatingData, kw: dict, says: str) 
                                                                                               sample_rate=0.6))
 
 
+def test_adaptive_clipping_under_a_schedule_defaults_its_count_noise_to_the_largest_rounds_z(tiny: RatingData) -> None:
+    """The count's default σ_b is at least the largest scheduled z, so every round keeps noise for the update."""
+    dp = _server_dp(tiny, noise_schedule=[4.0, 1.0, 1.0, 1.0][:ROUNDS], adaptive_clip=True)
+    make_task(tiny, dp, FedSGD(weighting="uniform"), strategy=Strategy("poisson", sample_rate=0.6))
+    assert dp.server.count_stddev >= 4.0 * dp.server.base_multiplier
+    dp.server.at_round(0)
+    assert math.isfinite(dp.server.update_multiplier) and dp.server.update_multiplier > 4.0 * dp.server.base_multiplier
+
+
 def test_a_noise_schedule_needs_server_placement(tiny: RatingData) -> None:
     with pytest.raises(ConfigError, match="privacy.noise_schedule .*privacy.placement=server"):
         ClientDP(tiny.num_clients, "gaussian", epsilon=4.0, noise_schedule=[1.0] * ROUNDS)

@@ -94,7 +94,7 @@ class ServerNoise:
         target_quantile: γ in (0, 1).
         clip_lr: η > 0, the geometric step of the clip.
         count_stddev: σ_b, the count's noise; None: the expected clients / 20 (Andrew et al.'s choice), at least z
-            (so the update keeps z_Δ ≤ 1.16·z on small rounds).
+            (the largest round's, under a schedule; so the update keeps z_Δ ≤ 1.16·z on small rounds).
         schedule: the rounds' factors ``g_t`` (round t's noise multiplier is ``z · g_t``, set by :meth:`at_round`);
             None: z every round.
     """
@@ -115,9 +115,9 @@ class ServerNoise:
         self.count_stddev = 0.0
         self.last_stddev = 0.0  # σ of the last draw on the update (:meth:`noised`), for steps that weigh by it
         if adaptive:
-            self.count_stddev = max(expected_clients / 20.0, self.noise_multiplier) if count_stddev is None else \
+            largest = self.base_multiplier * max(self.schedule or (1.0,))  # the largest round's z
+            self.count_stddev = max(expected_clients / 20.0, largest) if count_stddev is None else \
                 check_float("privacy.count_stddev", count_stddev, low=0.0, low_open=True)
-            largest = self.base_multiplier * max(self.schedule or (1.0,))
             if self.count_stddev <= largest / 2:
                 raise ConfigError(f"privacy.count_stddev={self.count_stddev:.4g} leaves no noise for the update at "
                                   f"noise multiplier {largest:.4g}: it must exceed z/2 = {largest / 2:.4g} (more "
