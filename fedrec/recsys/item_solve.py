@@ -192,10 +192,7 @@ class ItemSolveStep:
         curvature = counts.unsqueeze(1) * ev  # every A_i is diagonal in the moment's eigenbasis
         if self.spec.noise_ridge and sigma > 0:  # λ + ρ σ² / (n_i e_k), per item and direction
             lam = lam + self.spec.noise_ridge * sigma ** 2 / curvature.clamp(min=_CURVATURE_FLOOR)
-            grad = sums[:, :k + 1] @ basis - lam * (v @ basis)
-        else:
-            grad = (sums[:, :k + 1] - lam * v) @ basis
-        step = (grad / (curvature + lam)) @ basis.T
+        step = ((sums[:, :k + 1] @ basis - lam * (v @ basis)) / (curvature + lam)) @ basis.T
         start = self.spec.average_from
         v = v + (step if start is None or self.steps < start else step / (self.steps - start + 2))
         with torch.no_grad():
