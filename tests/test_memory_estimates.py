@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from omegaconf import DictConfig
 
@@ -78,6 +79,45 @@ def test_a_recommendation_runs_peak_grows_as_its_model_and_task_say(tmp_path: Pa
     assert_within_a_quarter(peak_growth(tmp_path, small, large), estimated)
 
 
+@pytest.mark.parametrize("model", ["mf", pytest.param("fedgnn", marks=pytest.mark.slow)])
+def test_a_recommendation_runs_peak_grows_with_its_ratings_as_estimated(tmp_path: Path, compose_cfg: Compose,
+                                                                        model: str) -> None:
+    """Ten times the ratings of the same users, items and clients at width 8: the round's data and rows grow."""
+    run = ("+experiment=fedgnn_synthetic", f"model={model}", "task.rounds=1", "data.users=20000", "data.items=5000",
+           "data.num_clients=2000")
+    small, large = (*run, "data.ratings=200000"), (*run, "data.ratings=2000000")
+
+    def estimate(overrides: tuple[str, ...]) -> int:
+        cfg = compose_cfg(*overrides)
+        task = build.build_task(cfg)
+        shared = sum(p.numel() for p in task.model.shared_parameters().values())
+        data = task.data
+        return build.recommendation_memory_estimate(cfg, data.num_users, data.num_items, len(data.training),
+                                                    data.num_clients, shared=shared)
+
+    assert_within_a_quarter(peak_growth(tmp_path, small, large), estimate(large) - estimate(small))
+
+
+def test_training_clients_in_chunks_lowers_the_peak_as_the_estimate_says(tmp_path: Path,
+                                                                        compose_cfg: Compose) -> None:
+    """``task.client_chunk``: FedGNN's per-edge copies at width 64 follow the largest chunk of clients instead of
+    the round's, and the peak falls by what the estimate says."""
+    run = ("+experiment=fedgnn_synthetic", "task.rounds=1", "data.users=2000", "data.items=1000", "data.ratings=100000",
+           "data.num_clients=200", "task.pseudo_items=50", "model.embed_dim=64")
+    chunked, whole = (*run, "task.client_chunk=20"), run
+
+    def estimate(overrides: tuple[str, ...]) -> int:
+        cfg = compose_cfg(*overrides)
+        data = build.build_task(cfg).data
+        per_client = [np.bincount(data.client_of_user[u], minlength=data.num_clients)
+                      for u in (data.training.user, np.arange(data.num_users))]
+        return build.recommendation_memory_estimate(cfg, data.num_users, data.num_items, len(data.training),
+                                                    data.num_clients, chunk=build.largest_chunk(cfg, *per_client))
+
+    assert build.largest_chunk(compose_cfg(*run), np.ones(200), np.ones(200)) is None
+    assert_within_a_quarter(peak_growth(tmp_path, chunked, whole), estimate(whole) - estimate(chunked))
+
+
 #: in a fresh process: generate a tiny dataset first (numba compiles the draws' kernels then, or loads them), reset
 #: the peak resident memory (Linux: ``clear_refs`` 5), then generate ``sizes`` and print the peak's growth
 GENERATE = """
@@ -96,7 +136,9 @@ print(status("VmHWM:") - before)
 """
 
 
-@pytest.mark.parametrize("sizes", [dict(users=20000, items=5000, ratings=1_000_000)])
+@pytest.mark.parametrize("sizes", [dict(users=20000, items=5000, ratings=1_000_000),
+                                   pytest.param(dict(users=69878, items=10677, ratings=10_000_054),
+                                                marks=pytest.mark.slow, id="movielens-10m-size")])
 def test_generating_synthetic_ratings_peaks_as_the_loader_says(sizes: dict[str, int]) -> None:
     """The growth of the process's peak over its resident memory before generating, with the kernels compiled."""
     code = GENERATE.replace("SIZES", repr(sizes))
@@ -116,4 +158,22 @@ def test_oversized_generation_is_refused_before_generating(compose_cfg: Compose,
                                           r"\(data\.users=\d+, data\.items=100000000, data\.ratings=100000000\) and "
                                           r"8\.0 GiB is available"):
         build.build_task(cfg)
+    assert generated == []
+
+
+NETFLIX = ("+experiment=fedgnn_synthetic", "data.users=480189", "data.items=17770", "data.ratings=100480507",
+           "data.num_clients=48019")
+
+
+def test_netflix_size_is_refused_under_a_too_small_max_memory_gb(compose_cfg: Compose,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Netflix's size needs about 9 GiB to generate: ``max_memory_gb=8`` refuses it before anything is drawn, and
+    the message names the limit and the sizes."""
+    generated = []
+    monkeypatch.setattr(build.builders, "instantiate_group", lambda *a, **k: generated.append(a))
+    need = synthetic_ratings.memory_estimate({"users": 480189, "items": 17770, "ratings": 100480507})
+    assert 8 * 2**30 < need < 10 * 2**30
+    with pytest.raises(ConfigError, match=rf"^max_memory_gb=8: the run needs about {need / 2**30:.1f} GiB "
+                                          r"\(data\.users=480189, data\.items=17770, data\.ratings=100480507\)"):
+        build.build_task(compose_cfg(*NETFLIX, "max_memory_gb=8"))
     assert generated == []

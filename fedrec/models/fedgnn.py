@@ -119,11 +119,13 @@ class FedGNN(FederatedRecommender):
     def memory_estimate(cls, sizes: Mapping[str, Any]) -> int:
         """The tables' bytes (:meth:`FederatedRecommender.memory_estimate`) and each star's copy of its layer's k × k
         weights, gathered per edge (a user's and, with graph expansion's ``neighbours``, an item's) with its gradient:
-        8 k² bytes per training rating and user and layer. Measured: width 128 on ML-100K (80,943 edges and users)
-        raised the peak by 10.6 GB over width 8, and this says 10.6 GB."""
+        8 k² bytes per training rating and user and layer of the clients that train at once (``chunk_training``,
+        ``chunk_users``; all of them without ``task.client_chunk``). Measured: width 128 on ML-100K (80,943 edges
+        and users) raised the peak by 10.6 GB over width 8, and this says 10.6 GB."""
         layers = 2 if sizes.get("neighbours") else 1
         k = sizes["embed_dim"]
-        return super().memory_estimate(sizes) + layers * 8 * k * k * (sizes["training"] + sizes["users"])
+        at_once = sizes.get("chunk_training", sizes["training"]) + sizes.get("chunk_users", sizes["users"])
+        return super().memory_estimate(sizes) + layers * 8 * k * k * at_once
 
     def represent(self, shared: dict[str, Tensor], user_vecs: Tensor, item_vecs: Tensor, entry_user: Tensor,
                   neighbours: Neighbours | None = None) -> Tensor:

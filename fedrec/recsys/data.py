@@ -65,9 +65,10 @@ class RoundData:
     def select(self, lo: int, hi: int) -> RoundData:
         """The data of clients ``clients[lo:hi]`` alone (a shard), with local indices renumbered: entries and rows
         are sorted by client, so theirs are slices; each client's rows keep their order."""
-        e0, e1 = (int(v) for v in torch.searchsorted(self.entry_client, torch.tensor([lo, hi])))
-        r0, r1 = (int(v) for v in torch.searchsorted(self.row_client, torch.tensor([lo, hi])))
-        n0, n1 = (int(v) for v in torch.searchsorted(self.pair_entry, torch.tensor([e0, e1])))
+        bounds = torch.tensor([lo, hi], device=self.clients.device)
+        e0, e1 = (int(v) for v in torch.searchsorted(self.entry_client, bounds))
+        r0, r1 = (int(v) for v in torch.searchsorted(self.row_client, bounds))
+        n0, n1 = (int(v) for v in torch.searchsorted(self.pair_entry, torch.tensor([e0, e1], device=bounds.device)))
         keep = (self.user_client >= lo) & (self.user_client < hi)
         new_user = torch.cumsum(keep.long(), 0) - 1
         return RoundData(

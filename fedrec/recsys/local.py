@@ -18,6 +18,7 @@ the local step of federated collaborative filtering (Ammad-ud-din et al. 2019), 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -79,11 +80,17 @@ def solve_user_rows(model: FederatedRecommender, data: RoundData, weight_decay: 
 
 def local_updates(
     model: FederatedRecommender, data: RoundData, local_steps: int = 1, local_lr: float = 0.05, prox_mu: float = 0.0,
-    objective: Objective = rmse_losses, row_l2: float = 0.0,
+    objective: Objective = rmse_losses, row_l2: float = 0.0, chunk: int | None = None,
 ) -> LocalUpdates:
     """The updates of all participating clients, computed together (see the module docstring); ``prox_mu`` is
-    FedProx's μ, ``objective`` the clients' loss, ``row_l2`` the weight of the L2 term on their rows."""
+    FedProx's μ, ``objective`` the clients' loss, ``row_l2`` the weight of the L2 term on their rows. ``chunk``:
+    at most this many clients at once (the batched graph of local training, and FedGNN's per-edge copies of its
+    layer, then follow the chunk instead of the round), their updates put together in the round's order; None:
+    all at once. Each client's update depends on its own data alone, so chunks change nothing but memory."""
     C = data.num_clients
+    if chunk is not None and C > chunk:
+        return _in_chunks(data, chunk, lambda part: local_updates(model, part, local_steps, local_lr, prox_mu,
+                                                                  objective, row_l2))
     start_shared = {n: p.detach().expand(C, *p.shape).clone() for n, p in model.shared_parameters().items()}
     start_users = model.user_emb.detach()[data.users]
     start_rows = model.item_emb.detach()[data.row_item]
@@ -117,3 +124,19 @@ def local_updates(
             (start_users - users) / local_lr,
             first_loss,
         )
+
+
+def _in_chunks(data: RoundData, chunk: int, update: Callable[[RoundData], LocalUpdates]) -> LocalUpdates:
+    """``update`` of ``data``'s clients ``chunk`` at a time, put together as one round's: clients, rows and losses
+    in order (each chunk's rows are a slice, :meth:`RoundData.select`), user rows back at their places."""
+    parts, users = [], torch.zeros(0)
+    for lo in range(0, data.num_clients, chunk):
+        hi = min(lo + chunk, data.num_clients)
+        part = update(data.select(lo, hi))
+        if not parts:
+            users = part.users.new_empty(data.users.numel(), *part.users.shape[1:])
+        own = (data.user_client >= lo) & (data.user_client < hi)  # the users select() keeps, in their order
+        users[own.to(users.device)] = part.users
+        parts.append(part)
+    return LocalUpdates({n: torch.cat([p.shared[n] for p in parts]) for n in parts[0].shared},
+                        torch.cat([p.rows for p in parts]), users, torch.cat([p.loss for p in parts]))

@@ -12,6 +12,7 @@ from fedrec.app.build.capacity import (
     available_memory,
     bandit_memory_estimate,
     check_fits,
+    largest_chunk,
     multi_agent_memory_estimate,
     recommendation_memory_estimate,
 )
@@ -34,6 +35,7 @@ from fedrec.app.build.kinds import KINDS, Kind, register_kind
 __all__ = [
     "KINDS", "Kind", "RunDataset", "available_memory", "bandit_memory_estimate", "build_task",
     "build_task_fetching_data", "check_fits", "check_groups", "check_ignored", "check_privacy", "check_used",
-    "group_class", "group_target", "ignored_fields", "instantiate_group", "multi_agent_memory_estimate", "one_line",
-    "recommendation_memory_estimate", "register_kind", "run_dataset", "task_kind", "unused_groups",
+    "group_class", "group_target", "ignored_fields", "instantiate_group", "largest_chunk",
+    "multi_agent_memory_estimate", "one_line", "recommendation_memory_estimate", "register_kind", "run_dataset",
+    "task_kind", "unused_groups",
 ]

@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -161,12 +162,16 @@ def build_recommendation(cfg: DictConfig) -> Any:
     capacity.check_data(cfg)
     data = instantiate_group(cfg.data, "data", seed=cfg.seed, **rounds)
     implicit = isinstance(data, ImplicitData)
-    sizes = (data.num_users, data.num_items, len(data.train) if implicit else len(data.training), data.num_clients,
+    training_user = data.train.pairs()[0] if implicit else data.training.user
+    sizes = (data.num_users, data.num_items, len(training_user), data.num_clients,
              capacity.whole(cfg.task.get("train_negatives"), 0) if implicit else 0)
-    capacity.check_recommendation(cfg, *sizes, implicit=implicit)
+    chunk = capacity.largest_chunk(cfg, np.bincount(data.client_of_user[training_user], minlength=data.num_clients),
+                                   np.bincount(data.client_of_user, minlength=data.num_clients))
+    capacity.check_recommendation(cfg, *sizes, implicit=implicit, chunk=chunk)
     model = _model(cfg, data.num_users, data.num_items)
     shared = sum(p.numel() for p in model.shared_parameters().values())
-    capacity.check_recommendation(cfg, *sizes, implicit=implicit, shared=shared)  # with the clients' copies of ω
+    # with the clients' copies of ω
+    capacity.check_recommendation(cfg, *sizes, implicit=implicit, shared=shared, chunk=chunk)
     privacy = None
     mechanism = privacy_mechanism(cfg)
     if mechanism is not None:

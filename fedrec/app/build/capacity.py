@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig
 
 from fedrec.app.build.groups import group_class, group_target
@@ -129,27 +130,40 @@ def check_data(cfg: DictConfig) -> None:
 
 
 def recommendation_sizes(cfg: DictConfig, num_users: int, num_items: int, num_training: int, num_clients: int,
-                         negatives: int = 0, shared: int = 0) -> dict[str, Any]:
+                         negatives: int = 0, shared: int = 0, chunk: tuple[int, int] | None = None) -> dict[str, Any]:
     """The sizes a recommendation run's model and task estimate from, once its data is loaded (``shared``: the
-    model's ω size, 0 before the model exists)."""
+    model's ω size, 0 before the model exists; ``chunk``: the training ratings and users of the largest chunk of
+    clients that train at once, :func:`largest_chunk`; None: the whole round's)."""
     expansion = cfg.task.get("expansion") or {}
+    chunk_training, chunk_users = (num_training, num_users) if chunk is None else chunk
     return {"users": num_users, "items": num_items, "training": num_training, "clients": num_clients,
             "negatives": negatives, "embed_dim": whole(cfg.model.get("embed_dim"), 1),
             "pseudo_items": whole(cfg.task.get("pseudo_items"), 0), "neighbours": whole(expansion.get("neighbours"), 0),
-            "shared": shared}
+            "shared": shared, "chunk_training": chunk_training, "chunk_users": chunk_users}
+
+
+def largest_chunk(cfg: DictConfig, ratings_per_client: np.ndarray, users_per_client: np.ndarray
+                  ) -> tuple[int, int] | None:
+    """An upper bound on the training ratings and users of any ``task.client_chunk`` clients that train at once:
+    those of the chunk's number of clients with the most of each; None without chunks."""
+    chunk = cfg.task.get("client_chunk")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 < chunk < len(ratings_per_client):
+        return None  # no chunks, or one of all clients (the task refuses a bad value itself)
+    return tuple(int(np.sort(np.asarray(c))[::-1][:chunk].sum()) for c in (ratings_per_client, users_per_client))
 
 
 def recommendation_memory_estimate(cfg: DictConfig, num_users: int, num_items: int, num_training: int,
-                                   num_clients: int, negatives: int = 0, shared: int = 0) -> int:
+                                   num_clients: int, negatives: int = 0, shared: int = 0,
+                                   chunk: tuple[int, int] | None = None) -> int:
     """The bytes a recommendation run needs once its data is loaded: its model class's estimate (the tables and
-    their optimiser state) and its task class's (a round's rows, negatives, expansion slots and, once the model
-    exists, the clients' copies of its ``shared`` ω values)."""
-    sizes = recommendation_sizes(cfg, num_users, num_items, num_training, num_clients, negatives, shared)
+    their optimiser state, and what local training holds per rating of a chunk) and its task class's (a round's
+    rows, negatives, expansion slots and, once the model exists, the clients' copies of its ``shared`` ω values)."""
+    sizes = recommendation_sizes(cfg, num_users, num_items, num_training, num_clients, negatives, shared, chunk)
     return _estimate(group_target(cfg.model, "model"), sizes) + _estimate(group_class(cfg.task, "task"), sizes)
 
 
 def check_recommendation(cfg: DictConfig, num_users: int, num_items: int, num_training: int, num_clients: int,
-                         negatives: int, implicit: bool, shared: int = 0) -> None:
+                         negatives: int, implicit: bool, shared: int = 0, chunk: tuple[int, int] | None = None) -> None:
     """Refuse a recommendation run too large for the memory (:func:`recommendation_memory_estimate`), naming the
     size that dominates."""
     sizes = recommendation_sizes(cfg, num_users, num_items, num_training, num_clients, negatives)
@@ -157,12 +171,13 @@ def check_recommendation(cfg: DictConfig, num_users: int, num_items: int, num_tr
              "task.train_negatives" if negatives * num_training > num_users + num_items + num_training
              else "model.embed_dim")
     check_fits(cfg, recommendation_memory_estimate(cfg, num_users, num_items, num_training, num_clients, negatives,
-                                                   shared),
+                                                   shared, chunk),
                field, f"model.embed_dim={cfg.model.get('embed_dim')}, {num_users} users, {num_items} items, "
                f"{num_training} training ratings, task.pseudo_items={cfg.task.get('pseudo_items')}"
-               + (f", task.train_negatives={negatives}" if implicit else ""))
+               + (f", task.train_negatives={negatives}" if implicit else "")
+               + ("" if chunk is None else f", task.client_chunk={cfg.task.get('client_chunk')}"))
 
 
 __all__ = ["available_memory", "bandit_memory_estimate", "bandit_sizes", "check_bandit", "check_data",
-           "check_fits", "check_multi_agent", "check_recommendation", "multi_agent_memory_estimate",
+           "check_fits", "check_multi_agent", "check_recommendation", "largest_chunk", "multi_agent_memory_estimate",
            "recommendation_memory_estimate", "recommendation_sizes", "whole"]
