@@ -13,6 +13,7 @@ the channel. The compiled path runs a kernel of
 """
 from __future__ import annotations
 
+import inspect
 import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
@@ -39,7 +40,15 @@ class ClientServerLinUCB(StepProtocol):
     """
 
     takes_policy = True
+    shards_replicates = True
     LAYOUTS = ("dense", "sparse")
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ClientServerLinUCB:
+        self = super().__new__(cls)
+        # the constructor's arguments: :meth:`replicates_part` builds the same protocol over fewer replicates
+        bound = inspect.signature(cls.__init__).bind_partial(self, *args, **kwargs).arguments
+        self.__dict__["_arguments"] = {k: v for k, v in bound.items() if k != "self"}
+        return self
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int, policy: PolicyFactory | None, seed: int, backend: str,
@@ -70,11 +79,17 @@ class ClientServerLinUCB(StepProtocol):
             self.register_buffer("client_of", torch.full((R,), -1))
             self.register_buffer("allocated", torch.zeros(R, dtype=torch.long))
         self._fresh: dict[str, Tensor] | None = None  # a fresh slot of every row buffer (see :meth:`_fresh_rows`)
+        self.first_replicate = 0  # the run's replicate that this protocol's replicate 0 is (:meth:`replicates_part`)
 
     @property
     def capacity(self) -> int:
         """Slots per replicate (``num_clients`` in the dense layout)."""
         return self.client_of.shape[0] // self.replicates
+
+    @property
+    def slots_used(self) -> int:
+        """Slots per replicate that :meth:`state_dict` keeps: the most any replicate has allocated (one at least)."""
+        return max(int(self.allocated.max()), 1)
 
     @property
     def message_scalars(self) -> int:
@@ -126,13 +141,15 @@ class ClientServerLinUCB(StepProtocol):
         self._set_streams()
 
     def _set_streams(self, rows: Tensor | None = None) -> None:
-        """A LinTS policy's ``rows`` (all if None) draw from their client's stream r·N + c, the dense layout's row."""
+        """A LinTS policy's ``rows`` (all if None) draw from their client's stream r·N + c, the dense layout's row,
+        with r the replicate in the whole run (a process of a sharded run holds replicates from ``first_replicate``)."""
         if not isinstance(self.policy, LinTS):
             return
         if rows is None:
             rows = torch.arange(self.client_of.shape[0])
             self.policy._buffers["stream"] = torch.empty_like(rows)
-        self.policy.stream[rows] = rows // self.capacity * self.num_clients + self.client_of.index_select(0, rows)
+        replicate = self.first_replicate + rows // self.capacity
+        self.policy.stream[rows] = replicate * self.num_clients + self.client_of.index_select(0, rows)
 
     def _arrive(self, clients: Tensor) -> None:
         """Slots for the clients of ``clients`` (R, S) that have none yet (sparse layout), in order of arrival."""
@@ -160,7 +177,7 @@ class ClientServerLinUCB(StepProtocol):
         """``nn.Module.state_dict`` with the row buffers cut to the slots in use (compact checkpoints)."""
         state = super().state_dict(*args, **kwargs)
         prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
-        R, cap, used = self.replicates, self.capacity, max(int(self.allocated.max()), 1)
+        R, cap, used = self.replicates, self.capacity, self.slots_used
         if used < cap:
             for k in self._row_state():
                 t = state[prefix + k]
@@ -178,6 +195,50 @@ class ClientServerLinUCB(StepProtocol):
         out = super().load_state_dict(state_dict, strict, assign)
         self._set_streams()
         return out
+
+    # ----------------------------------------------------------------------- sharding by replicates
+    def _per_replicate(self) -> tuple[str, ...]:
+        """The state-dict keys with one entry per replicate (leading axis R) beside the slot rows and ``row_of``."""
+        traffic = (f"channel.ledger.traffic_{role}" for role in self.ledger.roles)
+        return ("server", "server_count", "allocated", *traffic)
+
+    def replicate_keys(self) -> tuple[str, ...]:
+        """The state-dict keys whose leading axis runs over the replicates in blocks (of slots, clients or one); the
+        other entries are the same in every part of a run sharded by replicates."""
+        return (*self._row_state(), "row_of", *self._per_replicate())
+
+    def replicates_part(self, lo: int, hi: int) -> ClientServerLinUCB:
+        """The same protocol over replicates [lo, hi) of this one, holding their state: one process's share of a run
+        sharded by replicates. Its decisions are theirs here (LinTS rows keep their replicate's streams)."""
+        part = type(self)(**{**self.__dict__["_arguments"], "replicates": hi - lo})
+        part.first_replicate = self.first_replicate + lo
+        state, R, used = self.state_dict(), self.replicates, self.slots_used
+        for k in self.replicate_keys():
+            block = state[k].shape[0] // R
+            state[k] = state[k][lo * block:hi * block]
+        state["row_of"] = torch.where(state["row_of"] >= 0, state["row_of"] - lo * used, -1)
+        part.load_state_dict(state)
+        return part
+
+    def placed_state(self, replicates: int, lo: int, used: int) -> dict[str, Any]:
+        """This part's state dict placed at replicates [lo, lo + R) of a run of ``replicates`` with ``used`` slots
+        each (fresh slots after this part's own): :meth:`replicate_keys` are zero outside the part, so that their sum
+        over the parts of a sharded run is the state dict one process would hold."""
+        state, R, own = self.state_dict(), self.replicates, self.slots_used
+        slots = self._row_state()
+        for k in self.replicate_keys():
+            t = state[k]
+            if k in slots:
+                fresh = self._fresh_rows()[k].to(t)
+                t = torch.cat([t.view(R, own, *fresh.shape), fresh.expand(R, used - own, *fresh.shape)], 1)
+                t = t.reshape(R * used, *fresh.shape)
+            elif k == "row_of":
+                t = torch.where(t >= 0, (lo + t // own) * used + t % own, -1)
+            block = t.shape[0] // R
+            whole = t.new_zeros(replicates * block, *t.shape[1:])
+            whole[lo * block:(lo + R) * block] = t
+            state[k] = whole
+        return state
 
     # ------------------------------------------------------------------------------- subclass hooks
     def _bandits(self) -> dict[str, LinearBandit]:
