@@ -27,6 +27,7 @@ from fedrec.federation.collective import Collective
 from fedrec.protocols import AsyncLinUCB, AsyncLinUCBAM, CentralizedLinUCB, StepProtocol, SyncLinUCB
 from fedrec.protocols.fed_linucb import FedLinUCB
 from fedrec.tasks import BanditTask
+from fedrec.tasks import bandit as bandit_task
 from fedrec.trainer.distributed import check_shardable
 from tests.helpers import LAM, ROOT, StubTrainer, ThreadCollective, ThreadHub, on_ranks, ucb
 
@@ -101,13 +102,16 @@ def assert_same_state(a: Any, b: Any, where: str = "state") -> None:
 
 
 def assert_equal_runs(single: dict[str, Any], ranks: list[dict[str, Any]]) -> None:
-    """Every rank reports the one-process metrics and summary and saves its state; the ranks' decisions, in rank
-    order, are its decisions."""
+    """Every rank reports the one-process metrics and summary, rank 0 gathers its state (the others hold their
+    share of the protocol's alone), and the ranks' decisions, in rank order, are its decisions."""
     assert torch.equal(torch.cat([r["arms"] for r in ranks]), single["arms"])
+    assert_same_state(ranks[0]["state"], single["state"])
     for rank in ranks:
         assert rank["history"] == single["history"]
         assert rank["summary"] == single["summary"]
-        assert_same_state(rank["state"], single["state"])
+    for rank in ranks[1:]:
+        assert rank["state"]["protocol"] is None
+        assert_same_state({**rank["state"], "protocol": None}, {**single["state"], "protocol": None})
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -130,6 +134,13 @@ def test_the_sparse_shares_use_different_slots() -> None:
     assert tasks[0].protocol.slots_used > tasks[1].protocol.slots_used
 
 
+def test_the_state_gathers_in_pieces_of_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of 5 scalars split rows, shares and entries: rank 0 assembles the one-process state all the same."""
+    monkeypatch.setattr(bandit_task, "GATHER_SCALARS", 5)
+    single = play([make_task("async-sparse")], range(2))[0]
+    assert_equal_runs(single, play([make_task("async-sparse") for _ in range(2)], range(2)))
+
+
 def test_three_ranks_of_one_replicate_each_equal_one_process() -> None:
     single = play([make_task("async-sparse-lints")], range(ROUNDS))[0]
     assert_equal_runs(single, play([make_task("async-sparse-lints") for _ in range(3)], range(ROUNDS)))
@@ -145,15 +156,15 @@ def test_an_interrupted_sharded_run_resumes_exactly(case: str) -> None:
     for rank in resumed:
         assert rank["history"] == whole["history"][2:]
         assert rank["summary"] == whole["summary"]
-        assert_same_state(rank["state"], whole["state"])
+    assert_same_state(resumed[0]["state"], whole["state"])
     later = torch.cat([r["arms"] for r in resumed])
     assert torch.equal(later, whole["arms"][:, 2 * PER_ROUND:])
-    in_one = play([make_task(case)], range(2, ROUNDS), part[1]["state"])[0]  # any rank's copy: all are the same
+    in_one = play([make_task(case)], range(2, ROUNDS), part[0]["state"])[0]
     assert_same_state(in_one["state"], whole["state"])
     first = play([make_task(case)], range(2))[0]
     in_three = play([make_task(case) for _ in range(3)], range(2, ROUNDS), first["state"])
     assert torch.equal(torch.cat([r["arms"] for r in in_three]), later)
-    assert_same_state(in_three[2]["state"], whole["state"])
+    assert_same_state(in_three[0]["state"], whole["state"])
 
 
 def test_one_process_runs_are_unchanged_by_the_shares_of_others() -> None:

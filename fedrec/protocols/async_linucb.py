@@ -79,9 +79,6 @@ class AsyncLinUCB(ClientServerLinUCB):
             out.update({k: (self, k) for k in ("pending", "pending_count")})
         return out
 
-    def _per_replicate(self) -> tuple[str, ...]:
-        return (*super()._per_replicate(), "server_logdet")
-
     # ------------------------------------------------------------------------------------ torch path
     def _advance(self, rows: Tensor, contexts: Tensor, rewards: Tensor, state: RowState):
         arms, new, z = self._local_step(contexts, rewards, state)

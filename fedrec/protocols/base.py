@@ -185,7 +185,7 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
     #: its clients run a pluggable local policy (the ``policy`` argument: LinUCB or LinTS)
     takes_policy: bool = False
     #: a run of several processes (``trainer.devices``) may shard its replicates over them: it builds its share
-    #: (``replicates_part``) and places that share's state in the whole run's (``placed_state``, ``replicate_keys``)
+    #: (``replicates_part``) and places that share's state in the whole run's (``placed_entry``)
     shards_replicates: bool = False
 
     @classmethod

@@ -80,6 +80,7 @@ class ClientServerLinUCB(StepProtocol):
             self.register_buffer("allocated", torch.zeros(R, dtype=torch.long))
         self._fresh: dict[str, Tensor] | None = None  # a fresh slot of every row buffer (see :meth:`_fresh_rows`)
         self.first_replicate = 0  # the run's replicate that this protocol's replicate 0 is (:meth:`replicates_part`)
+        self.replicate_keys: tuple[str, ...] = ()  # a part's state-dict entries that run over the replicates (ditto)
 
     @property
     def capacity(self) -> int:
@@ -197,48 +198,34 @@ class ClientServerLinUCB(StepProtocol):
         return out
 
     # ----------------------------------------------------------------------- sharding by replicates
-    def _per_replicate(self) -> tuple[str, ...]:
-        """The state-dict keys with one entry per replicate (leading axis R) beside the slot rows and ``row_of``."""
-        traffic = (f"channel.ledger.traffic_{role}" for role in self.ledger.roles)
-        return ("server", "server_count", "allocated", *traffic)
-
-    def replicate_keys(self) -> tuple[str, ...]:
-        """The state-dict keys whose leading axis runs over the replicates in blocks (of slots, clients or one); the
-        other entries are the same in every part of a run sharded by replicates."""
-        return (*self._row_state(), "row_of", *self._per_replicate())
-
     def replicates_part(self, lo: int, hi: int) -> ClientServerLinUCB:
         """The same protocol over replicates [lo, hi) of this one, holding their state: one process's share of a run
         sharded by replicates. Its decisions are theirs here (LinTS rows keep their replicate's streams)."""
         part = type(self)(**{**self.__dict__["_arguments"], "replicates": hi - lo})
         part.first_replicate = self.first_replicate + lo
         state, R, used = self.state_dict(), self.replicates, self.slots_used
-        for k in self.replicate_keys():
+        fresh = part.state_dict()  # an entry runs over the replicates where its leading size differs from this one's
+        part.replicate_keys = tuple(k for k, v in state.items() if isinstance(v, Tensor) and v.dim()
+                                    and v.shape[0] != fresh[k].shape[0])
+        for k in part.replicate_keys:
             block = state[k].shape[0] // R
             state[k] = state[k][lo * block:hi * block]
         state["row_of"] = torch.where(state["row_of"] >= 0, state["row_of"] - lo * used, -1)
         part.load_state_dict(state)
         return part
 
-    def placed_state(self, replicates: int, lo: int, used: int) -> dict[str, Any]:
-        """This part's state dict placed at replicates [lo, lo + R) of a run of ``replicates`` with ``used`` slots
-        each (fresh slots after this part's own): :meth:`replicate_keys` are zero outside the part, so that their sum
-        over the parts of a sharded run is the state dict one process would hold."""
-        state, R, own = self.state_dict(), self.replicates, self.slots_used
-        slots = self._row_state()
-        for k in self.replicate_keys():
-            t = state[k]
-            if k in slots:
-                fresh = self._fresh_rows()[k].to(t)
-                t = torch.cat([t.view(R, own, *fresh.shape), fresh.expand(R, used - own, *fresh.shape)], 1)
-                t = t.reshape(R * used, *fresh.shape)
-            elif k == "row_of":
-                t = torch.where(t >= 0, (lo + t // own) * used + t % own, -1)
-            block = t.shape[0] // R
-            whole = t.new_zeros(replicates * block, *t.shape[1:])
-            whole[lo * block:(lo + R) * block] = t
-            state[k] = whole
-        return state
+    def placed_entry(self, key: str, value: Tensor, lo: int, used: int) -> Tensor:
+        """Entry ``key`` of this part's state dict (``value``, one of its ``replicate_keys``) as the rows it fills of
+        the whole run's, where the part starts at replicate ``lo`` and every replicate has ``used`` slots (fresh ones
+        after the part's own; ``row_of`` counts the whole's rows). A part of :meth:`replicates_part`."""
+        R, own = self.replicates, self.slots_used
+        if key in self._row_state():
+            fresh = self._fresh_rows()[key].to(value)
+            slots = torch.cat([value.view(R, own, *fresh.shape), fresh.expand(R, used - own, *fresh.shape)], 1)
+            return slots.reshape(R * used, *fresh.shape)
+        if key == "row_of":
+            return torch.where(value >= 0, (lo + value // own) * used + value % own, -1)
+        return value
 
     # ------------------------------------------------------------------------------- subclass hooks
     def _bandits(self) -> dict[str, LinearBandit]:

@@ -55,9 +55,6 @@ class FedLinUCB(TriggeredLinUCB):
         self.period = check_int("period", period)
         self.register_buffer("steps", torch.zeros(self.replicates, dtype=torch.long))
 
-    def _per_replicate(self) -> tuple[str, ...]:
-        return (*super()._per_replicate(), "steps")
-
     def _due(self, rows: Tensor, new: RowState) -> Tensor:
         self.steps += 1  # one step of every replicate
         return self.steps % self.period == 0

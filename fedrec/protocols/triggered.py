@@ -69,9 +69,6 @@ class TriggeredLinUCB(ClientServerLinUCB):
     def _row_buffers(self) -> dict[str, Tensor]:
         return {**super()._row_buffers(), "steps_since_sync": self.steps_since_sync}
 
-    def _per_replicate(self) -> tuple[str, ...]:
-        return (*super()._per_replicate(), "sync_rounds")
-
     def _advance(self, rows: Tensor, contexts: Tensor, rewards: Tensor, state: RowState):
         arms, new, z = self._local_step(contexts, rewards, state)
         new["steps_since_sync"] = state["steps_since_sync"] + 1

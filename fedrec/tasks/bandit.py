@@ -14,6 +14,8 @@ from fedrec.tasks.base import FederatedTask
 
 #: the main per-round metrics whose spread over replicates each round also logs, as ``{name}_std`` (the plots' band)
 SPREAD_METRICS = ("cumulative_regret", "normalized_reward", "relative_ctr")
+#: the scalars of one all-reduce that gathers a sharded run's protocol state (32 MiB of float64)
+GATHER_SCALARS = 2 ** 22
 
 
 class BanditTask(FederatedTask):
@@ -80,8 +82,7 @@ class BanditTask(FederatedTask):
         world = self.collective.world_size
         if world > 1 and len(self.mine) == self.env.replicates:  # a task set up twice keeps its share
             self.check_processes(world)
-            R, rank = self.env.replicates, self.collective.global_rank
-            self.mine = range(R * rank // world, R * (rank + 1) // world)
+            self.mine = _share(self.env.replicates, world, self.collective.global_rank)
             self.protocol = self.protocol.replicates_part(self.mine.start, self.mine.stop)
         if self.collective.device.type != "cpu":
             self.protocol.to(self.collective.device)
@@ -156,26 +157,45 @@ class BanditTask(FederatedTask):
                              for r in range(self.env.replicates)], dtype=torch.float64)
 
     def state_dict(self) -> dict[str, Any]:
-        """The run's state; in a sharded run, called on every process, the protocol's as one process holds it."""
+        """The run's state. In a sharded run it is called on every process and gathers the protocol's state on rank 0
+        as one process holds it; the other processes give None for it."""
         return {
             "t": self.t,
             "cum_regret": self.cum_regret.clone(),
             "cum_reward": self.cum_reward.clone(),
             "cum_random": self.cum_random.clone(),
             "matched": self.matched.clone(),
-            "protocol": self._whole_protocol_state() if self.sharded else self.protocol.state_dict(),
+            "protocol": self._gathered_protocol_state() if self.sharded else self.protocol.state_dict(),
         }
 
-    def _whole_protocol_state(self) -> dict[str, Any]:
-        """The state dict of the whole run's protocol: each process's share placed at its replicates with the most
-        slots any share uses, summed over the processes."""
-        world, rank = self.collective.world_size, self.collective.global_rank
+    def _gathered_protocol_state(self) -> dict[str, Any] | None:
+        """The whole run's protocol state dict on rank 0 (None elsewhere): every entry that runs over the replicates
+        assembled from the shares' rows (:meth:`~fedrec.protocols.client_server.ClientServerLinUCB.placed_entry`), in
+        pieces of :data:`GATHER_SCALARS` sent by all-reduce (the owner's rows, zeros from the others), so that no
+        process holds more than its share and a piece beside what it writes."""
+        part, world, R = self.protocol, self.collective.world_size, self.env.replicates
         slots = torch.zeros(world, dtype=torch.long)
-        slots[rank] = self.protocol.slots_used
+        slots[self.collective.global_rank] = part.slots_used
         self.collective.all_reduce([slots])
-        state = self.protocol.placed_state(self.env.replicates, self.mine.start, int(slots.max()))
-        self.collective.all_reduce([state[k] for k in self.protocol.replicate_keys()])
-        return state
+        state, used, zero = part.state_dict(), int(slots.max()), self.collective.is_global_zero
+        shares = [_share(R, world, rank) for rank in range(world)]
+        for key in part.replicate_keys:
+            mine = part.placed_entry(key, state[key], self.mine.start, used)
+            block, rest = mine.shape[0] // len(self.mine), mine.shape[1:]
+            whole = mine.new_empty(R * block, *rest) if zero else None
+            step = max(1, GATHER_SCALARS // max(1, rest.numel()))
+            for share in shares:
+                for a in range(share.start * block, share.stop * block, step):
+                    b = min(a + step, share.stop * block)
+                    if share == self.mine:
+                        piece = mine[a - share.start * block:b - share.start * block].clone()
+                    else:
+                        piece = mine.new_zeros(b - a, *rest)
+                    self.collective.all_reduce([piece])
+                    if whole is not None:
+                        whole[a:b] = piece
+            state[key] = whole
+        return state if zero else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A checkpoint's state, before :meth:`setup` takes this process's share of it."""
@@ -199,6 +219,11 @@ class BanditTask(FederatedTask):
                 out[f"{k}_per_replicate"] = vals.tolist()
         out.update(self.protocol.summary())
         return out
+
+
+def _share(replicates: int, processes: int, rank: int) -> range:
+    """The replicates process ``rank`` of a sharded run plays: a contiguous share, as equal as can be."""
+    return range(replicates * rank // processes, replicates * (rank + 1) // processes)
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
