@@ -167,7 +167,7 @@ def test_an_interrupted_sharded_run_resumes_exactly(case: str) -> None:
     assert_same_state(in_three[0]["state"], whole["state"])
 
 
-def test_one_process_runs_are_unchanged_by_the_shares_of_others() -> None:
+def test_a_replicates_decisions_do_not_depend_on_the_replicates_beside_it() -> None:
     """Replicate r's run does not depend on the replicates beside it: replicate 2 of a three-replicate run is the
     share [2, 3) of it, the same decisions as a part built before any step or after some."""
     full = make_task("async-sparse-lints")
