@@ -27,6 +27,13 @@ Cases (``--cases``, comma-separated):
   that arrived and the state rows held. ``--layouts`` (default sparse; dense only where it fits, ``--dense-max``)
   also runs the dense layout, whose decisions must equal the sparse one's. ``--plot`` draws the log-log figure.
 
+* ``bandit_shard``: one Async-LinUCB run of ``train.py`` (``--bandit-shard``; default 10^6 clients, sparse layout,
+  d = K = 25, 10^5 steps per replicate) of ``--devices`` replicates, in one process (numba's threads share out its
+  replicates, as a one-process run does; and with one thread, ``NUMBA_NUM_THREADS=1``) and with one replicate per
+  process over ``--devices`` processes (``trainer.devices=N``: the replicates sharded), each timed per round and
+  measured as the ``shard`` case. Every run must give the same summary, to the last digit, before the ratios are
+  reported.
+
 A new case is a function of the parsed arguments returning the dict to print, registered in ``CASES``.
 
     FEDREC_DATA_DIR=/path/to/data .venv/bin/python -m scripts.bench_scale --cases sweep
@@ -52,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SWEEP = "+experiment=fedgnn_ml100k seed=0,1,2,3"
 SHARD = "task.rounds=5"
+BANDIT_SHARD = "env.num_clients=1000000 protocol.layout=sparse task.steps=100000 task.steps_per_round=10000"
 
 
 def run_sweep(overrides: list[str], launcher: list[str], folder: Path) -> tuple[float, float]:
@@ -120,12 +128,15 @@ def case_sweep(args: argparse.Namespace) -> dict[str, Any]:
             "parallel_capacity": [round(c, 2) for c in capacity]}
 
 
-def run_measured(cmd: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
-    """Run ``cmd``; the peak of the summed resident memory (MiB) of it and its descendants, and its result."""
+def run_measured(cmd: list[str], cwd: Path, env: dict[str, str] | None = None
+                 ) -> tuple[float, subprocess.CompletedProcess]:
+    """Run ``cmd`` (with ``env`` added to the environment); the peak of the summed resident memory (MiB) of it and its
+    descendants, and its result."""
     import psutil
 
     peak = 0.0
-    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, **(env or {})}) as proc:
         root = psutil.Process(proc.pid)
         while proc.poll() is None:
             try:
@@ -138,27 +149,33 @@ def run_measured(cmd: list[str], cwd: Path) -> tuple[float, subprocess.Completed
     return peak, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def shard_run(overrides: list[str], devices: int, folder: Path) -> dict[str, Any]:
-    """One ``fedgnn_synthetic`` run on ``devices`` processes: seconds per round, peak memory, its summary."""
-    cmd = [sys.executable, str(ROOT / "train.py"), "+experiment=fedgnn_synthetic", *overrides, "plots=false",
-           "logger.tensorboard=false", f"trainer.devices={devices}", f"hydra.run.dir={folder}"]
-    peak, proc = run_measured(cmd, folder.parent)
+def train_run(overrides: list[str], devices: int, folder: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One ``train.py`` run of ``overrides`` on ``devices`` processes: seconds per round, peak memory, its summary."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, "plots=false", "logger.tensorboard=false",
+           f"trainer.devices={devices}", f"hydra.run.dir={folder}"]
+    peak, proc = run_measured(cmd, folder.parent, env)
     if proc.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd[2:])} failed (exit code {proc.returncode}):\n{proc.stderr[-3000:]}")
     summary = json.loads((folder / "summary.json").read_text())
     return {"per_round_s": summary["wall_seconds"] / summary["rounds_run"], "peak_mib": peak, "summary": summary}
 
 
+def alternated(settings: list[Any], repeats: int, run: Callable[[Any, Path], dict[str, Any]]) -> dict[Any, list]:
+    """Each setting's runs, ``repeats`` of each, alternating which goes first (in a temporary folder each)."""
+    runs: dict[Any, list[dict[str, Any]]] = {s: [] for s in settings}
+    with tempfile.TemporaryDirectory(prefix="bench_shard_") as tmp:
+        for repeat in range(repeats):
+            for i, setting in enumerate(settings if repeat % 2 == 0 else settings[::-1]):
+                runs[setting].append(run(setting, Path(tmp) / f"s{i}_{repeat}"))
+    return runs
+
+
 def case_shard(args: argparse.Namespace) -> dict[str, Any]:
     """The same run in one process and sharded over ``--devices`` (alternating which goes first over
     ``--repeats``); the fastest of each is compared, and their results must agree."""
-    overrides = shlex.split(args.shard)
+    overrides = ["+experiment=fedgnn_synthetic", *shlex.split(args.shard)]
     settings = [args.devices] if args.shard_only else [1, args.devices]
-    runs: dict[int, list[dict[str, Any]]] = {d: [] for d in settings}
-    with tempfile.TemporaryDirectory(prefix="bench_shard_") as tmp:
-        for repeat in range(args.repeats):
-            for devices in (settings if repeat % 2 == 0 else settings[::-1]):
-                runs[devices].append(shard_run(overrides, devices, Path(tmp) / f"d{devices}_{repeat}"))
+    runs = alternated(settings, args.repeats, lambda devices, folder: train_run(overrides, devices, folder))
     best = {d: min(r, key=lambda x: x["per_round_s"]) for d, r in runs.items()}
     out: dict[str, Any] = {"case": "shard", "overrides": args.shard, "cores": len(os.sched_getaffinity(0)),
                            "final_test_rmse": {d: b["summary"].get("final_test_rmse") for d, b in best.items()}}
@@ -175,6 +192,33 @@ def case_shard(args: argparse.Namespace) -> dict[str, Any]:
         speedup = best[1]["per_round_s"] / best[args.devices]["per_round_s"]
         out.update({"speedup": round(speedup, 3), "target": 1.5, "met": speedup >= 1.5, "same_metrics": True,
                     "load_after": [round(x, 2) for x in os.getloadavg()]})
+    return out
+
+
+def case_bandit_shard(args: argparse.Namespace) -> dict[str, Any]:
+    """The Async-LinUCB run of ``--devices`` replicates in one process (numba's threads, and one thread) and over
+    ``--devices`` processes; the fastest of each is compared, and their summaries must be the same."""
+    overrides = [*shlex.split(args.bandit_shard), f"replicates={args.devices}"]
+    settings = {"one_process": (1, {}), "one_process_one_thread": (1, {"NUMBA_NUM_THREADS": "1"}),
+                f"{args.devices}_processes": (args.devices, {})}
+    runs = alternated(list(settings), args.repeats,
+                      lambda name, folder: train_run(overrides, settings[name][0], folder, settings[name][1]))
+    best = {name: min(r, key=lambda x: x["per_round_s"]) for name, r in runs.items()}
+    summaries = {name: without_timings(b["summary"]) for name, b in best.items()}
+    if any(s != summaries["one_process"] for s in summaries.values()):
+        raise SystemExit(f"the runs' summaries differ: {summaries}")
+    out: dict[str, Any] = {"case": "bandit_shard", "overrides": shlex.join(overrides),
+                           "cores": len(os.sched_getaffinity(0)),
+                           "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30, 1),
+                           "same_summary": True, "cumulative_regret": summaries["one_process"]["cumulative_regret"]}
+    for name, b in best.items():  # the rounds' wall time (start-up and the environment's set-up excluded)
+        out[f"{name}_s"] = round(b["summary"]["wall_seconds"], 2)
+        out[f"{name}_peak_mib"] = round(b["peak_mib"])
+        out[f"{name}_all_s"] = [round(x["summary"]["wall_seconds"], 2) for x in runs[name]]
+    many = out[f"{args.devices}_processes_s"]
+    out.update({"speedup_vs_one_process": round(out["one_process_s"] / many, 3),
+                "speedup_vs_one_thread": round(out["one_process_one_thread_s"] / many, 3),
+                "load_after": [round(x, 2) for x in os.getloadavg()]})
     return out
 
 
@@ -279,6 +323,7 @@ def plot_clients(runs: list[dict[str, Any]], path: Path) -> None:
 
 
 CASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"sweep": case_sweep, "shard": case_shard,
+                                                                     "bandit_shard": case_bandit_shard,
                                                                      "clients": case_clients}
 
 
@@ -288,7 +333,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sweep", default=SWEEP, help="the sweep's overrides (default: %(default)s)")
     parser.add_argument("--n-jobs", type=int, default=2, help="jobs the joblib launcher runs at once")
     parser.add_argument("--shard", default=SHARD, help="overrides of the shard case's run (default: %(default)s)")
-    parser.add_argument("--devices", type=int, default=2, help="processes of the shard case's sharded run")
+    parser.add_argument("--devices", type=int, default=2,
+                        help="processes of the shard cases' sharded runs (and the bandit_shard case's replicates)")
+    parser.add_argument("--bandit-shard", default=BANDIT_SHARD,
+                        help="overrides of the bandit_shard case's run (default: %(default)s)")
     parser.add_argument("--shard-only", action="store_true", help="the shard case runs the sharded setting alone")
     parser.add_argument("--repeats", type=int, default=1, help="times each sweep is run (the fastest is reported)")
     parser.add_argument("--protocols", default="async,sync,central", help="the clients case's protocols")

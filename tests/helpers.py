@@ -254,30 +254,39 @@ class StubTrainer:
         self.collective, self.should_stop = collective, False
 
 
-def play_sharded(tasks: list[FedRecTask], rounds: range) -> list[list[dict[str, float]]]:
-    """Run ``tasks`` as the ranks of one sharded run (a thread each; one task: a one-process run) for ``rounds``;
-    each rank's metrics."""
-    hub = ThreadHub(len(tasks))
-    histories: list[list[dict[str, float]]] = [[] for _ in tasks]
+def on_ranks(hub: ThreadHub, work: Callable[[int], Any]) -> list[Any]:
+    """Run ``work(rank)`` on a thread per rank of ``hub`` (the ranks of one in-process run); what each returned, or
+    the first error raised (the others' barriers then break)."""
+    results: list[Any] = [None] * len(hub.slots)
     errors: list[BaseException] = []
 
-    def work(rank: int) -> None:
+    def run(rank: int) -> None:
         try:
-            tasks[rank].setup(StubTrainer(ThreadCollective(rank, hub) if len(tasks) > 1 else Collective()))
-            for r in rounds:
-                histories[rank].append(tasks[rank].run_round(r))
+            results[rank] = work(rank)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
             hub.barrier.abort()
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(tasks))]
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(len(hub.slots))]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
     if errors:
         raise errors[0]
-    return histories
+    return results
+
+
+def play_sharded(tasks: list[FedRecTask], rounds: range) -> list[list[dict[str, float]]]:
+    """Run ``tasks`` as the ranks of one sharded run (a thread each; one task: a one-process run) for ``rounds``;
+    each rank's metrics."""
+    hub = ThreadHub(len(tasks))
+
+    def work(rank: int) -> list[dict[str, float]]:
+        tasks[rank].setup(StubTrainer(ThreadCollective(rank, hub) if len(tasks) > 1 else Collective()))
+        return [tasks[rank].run_round(r) for r in rounds]
+
+    return on_ranks(hub, work)
 
 
 # ------------------------------------------------------------------------------------------------ bandit engine

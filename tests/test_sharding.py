@@ -460,11 +460,13 @@ def test_a_private_implicit_run_on_two_processes_equals_one(tmp_path: Path) -> N
     assert one["summary"]["final_test_ndcg@10"] > 0
 
 
-def test_a_bandit_run_refuses_several_devices(tmp_path: Path) -> None:
+def test_a_bandit_run_of_one_replicate_refuses_several_devices(tmp_path: Path) -> None:
+    """A bandit run shards its replicates (tests/test_bandit_sharding.py): the default run has one."""
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "trainer.devices=2", f"hydra.run.dir={tmp_path}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
-    assert "error: trainer.devices=2: BanditTask runs in one process" in proc.stderr
+    assert "error: trainer.devices=2: a bandit run shards its replicates over the processes, so it needs " \
+           "replicates >= trainer.devices (got replicates=1)" in proc.stderr
 
 
 # ----------------------------------------------------------------------------------------------- sweeps of sharded runs

@@ -97,12 +97,13 @@ class BanditEnv(ABC):
             self._cache[key] = self.chunk(replicate, index)
         return self._cache[key]
 
-    def interactions(self, start: int, stop: int) -> Interactions:
-        """The steps [start, stop) of every replicate, stacked into tensors."""
+    def interactions(self, start: int, stop: int, replicates: range | None = None) -> Interactions:
+        """The steps [start, stop) of every replicate (or of ``replicates``, the share of one process of a run
+        sharded by replicates), stacked into tensors."""
         if self.horizon is not None and stop > self.horizon:
             raise ValueError(f"{self.name}: the stream has {self.horizon} steps, asked for steps up to {stop}")
         parts: list[list[Chunk]] = []
-        for r in range(self.replicates):
+        for r in range(self.replicates) if replicates is None else replicates:
             pieces = []
             t = start
             while t < stop:

@@ -42,6 +42,7 @@ class AsyncLinUCBAM(AsyncLinUCB):
     """
 
     backends = ("torch",)
+    shards_replicates = False  # runs in one process: no sharded run of it is checked against a one-process run
 
     def __init__(
         self,

@@ -184,6 +184,9 @@ class StepProtocol(ProtocolModule, metaclass=ABCMeta):
     supports_replay: bool = False
     #: its clients run a pluggable local policy (the ``policy`` argument: LinUCB or LinTS)
     takes_policy: bool = False
+    #: a run of several processes (``trainer.devices``) may shard its replicates over them: it builds its share
+    #: (``replicates_part``) and places that share's state in the whole run's (``placed_entry``)
+    shards_replicates: bool = False
 
     @classmethod
     def world(cls, env: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ the channel. The compiled path runs a kernel of
 """
 from __future__ import annotations
 
+import inspect
 import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
@@ -39,7 +40,15 @@ class ClientServerLinUCB(StepProtocol):
     """
 
     takes_policy = True
+    shards_replicates = True
     LAYOUTS = ("dense", "sparse")
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ClientServerLinUCB:
+        self = super().__new__(cls)
+        # the constructor's arguments: :meth:`replicates_part` builds the same protocol over fewer replicates
+        bound = inspect.signature(cls.__init__).bind_partial(self, *args, **kwargs).arguments
+        self.__dict__["_arguments"] = {k: v for k, v in bound.items() if k != "self"}
+        return self
 
     def __init__(
         self, num_clients: int, dim: int, replicates: int, policy: PolicyFactory | None, seed: int, backend: str,
@@ -70,11 +79,18 @@ class ClientServerLinUCB(StepProtocol):
             self.register_buffer("client_of", torch.full((R,), -1))
             self.register_buffer("allocated", torch.zeros(R, dtype=torch.long))
         self._fresh: dict[str, Tensor] | None = None  # a fresh slot of every row buffer (see :meth:`_fresh_rows`)
+        self.first_replicate = 0  # the run's replicate that this protocol's replicate 0 is (:meth:`replicates_part`)
+        self.replicate_keys: tuple[str, ...] = ()  # a part's state-dict entries that run over the replicates (ditto)
 
     @property
     def capacity(self) -> int:
         """Slots per replicate (``num_clients`` in the dense layout)."""
         return self.client_of.shape[0] // self.replicates
+
+    @property
+    def slots_used(self) -> int:
+        """Slots per replicate that :meth:`state_dict` keeps: the most any replicate has allocated (one at least)."""
+        return max(int(self.allocated.max()), 1)
 
     @property
     def message_scalars(self) -> int:
@@ -126,13 +142,15 @@ class ClientServerLinUCB(StepProtocol):
         self._set_streams()
 
     def _set_streams(self, rows: Tensor | None = None) -> None:
-        """A LinTS policy's ``rows`` (all if None) draw from their client's stream r·N + c, the dense layout's row."""
+        """A LinTS policy's ``rows`` (all if None) draw from their client's stream r·N + c, the dense layout's row,
+        with r the replicate in the whole run (a process of a sharded run holds replicates from ``first_replicate``)."""
         if not isinstance(self.policy, LinTS):
             return
         if rows is None:
             rows = torch.arange(self.client_of.shape[0])
             self.policy._buffers["stream"] = torch.empty_like(rows)
-        self.policy.stream[rows] = rows // self.capacity * self.num_clients + self.client_of.index_select(0, rows)
+        replicate = self.first_replicate + rows // self.capacity
+        self.policy.stream[rows] = replicate * self.num_clients + self.client_of.index_select(0, rows)
 
     def _arrive(self, clients: Tensor) -> None:
         """Slots for the clients of ``clients`` (R, S) that have none yet (sparse layout), in order of arrival."""
@@ -160,7 +178,7 @@ class ClientServerLinUCB(StepProtocol):
         """``nn.Module.state_dict`` with the row buffers cut to the slots in use (compact checkpoints)."""
         state = super().state_dict(*args, **kwargs)
         prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
-        R, cap, used = self.replicates, self.capacity, max(int(self.allocated.max()), 1)
+        R, cap, used = self.replicates, self.capacity, self.slots_used
         if used < cap:
             for k in self._row_state():
                 t = state[prefix + k]
@@ -178,6 +196,36 @@ class ClientServerLinUCB(StepProtocol):
         out = super().load_state_dict(state_dict, strict, assign)
         self._set_streams()
         return out
+
+    # ----------------------------------------------------------------------- sharding by replicates
+    def replicates_part(self, lo: int, hi: int) -> ClientServerLinUCB:
+        """The same protocol over replicates [lo, hi) of this one, holding their state: one process's share of a run
+        sharded by replicates. Its decisions are theirs here (LinTS rows keep their replicate's streams)."""
+        part = type(self)(**{**self.__dict__["_arguments"], "replicates": hi - lo})
+        part.first_replicate = self.first_replicate + lo
+        state, R, used = self.state_dict(), self.replicates, self.slots_used
+        fresh = part.state_dict()  # an entry runs over the replicates where its leading size differs from this one's
+        part.replicate_keys = tuple(k for k, v in state.items() if isinstance(v, Tensor) and v.dim()
+                                    and v.shape[0] != fresh[k].shape[0])
+        for k in part.replicate_keys:
+            block = state[k].shape[0] // R
+            state[k] = state[k][lo * block:hi * block]
+        state["row_of"] = torch.where(state["row_of"] >= 0, state["row_of"] - lo * used, -1)
+        part.load_state_dict(state)
+        return part
+
+    def placed_entry(self, key: str, value: Tensor, lo: int, used: int) -> Tensor:
+        """Entry ``key`` of this part's state dict (``value``, one of its ``replicate_keys``) as the rows it fills of
+        the whole run's, where the part starts at replicate ``lo`` and every replicate has ``used`` slots (fresh ones
+        after the part's own; ``row_of`` counts the whole's rows). A part of :meth:`replicates_part`."""
+        R, own = self.replicates, self.slots_used
+        if key in self._row_state():
+            fresh = self._fresh_rows()[key].to(value)
+            slots = torch.cat([value.view(R, own, *fresh.shape), fresh.expand(R, used - own, *fresh.shape)], 1)
+            return slots.reshape(R * used, *fresh.shape)
+        if key == "row_of":
+            return torch.where(value >= 0, (lo + value // own) * used + value % own, -1)
+        return value
 
     # ------------------------------------------------------------------------------- subclass hooks
     def _bandits(self) -> dict[str, LinearBandit]:

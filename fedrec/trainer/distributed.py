@@ -87,12 +87,14 @@ def check_distribution(accelerator: object, devices: object, strategy: object) -
 
 
 def check_shardable(task: Any, devices: int) -> None:
-    """A run on several ``devices`` needs a task that shards its clients (``supports_sharding``); a ConfigError
-    naming ``trainer.devices`` otherwise."""
+    """A run on several ``devices`` needs a task that shards its work (``supports_sharding``) and, when it has
+    ``check_processes``, accepts that many processes; a ConfigError naming ``trainer.devices`` otherwise."""
     if devices > 1 and not getattr(task, "supports_sharding", False):
         raise ConfigError(f"trainer.devices={devices}: {type(task).__name__} runs in one process (only tasks with "
-                          "supports_sharding, e.g. federated recommendation runs, data=..., shard their clients "
-                          "across processes)")
+                          "supports_sharding shard across processes: federated recommendation runs, data=..., their "
+                          "clients; bandit runs of protocol=async|sync|fed_linucb their replicates)")
+    if devices > 1 and hasattr(task, "check_processes"):
+        task.check_processes(devices)
 
 
 def launched_as_secondary() -> bool:

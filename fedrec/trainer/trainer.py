@@ -172,8 +172,10 @@ class FederatedTrainer:
             if self.round % self.log_every == 0 or self.round == total or self.should_stop:
                 self._log(metrics)
             saved = None
-            if (self.checkpoint_every and self.round % self.checkpoint_every == 0
-                    or self.checkpoint_minutes and time.monotonic() - saved_at >= 60 * self.checkpoint_minutes):
+            due = bool(self.checkpoint_every) and self.round % self.checkpoint_every == 0
+            if not due and self.checkpoint_minutes:  # rank 0's clock: every process saves after the same round
+                due = self.collective.broadcast(time.monotonic() - saved_at >= 60 * self.checkpoint_minutes)
+            if due:
                 saved = self.save(task)
                 saved_at = time.monotonic()
             signum = interrupted()
@@ -219,16 +221,17 @@ class FederatedTrainer:
 
     def save(self, task: FederatedTask) -> Path:
         """Write the full run state to ``checkpoints/last.ckpt`` atomically (needs a ``default_root_dir``); in a
-        run of several processes rank 0 writes it (every process holds the same state) and the others return its
-        path."""
+        run of several processes every process gives the task's state (a task sharded by replicates gathers it)
+        and rank 0 writes it, the others return its path."""
         if self.checkpoint_path is None:
             raise ConfigError("FederatedTrainer.save needs a default_root_dir to write the checkpoint to")
+        state = task.state_dict()
         if not self.is_global_zero:
             return self.checkpoint_path
         ckpt: dict[str, Any] = {
             "identity": run_identity(self.run_config, task),
             "round": self.round,
-            "task": task.state_dict(),
+            "task": state,
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
             "history": list(self.history),
             "wall_seconds": self.wall_seconds,
