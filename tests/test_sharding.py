@@ -362,7 +362,7 @@ def test_bad_distribution_settings_name_the_field(field: str, kwargs: dict[str, 
 def test_cuda_without_a_device_is_an_error_naming_the_accelerator() -> None:
     with pytest.raises(ConfigError, match=r"trainer\.accelerator=cuda: no CUDA device is present"):
         check_distribution("cuda", 1, "auto")
-    assert check_distribution("auto", 1, "auto") == ("cpu", 1, "single")
+    assert check_distribution("auto", 1, "auto") == ("cpu", 1, "single", 1)
 
 
 def test_one_process_settings_need_no_lightning() -> None:

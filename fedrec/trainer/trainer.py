@@ -65,7 +65,11 @@ class FederatedTrainer:
             DDP strategy (gloo on CPU, NCCL on GPUs): from here on the script runs in every process, each computes
             its clients' updates, sums are all-reduced, and only rank 0 logs and writes checkpoints
             (:mod:`fedrec.trainer.distributed`).
-        strategy: ``"auto"`` (DDP with several devices) or ``"ddp"`` (needs ``devices >= 2``).
+        strategy: ``"auto"`` (DDP with several processes) or ``"ddp"`` (needs several).
+        num_nodes: machines the run spans (default 1), ``devices`` processes on each; with several, each node's
+            first process is started by an external launcher (torchrun, SLURM's ``srun``, or ``MASTER_ADDR``,
+            ``MASTER_PORT`` and ``NODE_RANK`` set by hand), and a run that cannot tell how to reach the other nodes
+            is refused before it waits for them.
     """
 
     def __init__(
@@ -85,8 +89,11 @@ class FederatedTrainer:
         accelerator: str = "cpu",
         devices: int = 1,
         strategy: str = "auto",
+        num_nodes: int = 1,
     ) -> None:
-        self.collective: Collective = launch(*check_distribution(accelerator, devices, strategy))
+        distribution = check_distribution(accelerator, devices, strategy, num_nodes)
+        self._processes = distribution[1], distribution[3]  # (devices, num_nodes), as errors name them
+        self.collective: Collective = launch(*distribution)
         self.root = None if default_root_dir is None else Path(default_root_dir)
         # kept private: a task that holds its trainer would otherwise report it among its sizes (checkpoint.task_sizes)
         self._num_threads = check_num_threads(num_threads)
@@ -144,7 +151,7 @@ class FederatedTrainer:
 
     def _fit(self, task: FederatedTask, ckpt_path: str | Path | None,
              interrupted: Callable[[], int | None]) -> list[dict[str, float]]:
-        check_shardable(task, self.collective.world_size)
+        check_shardable(task, *self._processes)
         if ckpt_path is not None:
             self.restore(task, ckpt_path)
         total = self.total_rounds(task)
