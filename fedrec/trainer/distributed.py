@@ -105,7 +105,7 @@ def check_distribution(accelerator: object, devices: object, strategy: object,
     return str(accelerator), int(devices), "ddp" if processes > 1 else "single", int(num_nodes)
 
 
-def processes_setting(devices: int, num_nodes: int) -> str:
+def _processes_setting(devices: int, num_nodes: int) -> str:
     """The ``trainer.*`` settings that make a run span several processes, as errors name them."""
     if num_nodes == 1:
         return f"trainer.devices={devices}"
@@ -126,7 +126,7 @@ def check_cluster(devices: int, num_nodes: int) -> None:
 
     launchers = {TorchElasticEnvironment: "torchrun", SLURMEnvironment: "SLURM's srun", LSFEnvironment: "LSF's jsrun",
                  MPIEnvironment: "MPI"}  # the order in which Lightning picks its environment
-    setting = processes_setting(devices, num_nodes)
+    setting = _processes_setting(devices, num_nodes)
     for environment, name in launchers.items():
         if environment.detect():
             started = environment().world_size()
@@ -157,7 +157,7 @@ def check_shardable(task: Any, devices: int, num_nodes: int = 1) -> None:
     """A run on several processes (``devices`` on each of ``num_nodes``) needs a task that shards its clients
     (``supports_sharding``); a ConfigError naming the ``trainer.*`` settings otherwise."""
     if devices * num_nodes > 1 and not getattr(task, "supports_sharding", False):
-        raise ConfigError(f"{processes_setting(devices, num_nodes)}: {type(task).__name__} runs in one process (only "
+        raise ConfigError(f"{_processes_setting(devices, num_nodes)}: {type(task).__name__} runs in one process (only "
                           "tasks with supports_sharding, e.g. federated recommendation runs, data=..., shard their "
                           "clients across processes)")
 
