@@ -80,12 +80,14 @@ def _two_nodes_equal_one_process(root: Path, nodes: list[list[str]], env: list[d
     assert "run folder:" in out["node0"] and "run folder:" not in out["node1"]
 
 
-def test_two_local_nodes_by_hand_equal_one_process(tmp_path: Path) -> None:
-    """Two nodes of one process each on 127.0.0.1, told where node 0 listens by MASTER_ADDR/MASTER_PORT and their
-    place by NODE_RANK (Lightning's own environment, no launcher), give a private FedGNN run with a planner the
-    metrics, ε, final parameters and written files of one process."""
+@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_two_local_nodes_by_hand_equal_one_process(tmp_path: Path, devices: int) -> None:
+    """Two nodes on 127.0.0.1, told where node 0 listens by MASTER_ADDR/MASTER_PORT and their place by NODE_RANK
+    (Lightning's own environment, no launcher), give a private FedGNN run with a planner the metrics, ε, final
+    parameters and written files of one process: with one process per node, and (slow: five processes on the
+    machine) with two per node, each node's second one started by Lightning."""
     port = str(_free_port())
-    command = [sys.executable, str(ROOT / "train.py"), *RUN, "trainer.num_nodes=2", "trainer.devices=1"]
+    command = [sys.executable, str(ROOT / "train.py"), *RUN, "trainer.num_nodes=2", f"trainer.devices={devices}"]
     env = [_clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(i)) for i in range(2)]
     _two_nodes_equal_one_process(tmp_path, [command, command], env)
 
