@@ -102,10 +102,13 @@ def main() -> float | None:
             from fedrec.app.presets import expand_quick
             from fedrec.app.schema import check_command_line
             from fedrec.errors import run_script
+            from fedrec.trainer.distributed import launched_as_secondary
 
             def checked() -> None:
                 sys.argv[1:] = expand_quick(CONF, sys.argv[1:])  # quick=true: the experiment's short recipe
                 check_command_line(CONF, sys.argv[1:])
+                if launched_as_secondary() and not any(a.startswith("hydra.output_subdir=") for a in sys.argv):
+                    sys.argv.append("hydra.output_subdir=null")  # rank 0 alone writes the run folder's .hydra
 
             run_script(checked)
             return hydra.main(version_base="1.3", config_path="conf", config_name="config")(experiment)()

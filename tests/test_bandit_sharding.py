@@ -188,9 +188,11 @@ def _task_of(protocol: StepProtocol, replicates: int) -> BanditTask:
 def test_fewer_replicates_than_processes_is_refused_naming_both_fields() -> None:
     task = _task_of(AsyncLinUCB(20, DIM, replicates=2), 2)
     check_shardable(task, 2)
-    with pytest.raises(ConfigError, match=r"trainer\.devices=3: .*needs replicates >= trainer\.devices "
-                                          r"\(got replicates=2\)"):
+    with pytest.raises(ConfigError, match=r"^3 processes \(trainer\.num_nodes × trainer\.devices\): .*needs as many "
+                                          r"replicates at least \(got replicates=2\)"):
         check_shardable(task, 3)
+    with pytest.raises(ConfigError, match=r"^4 processes .*\(got replicates=2\)"):
+        check_shardable(task, 2, num_nodes=2)
 
 
 @pytest.mark.parametrize("protocol", [CentralizedLinUCB(20, DIM, replicates=2), AsyncLinUCBAM(20, DIM, replicates=2)],

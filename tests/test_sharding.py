@@ -362,7 +362,7 @@ def test_bad_distribution_settings_name_the_field(field: str, kwargs: dict[str, 
 def test_cuda_without_a_device_is_an_error_naming_the_accelerator() -> None:
     with pytest.raises(ConfigError, match=r"trainer\.accelerator=cuda: no CUDA device is present"):
         check_distribution("cuda", 1, "auto")
-    assert check_distribution("auto", 1, "auto") == ("cpu", 1, "single")
+    assert check_distribution("auto", 1, "auto") == ("cpu", 1, "single", 1)
 
 
 def test_one_process_settings_need_no_lightning() -> None:
@@ -465,8 +465,8 @@ def test_a_bandit_run_of_one_replicate_refuses_several_devices(tmp_path: Path) -
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "trainer.devices=2", f"hydra.run.dir={tmp_path}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
-    assert "error: trainer.devices=2: a bandit run shards its replicates over the processes, so it needs " \
-           "replicates >= trainer.devices (got replicates=1)" in proc.stderr
+    assert "error: 2 processes (trainer.num_nodes × trainer.devices): a bandit run shards its replicates over the " \
+           "processes, so it needs as many replicates at least (got replicates=1)" in proc.stderr
 
 
 # ----------------------------------------------------------------------------------------------- sweeps of sharded runs

@@ -499,6 +499,10 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]
     sweep = None
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         check_sweep_job(cfg, overrides)
+        nodes = cfg.trainer.get("num_nodes", 1)
+        if nodes != 1:  # every node would run the whole sweep, each writing its own sweep files
+            raise ConfigError(f"trainer.num_nodes={nodes} in a sweep: a run on several nodes is one command started "
+                              "on each node (torchrun, srun); run each of the sweep's jobs as its own command")
         sweep = Path(HydraConfig.get().sweep.dir)
     if output_dir is None:
         output_dir = HydraConfig.get().runtime.output_dir
@@ -524,7 +528,8 @@ def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool,
     from fedrec.utils.threads import torch_threads
 
     tr = cfg.trainer
-    devices = check_distribution(tr.get("accelerator", "cpu"), tr.get("devices", 1), tr.get("strategy", "auto"))[1]
+    _, devices, _, num_nodes = check_distribution(tr.get("accelerator", "cpu"), tr.get("devices", 1),
+                                                  tr.get("strategy", "auto"), tr.get("num_nodes", 1))
     callbacks = build_entries(cfg.get("callbacks"), "callbacks", _check_callback)  # before the (slow) build
     name = run_name(cfg.logger)
     if name is not None and cfg.logger.get("run_name") is None:  # what ${logger.run_name} gives the extra loggers
@@ -532,7 +537,7 @@ def _run(cfg: DictConfig, out: Path, overrides: Sequence[str], secondary: bool,
             cfg.logger.run_name = name
     with torch_threads(cfg.get("num_threads")), recording() as data_files:  # the build threads as the rounds
         task = build_task_fetching_data(cfg)
-    check_shardable(task, devices)  # before launching any process
+    check_shardable(task, devices, num_nodes)  # before launching any process
     is_private = getattr(task, "is_private_metric", None)  # tasks whose metrics may come from clients' raw data
     planner = instantiate_group(cfg.planner, "planner") if cfg.get("planner") is not None else None
     results = RunResults(cfg, out, planner, is_private, run_title(str(cfg.name), overrides))

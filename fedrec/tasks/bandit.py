@@ -71,8 +71,9 @@ class BanditTask(FederatedTask):
     def check_processes(self, processes: int) -> None:
         """Every process of a sharded run plays one replicate at least."""
         if processes > self.env.replicates:
-            raise ConfigError(f"trainer.devices={processes}: a bandit run shards its replicates over the processes, "
-                              f"so it needs replicates >= trainer.devices (got replicates={self.env.replicates})")
+            raise ConfigError(f"{processes} processes (trainer.num_nodes × trainer.devices): a bandit run shards its "
+                              f"replicates over the processes, so it needs as many replicates at least (got "
+                              f"replicates={self.env.replicates})")
 
     def setup(self, trainer: Any) -> None:
         """Take this process's share of the replicates (several processes), then put the protocol on the trainer's

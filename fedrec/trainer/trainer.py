@@ -60,12 +60,16 @@ class FederatedTrainer:
             torch's default 2 threads against 31 s on one, as ``train.py`` runs it (``num_threads`` in
             conf/config.yaml; ``scripts/bench_library.py``).
         accelerator: ``"cpu"`` (the default), ``"cuda"`` or ``"auto"`` (CUDA when present).
-        devices: processes of the run (default 1). Several shard the clients of a task that supports it
-            (``supports_sharding``, e.g. federated recommendation) across processes launched by Lightning Fabric's
-            DDP strategy (gloo on CPU, NCCL on GPUs): from here on the script runs in every process, each computes
-            its clients' updates, sums are all-reduced, and only rank 0 logs and writes checkpoints
-            (:mod:`fedrec.trainer.distributed`).
-        strategy: ``"auto"`` (DDP with several devices) or ``"ddp"`` (needs ``devices >= 2``).
+        devices: processes of the run (default 1). Several shard the work of a task that supports it
+            (``supports_sharding``: a recommendation run's clients, a client-server bandit run's replicates) across
+            processes launched by Lightning Fabric's DDP strategy (gloo on CPU, NCCL on GPUs): from here on the
+            script runs in every process, each computes its share, sums are all-reduced, and only rank 0 logs and
+            writes checkpoints (:mod:`fedrec.trainer.distributed`).
+        strategy: ``"auto"`` (DDP with several processes) or ``"ddp"`` (needs several).
+        num_nodes: machines the run spans (default 1), ``devices`` processes on each; with several, each node's
+            first process is started by an external launcher (torchrun, SLURM's ``srun``, or ``MASTER_ADDR``,
+            ``MASTER_PORT`` and ``NODE_RANK`` set by hand), and a run that cannot tell how to reach the other nodes
+            is refused before it waits for them.
     """
 
     def __init__(
@@ -85,8 +89,11 @@ class FederatedTrainer:
         accelerator: str = "cpu",
         devices: int = 1,
         strategy: str = "auto",
+        num_nodes: int = 1,
     ) -> None:
-        self.collective: Collective = launch(*check_distribution(accelerator, devices, strategy))
+        distribution = check_distribution(accelerator, devices, strategy, num_nodes)
+        self._processes = distribution[1], distribution[3]  # (devices, num_nodes), as errors name them
+        self.collective: Collective = launch(*distribution)
         self.root = None if default_root_dir is None else Path(default_root_dir)
         # kept private: a task that holds its trainer would otherwise report it among its sizes (checkpoint.task_sizes)
         self._num_threads = check_num_threads(num_threads)
@@ -144,7 +151,7 @@ class FederatedTrainer:
 
     def _fit(self, task: FederatedTask, ckpt_path: str | Path | None,
              interrupted: Callable[[], int | None]) -> list[dict[str, float]]:
-        check_shardable(task, self.collective.world_size)
+        check_shardable(task, *self._processes)
         if ckpt_path is not None:
             self.restore(task, ckpt_path)
         total = self.total_rounds(task)
