@@ -86,7 +86,8 @@ def local_updates(
     FedProx's μ, ``objective`` the clients' loss, ``row_l2`` the weight of the L2 term on their rows. ``chunk``:
     at most this many clients at once (the batched graph of local training, and FedGNN's per-edge copies of its
     layer, then follow the chunk instead of the round), their updates put together in the round's order; None:
-    all at once. Each client's update depends on its own data alone, so chunks change nothing but memory."""
+    all at once. Each client's update depends on its own data alone, so chunks change only memory and float32
+    rounding (torch's reductions may sum a batch of another shape in another order)."""
     C = data.num_clients
     if chunk is not None and C > chunk:
         return _in_chunks(data, chunk, lambda part: local_updates(model, part, local_steps, local_lr, prox_mu,

@@ -188,8 +188,8 @@ class FedRecTask(FederatedTask):
             takes a Newton step, and every client then re-solves its rows; None (or ``enabled: false``): off. Needs
             ``user_solve``, no pseudo items, FedSGD's plain sum, and server placement if private.
         client_chunk: at most this many clients train at once (:func:`~fedrec.recsys.local.local_updates`), so that
-            local training's memory follows the chunk instead of the round, the same updates either way; None: all
-            of a process's clients at once.
+            local training's memory follows the chunk instead of the round, the same updates either way to float32
+            rounding; None: all of a process's clients at once.
     """
 
     kind = "recommendation"
