@@ -98,6 +98,7 @@ def test_a_recommendation_runs_peak_grows_with_its_ratings_as_estimated(tmp_path
     assert_within_a_quarter(peak_growth(tmp_path, small, large), estimate(large) - estimate(small))
 
 
+@pytest.mark.slow  # three runs of a minute; tests/test_client_chunk.py holds the chunks' updates in the default run
 def test_training_clients_in_chunks_lowers_the_peak_as_the_estimate_says(tmp_path: Path,
                                                                         compose_cfg: Compose) -> None:
     """``task.client_chunk``: FedGNN's per-edge copies at width 64 follow the largest chunk of clients instead of
