@@ -165,8 +165,11 @@ def build_recommendation(cfg: DictConfig) -> Any:
     training_user = data.train.pairs()[0] if implicit else data.training.user
     sizes = (data.num_users, data.num_items, len(training_user), data.num_clients,
              capacity.whole(cfg.task.get("train_negatives"), 0) if implicit else 0)
-    chunk = capacity.largest_chunk(cfg, np.bincount(data.client_of_user[training_user], minlength=data.num_clients),
-                                   np.bincount(data.client_of_user, minlength=data.num_clients))
+    chunk = None
+    if cfg.task.get("client_chunk") is not None:  # the clients' counts (a pass over every rating) only for chunks
+        chunk = capacity.largest_chunk(cfg, np.bincount(data.client_of_user[training_user],
+                                                        minlength=data.num_clients),
+                                       np.bincount(data.client_of_user, minlength=data.num_clients))
     capacity.check_recommendation(cfg, *sizes, implicit=implicit, chunk=chunk)
     model = _model(cfg, data.num_users, data.num_items)
     shared = sum(p.numel() for p in model.shared_parameters().values())
