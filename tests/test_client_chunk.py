@@ -1,16 +1,22 @@
 """``task.client_chunk``: local training a chunk of clients at a time gives the round's updates (each client's update
 depends on its own data alone; to float32 rounding, as torch's CPU reductions may sum a batch of another shape in
-another order), so whole runs end with the same model and metrics, on one process and sharded."""
+another order), so whole runs end with the same model and metrics, on one process and sharded. Where the server's
+combination is a sum, the whole round streams: each chunk's uploads are assembled, screened and summed before the
+next chunk trains."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch
 
+import fedrec.tasks.recommendation as round_module
 from fedrec.data.ratings import RatingData
 from fedrec.errors import ConfigError
 from fedrec.models import FedGNN, MatrixFactorization, NeuMF
 from fedrec.privacy import ClientDP
-from fedrec.recsys import FedAvg, FedSGD, Strategy
+from fedrec.recsys import CoordinateMedian, FedAvg, FedSGD, NormBound, Strategy
 from fedrec.recsys.local import local_updates
 from fedrec.recsys.objectives import rmse_losses
 from fedrec.tasks import FedRecTask
@@ -89,3 +95,83 @@ def test_item_solve_refuses_a_chunk_it_would_not_use(grouped: RatingData) -> Non
     with pytest.raises(ConfigError, match="task.client_chunk=4 chunks the clients' local training"):
         FedRecTask(grouped, model, FedSGD("uniform", reduce="sum"), rounds=ROUNDS, pseudo_items=0, objective="sse",
                    user_solve=True, item_solve={"enabled": True}, client_chunk=4)
+
+
+def _server_dp(data: RatingData) -> ClientDP:
+    return ClientDP(data.num_clients, "gaussian", epsilon=4.0, placement="server", adjacency="add_remove",
+                    sensitivity_factor=1.0)
+
+
+STREAMED = {  # each run's settings besides the chunk, and whether its round streams
+    "server_dp_sampled": (lambda g: dict(privacy=_server_dp(g), aggregator=FedSGD("uniform"),
+                                         strategy=Strategy(participation="poisson", sample_rate=0.7)), True),
+    "norm_bound": (lambda g: dict(aggregator=NormBound(0.05)), True),
+    "median": (lambda g: dict(aggregator=CoordinateMedian()), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STREAMED))
+def test_a_streamed_round_assembles_a_chunk_of_uploads_at_a_time_and_sums_them_to_the_same_update(
+        grouped: RatingData, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an additive combination (FedSGD's sums, a norm bound's, server placement's clipped sums with its one
+    noise draw) no more than a chunk's uploads are assembled at once and the model is the unchunked run's; a robust
+    rule, which needs every upload together, gets the whole round's uploads (only its local training is chunked)."""
+    settings, streams = STREAMED[case]
+    assembled: list[int] = []
+    assemble = round_module.assemble_uploads
+
+    def counted(d, *args, **kw):
+        assembled.append(d.num_clients)
+        return assemble(d, *args, **kw)
+    monkeypatch.setattr(round_module, "assemble_uploads", counted)
+
+    def task(chunk: int | None) -> FedRecTask:
+        kw = settings(grouped)
+        return make_task(grouped, kw.pop("privacy", None), kw.pop("aggregator"), client_chunk=chunk, **kw)
+
+    chunked, whole = task(3), task(None)
+    for r in range(ROUNDS):
+        assembled.clear()
+        got = chunked.run_round(r)
+        assert max(assembled) <= 3 if streams else len(assembled) == 1, assembled
+        assert sum(assembled) == got["clients"]
+        assert (chunked.last_uploads is None) == streams
+        want = whole.run_round(r)
+        for name, v in want.items():
+            assert got[name] == pytest.approx(v, rel=1e-6, abs=1e-7, nan_ok=True), (r, name)
+    for name, v in whole.model.state_dict().items():
+        torch.testing.assert_close(chunked.model.state_dict()[name], v, rtol=1e-5, atol=1e-5, msg=name)
+    got, want = chunked.summary(), whole.summary()  # ε, the ledger's counts and the used uploads among them
+    assert got.keys() == want.keys()
+    for name, v in want.items():
+        assert got[name] == (pytest.approx(v, rel=1e-6, nan_ok=True) if isinstance(v, float) else v), name
+
+
+def _poison(task: FedRecTask, client: int) -> None:
+    """Make ``client``'s local update non-finite (a NaN user row)."""
+    user = int(np.flatnonzero(task.data.client_of_user == client)[0])
+    with torch.no_grad():
+        task.model.user_emb[user] = math.nan
+
+
+def test_a_streamed_round_drops_and_counts_a_bad_upload_in_any_chunk_and_abort_still_aborts(
+        grouped: RatingData) -> None:
+    """A non-finite client in the second chunk: dropped and counted, the same update as without chunks; late
+    clients (a deadline) are left out of the chunks' sums as well; under ``abort`` the run stops, naming the
+    round."""
+    bad = int(grouped.client_of_user[grouped.training_until(0).user[-1]])
+
+    def task(chunk: int | None, policy: str = "drop") -> FedRecTask:
+        t = make_task(grouped, client_chunk=chunk, strategy=Strategy(on_bad_update=policy, deadline=1.5))
+        _poison(t, bad)
+        return t
+
+    chunked, whole = task(3), task(None)
+    got, want = chunked.run_round(0), whole.run_round(0)
+    assert got["clients_bad"] == want["clients_bad"] == 1 and got["clients_late"] == want["clients_late"] > 0
+    assert got["clients"] == want["clients"] <= got["clients_selected"] - got["clients_late"]
+    assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-6)
+    torch.testing.assert_close(chunked.model.item_emb, whole.model.item_emb, rtol=1e-6, atol=1e-7)
+    assert chunked.summary()["comm_upload_messages_used"] == whole.summary()["comm_upload_messages_used"]
+    with pytest.raises(FloatingPointError, match="round 0: a client's update is not finite"):
+        task(3, "abort").run_round(0)

@@ -167,6 +167,12 @@ class Aggregator:
         return (sums.shared / sums.weight).to(dtype), items, rows.to(dtype)
 
 
+def is_additive(rule: type[Aggregator]) -> bool:
+    """Whether ``rule`` combines sums over clients (:meth:`Aggregator.partial`, :meth:`Aggregator.finish`), which add
+    up over any split of the clients (processes, chunks); a robust rule's own ``__call__`` needs every upload."""
+    return rule.__call__ is Aggregator.__call__
+
+
 class FedSGD(Aggregator):
     """FedSGD (McMahan et al. 2017) as the authors run it: one gradient per client, weighted by its uploaded
     items (more local steps are FedAvg: the strategy refuses them with this rule)."""

@@ -52,7 +52,7 @@ from fedrec.federation.collective import Collective
 from fedrec.models.recommender import FederatedRecommender
 from fedrec.privacy.central import ClippedSums, clipped_sums
 from fedrec.privacy.client_dp import ClientDP
-from fedrec.recsys.aggregate import AggregateSums, Aggregator, FedSGD, Uploads
+from fedrec.recsys.aggregate import AggregateSums, Aggregator, FedSGD, Uploads, is_additive
 from fedrec.recsys.data import RoundData
 from fedrec.recsys.item_solve import ItemSolveStep
 from fedrec.recsys.privatize import privatize_uploads, record_round, round_budget
@@ -167,7 +167,7 @@ class Strategy:
 
     def check_processes(self, world_size: int) -> None:
         """Refuse an aggregator that cannot be summed over ``world_size`` > 1 processes (``trainer.devices``)."""
-        if world_size > 1 and type(self.aggregator).__call__ is not Aggregator.__call__:
+        if world_size > 1 and not self.additive:
             raise ConfigError(f"trainer.devices={world_size}: {type(self.aggregator).__name__} combines uploads in "
                               "its own __call__, which cannot be summed over processes; run it in one process or "
                               "implement Aggregator.partial/finish")
@@ -290,34 +290,55 @@ class Strategy:
         return (f"{settings[0][0]}: round {round_idx}: a client's update is not finite (training diverged); "
                 f"lower {lower}")
 
-    def aggregate(self, uploads: Uploads | None, model: FederatedRecommender, together: list[Tensor],
-                  collective: Collective, holding: int, key: Callable[[str], int]) -> tuple[Tensor, Tensor, Tensor]:
-        """The server's update ``(ω, item ids, item rows)`` of ``model`` from this process's used ``uploads``
-        (None: it has none): the aggregator's, or under server placement the noised sum of the clipped uploads, every
-        item's row, over the expected clients of a round of ``holding`` clients (under ``aggregator.reduce=sum`` the
-        noised sum itself), drawn under
-        ``key("server_noise")``. In a run of several processes the sums, and the ``together`` tensors with them,
-        are added up over processes."""
-        device, dtype = model.user_emb.device, model.item_emb.dtype
+    @property
+    def additive(self) -> bool:
+        """Whether the server combines sums over clients (the aggregator's :meth:`~Aggregator.partial` sums, or
+        server placement's clipped sums), which add up over any split of the clients: over processes, and over the
+        chunks of a process's clients (``task.client_chunk``)."""
+        return self.server_placed or is_additive(type(self.aggregator))
+
+    def sums(self, uploads: Uploads | None, model: FederatedRecommender) -> AggregateSums | ClippedSums:
+        """The additive sums of the used ``uploads`` of some clients (None: of none): the aggregator's weighted
+        sums, or under server placement the clipped sums."""
+        device = model.user_emb.device
         num_shared, num_items, dim = sum(p.numel() for p in model.shared_parameters().values()), model.num_items, \
             model.row_dim
-        single = collective.world_size == 1
         if self.server_placed:
-            dp = self.privacy
-            sums = clipped_sums(dp.mechanism, uploads.shared, uploads.rows, uploads.row_client, uploads.row_item,
-                                num_items) if uploads is not None and uploads.clients.numel() else \
+            return clipped_sums(self.privacy.mechanism, uploads.shared, uploads.rows, uploads.row_client,
+                                uploads.row_item, num_items) if uploads is not None and uploads.clients.numel() else \
                 ClippedSums.zeros(num_shared, num_items, dim, device)
-            if not single:
-                collective.all_reduce([*sums.tensors(), *together])
-            g_shared, g_rows = dp.server.noised(sums, self.expected_clients(holding), key("server_noise"),
-                                                divide=self.aggregator.reduce == "mean")
-            return g_shared.to(dtype), torch.arange(num_items, device=g_rows.device), g_rows.to(dtype)
-        if single:
-            return self.aggregator(uploads)
-        sums = self.aggregator.partial(uploads, num_items) if uploads is not None else AggregateSums.zeros(
+        return self.aggregator.partial(uploads, num_items) if uploads is not None else AggregateSums.zeros(
             num_shared, num_items, dim, device)
-        collective.all_reduce([*sums.tensors(), *together])
-        return self.aggregator.finish(sums, dtype)
+
+    @staticmethod
+    def add_up(total: AggregateSums | ClippedSums, part: AggregateSums | ClippedSums) -> None:
+        """Add ``part``'s sums (some clients') into ``total``'s, in place."""
+        for t, p in zip(total.tensors(), part.tensors()):
+            t.add_(p)
+
+    def combine(self, sums: AggregateSums | ClippedSums, model: FederatedRecommender, together: list[Tensor],
+                collective: Collective, holding: int, key: Callable[[str], int]) -> tuple[Tensor, Tensor, Tensor]:
+        """The server's update ``(ω, item ids, item rows)`` of ``model`` from the round's :meth:`sums`: the
+        aggregator's weighted means, or under server placement the sums noised by one draw under
+        ``key("server_noise")`` and divided by the expected clients of a round of ``holding`` clients (under
+        ``aggregator.reduce=sum`` the noised sum itself). In a run of several processes the sums, and the
+        ``together`` tensors with them, are first added up over processes."""
+        if collective.world_size > 1:
+            collective.all_reduce([*sums.tensors(), *together])
+        if not self.server_placed:
+            return self.aggregator.finish(sums, model.item_emb.dtype)
+        g_shared, g_rows = self.privacy.server.noised(sums, self.expected_clients(holding), key("server_noise"),
+                                                      divide=self.aggregator.reduce == "mean")
+        dtype = model.item_emb.dtype
+        return g_shared.to(dtype), torch.arange(model.num_items, device=g_rows.device), g_rows.to(dtype)
+
+    def aggregate(self, uploads: Uploads | None, model: FederatedRecommender, together: list[Tensor],
+                  collective: Collective, holding: int, key: Callable[[str], int]) -> tuple[Tensor, Tensor, Tensor]:
+        """The server's update from this process's used ``uploads`` (None: it has none): the aggregator's rule on
+        them in one process, else :meth:`combine` of their :meth:`sums`."""
+        if collective.world_size == 1 and not self.server_placed:
+            return self.aggregator(uploads)
+        return self.combine(self.sums(uploads, model), model, together, collective, holding, key)
 
     def step(self, model: FederatedRecommender, update: tuple[Tensor, Tensor, Tensor], users: Tensor,
              user_grads: Tensor) -> None:

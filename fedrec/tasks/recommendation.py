@@ -124,6 +124,20 @@ def higher_is_better(name: str) -> bool:
 
 
 @dataclass
+class _ClientWork:
+    """What step ③ of round ``round_idx`` needs beside the clients' data: the uploaded ω tensors' ``sizes``, the
+    clients' noise ``budget`` (None without client noise), the round's keys, and where their user rows go
+    (``user_grad``; ``solved`` for other processes under ``task.user_solve``)."""
+
+    round_idx: int
+    sizes: list[int]
+    budget: Tensor | None
+    keys: tuple[int, int, int]  # the round's privacy, pseudo rows' and upload order's keys, drawn once per round
+    user_grad: Tensor
+    solved: Tensor | None
+
+
+@dataclass
 class _Prepared:
     """A round's training data of every client holding ratings, and its pseudo items (before the budget step)."""
 
@@ -189,7 +203,9 @@ class FedRecTask(FederatedTask):
             ``user_solve``, no pseudo items, FedSGD's plain sum, and server placement if private.
         client_chunk: at most this many clients train at once (:func:`~fedrec.recsys.local.local_updates`), so that
             local training's memory follows the chunk instead of the round, the same updates either way to float32
-            rounding; None: all of a process's clients at once.
+            rounding; with an additive combination (not a robust rule, no attack) the chunk's uploads are also
+            assembled, screened and summed before the next chunk trains, so the round's uploads follow the chunk
+            too. None: all of a process's clients at once.
     """
 
     kind = "recommendation"
@@ -207,7 +223,9 @@ class FedRecTask(FederatedTask):
 
         * four float32 copies of a round's uploaded rows (each training rating's item row and ``pseudo_items``
           pseudo rows per client, at most ``items`` of them: the rows, their gradients, their noise and the
-          shuffled upload);
+          shuffled upload); when the round is ``streamed`` (``task.client_chunk`` with an additive combination:
+          :meth:`_streamed`) only the largest chunk's (``chunk_training``, ``chunk_clients``), and the same for the
+          clients' copies of ω below;
         * on implicit feedback, per negative four float32 vectors (its item row and its user's state, gathered per
           pair, and their gradients) and eight 8-byte values (the draw's temporaries in
           :func:`~fedrec.data.implicit.sample_negatives`, the pair's indices, logit and gradient): 320 bytes at
@@ -228,9 +246,12 @@ class FedRecTask(FederatedTask):
         k, pseudo = sizes["embed_dim"], min(sizes["pseudo_items"], sizes["items"])
         drawn = sizes["training"] * sizes["negatives"]
         expansion = sizes["training"] * sizes["neighbours"] * (8 * 4 * k + 24)
-        shared = 4 * 4 * sizes["clients"] * sizes.get("shared", 0)
-        return 4 * 4 * k * (sizes["training"] + sizes["clients"] * pseudo + drawn) + 8 * 8 * drawn + expansion + \
-            shared + 150 * sizes["training"]
+        # a streamed round (task.client_chunk, an additive combination) holds one chunk's rows and ω copies at once
+        training, clients = (sizes["chunk_training"], sizes["chunk_clients"]) if sizes.get("streamed") else \
+            (sizes["training"], sizes["clients"])
+        shared = 4 * 4 * clients * sizes.get("shared", 0)
+        return 4 * 4 * k * (training + clients * pseudo + drawn) + 8 * 8 * drawn + expansion + shared + \
+            150 * sizes["training"]
 
     def __init__(
         self,
@@ -533,63 +554,49 @@ class FedRecTask(FederatedTask):
                late: Tensor) -> dict[str, float]:
         """Steps ③ and ④: this process computes, privatises and assembles its shard's uploads (every client, in a
         one-process run); the server drops late and bad uploads (the strategy's), the sums are added up over
-        processes, and every process takes the same server and user steps, so all hold the same model."""
+        processes, and every process takes the same server and user steps, so all hold the same model. With
+        ``task.client_chunk`` and an additive combination the shard's clients go a chunk at a time, each chunk's used
+        uploads summed and dropped before the next (:meth:`_streamed`)."""
         model, k, s = self.model, self.model.row_dim, self.strategy
         model_sizes = [p.numel() for p in model.shared_parameters().values()]
         # what a client uploads: ω and its item rows, or under task.item_solve its rows' second moment and per item
         # its residual sums (one more value than a row) and count
         sizes = model_sizes if self.item_solve is None else [model.row_dim ** 2]
         width = k if self.item_solve is None else k + 1
-        privacy_key = self._key("privacy", round_idx) if self.privacy is not None else 0
-        rows_key, order_key = self._key("pseudo_rows", round_idx), self._key("upload_order", round_idx)
+        # drawn once, in this order, in every process (under privacy.rng=secure each is a broadcast)
+        keys = (self._key("privacy", round_idx) if self.privacy is not None else 0,
+                self._key("pseudo_rows", round_idx), self._key("upload_order", round_idx))
         full = self._graphs(full)
         d, lo, hi = shard(full, self._bounds(full), self.collective.global_rank)
-        device = model.user_emb.device
         user_grad = torch.zeros_like(model.user_emb.detach())
         loss_sum = torch.zeros(1, dtype=torch.float64)
         bad = torch.zeros(self.data.num_clients, dtype=torch.float64)  # clients whose upload is bad, all processes
         single = self.collective.world_size == 1
         # task.user_solve over several processes: the rows this one's clients solved, for the others
         solved = torch.zeros_like(user_grad) if self.user_solve and not single else None
-        if d.num_clients:
-            # ③ local training, privatisation of ω and the real item rows, upload assembly
-            local = d.to(device)
-            # the clients' own rows first, solved from the item rows they downloaded; under task.item_solve every
-            # client re-solved its rows after the last step, so only a round that brings new ratings solves again
-            if self.user_solve and (self.item_solve is None or round_idx == 0 or self.data.arrivals(round_idx)):
-                rows_of_users = solve_user_rows(model, local, s.user_step.weight_decay)
-                with torch.no_grad():
-                    model.user_emb[local.users] = rows_of_users
-                if solved is not None:
-                    solved[d.users] = rows_of_users
-            upd = local_updates(model, local, s.local_steps, s.local_lr, self.prox_mu, OBJECTIVES[self.objective],
-                                self.row_l2, self.client_chunk) if self.item_solve is None else \
-                self.item_solve.statistics(model, local, s.server_step.item_weights())
-            shared, rows = upd.flat_shared(), upd.rows
-            broken = s.nonfinite(shared, rows, d.row_client)
-            if bool(broken.any()):  # the noise cannot hide a non-finite value: the upload is dropped (or aborts)
-                shared, rows = shared.masked_fill(broken.unsqueeze(1), 0.0), rows.masked_fill(
-                    broken.to(device)[d.row_client.to(device)].unsqueeze(1), 0.0)
-            shared, rows = s.privatize(shared, sizes, rows, d, budget, privacy_key)
-            uploads = assemble_uploads(d, shared, rows, pseudo[lo:hi], valid[lo:hi], rows_key, order_key,
-                                       private=self.privacy is not None)
-            if self.attack is not None:  # one process: the shard is the whole round
-                honest_rows = uploads.row_client
-                uploads = self.attack(uploads, round_idx, model, d)
-                extra_rows = torch.bincount(uploads.row_client, minlength=d.num_clients) - torch.bincount(
-                    honest_rows, minlength=d.num_clients)
+        work = _ClientWork(round_idx, sizes, budget, keys, user_grad, solved)
+        uploads, sums, extra_rows = None, None, None
+        if self._streamed() and d.num_clients:
+            sums = s.sums(None, model)
+            for a in range(0, d.num_clients, self.client_chunk):
+                part = d.select(a, min(a + self.client_chunk, d.num_clients))
+                up, broken, loss, _ = self._uploads(work, part, pseudo[lo + a:], valid[lo + a:])
+                bad[part.clients] = broken.cpu().double()
+                use = ~(broken.cpu() | late[part.clients])  # what the server will use, known before the sum
+                up = self.channel.deliver("upload", up.keep(use), ("client", part.clients),
+                                         ("server", torch.zeros_like(part.clients)))
+                s.add_up(sums, s.sums(up, model))
+                loss_sum += loss.double().cpu()[use].sum()
+            self.last_uploads = None
+        elif d.num_clients:
+            uploads, broken, loss, extra_rows = self._uploads(work, d, pseudo[lo:hi], valid[lo:hi])
             self.last_uploads = uploads
-            if self.attack is not None or s.max_update_norm is not None:  # what the server receives
-                broken = broken | s.bad_uploads(uploads)
             bad[d.clients] = broken.cpu().double()
-            user_grad.index_put_((d.users,), upd.users)
-            loss_sum[0] = upd.loss.double().sum()
-        else:  # more processes than clients this round: this one contributes nothing
-            uploads = None
+            loss_sum[0] = loss.double().sum()
         # ④ the channel counts every client's upload (its size is known to all processes), the server uses those on
         # time and not bad, and the aggregator (or the server's noise) combines them
         scalars = upload_scalars(full, valid, sum(sizes), width)
-        if self.attack is not None and uploads is not None:
+        if extra_rows is not None:
             scalars = scalars + extra_rows * (k + 1)
         uploads = self.channel.send("upload", ("client", full.clients), ("server", 0), uploads, scalars)
         if not single:
@@ -602,11 +609,12 @@ class FedRecTask(FederatedTask):
         n = int(used.sum())
         if uploads is not None and bool(unused[d.clients].any()):
             uploads = uploads.keep(~unused[d.clients])
-            loss_sum[0] = upd.loss.double()[~unused[d.clients].to(upd.loss.device)].sum()
+            loss_sum[0] = loss.double()[~unused[d.clients].to(loss.device)].sum()
         if n:
-            update = s.aggregate(uploads, model, [user_grad, loss_sum], self.collective,
-                                 int(self._prepare(round_idx).data.num_clients),
-                                 lambda name: self._key(name, round_idx))
+            holding, key = int(self._prepare(round_idx).data.num_clients), lambda name: self._key(name, round_idx)
+            update = s.combine(sums, model, [user_grad, loss_sum], self.collective, holding, key) \
+                if sums is not None else s.aggregate(uploads, model, [user_grad, loss_sum], self.collective, holding,
+                                                     key)
             users = full.users if n == full.num_clients else full.users[used[full.user_client]]
             if self.user_solve:  # their rows were solved in ③
                 users = users[:0]
@@ -622,9 +630,9 @@ class FedRecTask(FederatedTask):
             everyone = self._prepare(round_idx).data
             receivers = everyone.clients
             broadcast += 0 if s.server_step.item_weights() is None else self.data.num_items
-            rows_of_users = solve_user_rows(model, everyone.to(device), s.user_step.weight_decay)
+            rows_of_users = solve_user_rows(model, everyone.to(model.user_emb.device), s.user_step.weight_decay)
             with torch.no_grad():
-                model.user_emb[everyone.users.to(device)] = rows_of_users
+                model.user_emb[everyone.users.to(model.user_emb.device)] = rows_of_users
         self.channel.send("download", ("server", 0), ("client", receivers), None, broadcast)
         self.used["scalars"] += int(scalars[used].sum())
         self.used["messages"] += n
@@ -632,6 +640,53 @@ class FedRecTask(FederatedTask):
         if self.strategy.on_bad_update == "drop":
             out["clients_bad"] = float((bad > 0).sum())
         return out
+
+    def _streamed(self) -> bool:
+        """Whether a round goes ``task.client_chunk`` clients at a time all the way to the server's sums, so that
+        its uploads, not only its local training, follow the chunk: the combination must be additive (not a
+        robust rule) and no attack may rewrite the round's uploads together."""
+        return self.client_chunk is not None and self.strategy.additive and self.attack is None
+
+    def _uploads(self, work: _ClientWork, d: RoundData, pseudo: Tensor, valid: Tensor
+                 ) -> tuple[Uploads, Tensor, Tensor, Tensor | None]:
+        """Step ③ for the clients of ``d`` (their pseudo items the first rows of ``pseudo`` and ``valid``): local
+        training, privatisation of ω and the real item rows, upload assembly (and the attack, if any). Their user
+        rows' gradients go into ``work.user_grad`` (under ``task.user_solve`` their solved rows into the model, and
+        into ``work.solved``). Returns the uploads, which clients' uploads are bad (non-finite, or past
+        ``strategy.max_update_norm``), each client's loss, and the rows the attack added per client (None without
+        one)."""
+        model, s, round_idx, device = self.model, self.strategy, work.round_idx, self.model.user_emb.device
+        local = d.to(device)
+        # the clients' own rows first, solved from the item rows they downloaded; under task.item_solve every
+        # client re-solved its rows after the last step, so only a round that brings new ratings solves again
+        if self.user_solve and (self.item_solve is None or round_idx == 0 or self.data.arrivals(round_idx)):
+            rows_of_users = solve_user_rows(model, local, s.user_step.weight_decay)
+            with torch.no_grad():
+                model.user_emb[local.users] = rows_of_users
+            if work.solved is not None:
+                work.solved[d.users] = rows_of_users
+        upd = local_updates(model, local, s.local_steps, s.local_lr, self.prox_mu, OBJECTIVES[self.objective],
+                            self.row_l2, self.client_chunk) if self.item_solve is None else \
+            self.item_solve.statistics(model, local, s.server_step.item_weights())
+        shared, rows = upd.flat_shared(), upd.rows
+        broken = s.nonfinite(shared, rows, d.row_client)
+        if bool(broken.any()):  # the noise cannot hide a non-finite value: the upload is dropped (or aborts)
+            shared, rows = shared.masked_fill(broken.unsqueeze(1), 0.0), rows.masked_fill(
+                broken.to(device)[d.row_client.to(device)].unsqueeze(1), 0.0)
+        privacy_key, rows_key, order_key = work.keys
+        shared, rows = s.privatize(shared, work.sizes, rows, d, work.budget, privacy_key)
+        n = d.num_clients
+        uploads = assemble_uploads(d, shared, rows, pseudo[:n], valid[:n], rows_key, order_key,
+                                   private=self.privacy is not None)
+        extra_rows = None
+        if self.attack is not None:  # one process: the shard is the whole round
+            honest_rows = uploads.row_client
+            uploads = self.attack(uploads, round_idx, model, d)
+            extra_rows = torch.bincount(uploads.row_client, minlength=n) - torch.bincount(honest_rows, minlength=n)
+        if self.attack is not None or s.max_update_norm is not None:  # what the server receives
+            broken = broken | s.bad_uploads(uploads)
+        work.user_grad.index_put_((d.users,), upd.users)
+        return uploads, broken, upd.loss, extra_rows
 
     # ------------------------------------------------------------------------------------------------ metrics
     def evaluate(self, prep: _Prepared) -> dict[str, float]:
