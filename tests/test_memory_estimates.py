@@ -98,6 +98,17 @@ def test_a_recommendation_runs_peak_grows_with_its_ratings_as_estimated(tmp_path
     assert_within_a_quarter(peak_growth(tmp_path, small, large), estimate(large) - estimate(small))
 
 
+def estimate_with_chunks(compose_cfg: Compose, overrides: tuple[str, ...]) -> int:
+    """The recommendation estimate of ``train.py overrides``, its largest chunk counted from the data as the builder
+    does."""
+    cfg = compose_cfg(*overrides)
+    data = build.build_task(cfg).data
+    per_client = [np.bincount(data.client_of_user[u], minlength=data.num_clients)
+                  for u in (data.training.user, np.arange(data.num_users))]
+    return build.recommendation_memory_estimate(cfg, data.num_users, data.num_items, len(data.training),
+                                                data.num_clients, chunk=build.largest_chunk(cfg, *per_client))
+
+
 @pytest.mark.slow  # three runs of a minute; tests/test_client_chunk.py holds the chunks' updates in the default run
 def test_training_clients_in_chunks_lowers_the_peak_as_the_estimate_says(tmp_path: Path,
                                                                         compose_cfg: Compose) -> None:
@@ -106,17 +117,23 @@ def test_training_clients_in_chunks_lowers_the_peak_as_the_estimate_says(tmp_pat
     run = ("+experiment=fedgnn_synthetic", "task.rounds=1", "data.users=2000", "data.items=1000", "data.ratings=100000",
            "data.num_clients=200", "task.pseudo_items=50", "model.embed_dim=64")
     chunked, whole = (*run, "task.client_chunk=20"), run
-
-    def estimate(overrides: tuple[str, ...]) -> int:
-        cfg = compose_cfg(*overrides)
-        data = build.build_task(cfg).data
-        per_client = [np.bincount(data.client_of_user[u], minlength=data.num_clients)
-                      for u in (data.training.user, np.arange(data.num_users))]
-        return build.recommendation_memory_estimate(cfg, data.num_users, data.num_items, len(data.training),
-                                                    data.num_clients, chunk=build.largest_chunk(cfg, *per_client))
-
     assert build.largest_chunk(compose_cfg(*run), np.ones(200), np.ones(200)) is None
-    assert_within_a_quarter(peak_growth(tmp_path, chunked, whole), estimate(whole) - estimate(chunked))
+    drop = estimate_with_chunks(compose_cfg, whole) - estimate_with_chunks(compose_cfg, chunked)
+    assert_within_a_quarter(peak_growth(tmp_path, chunked, whole), drop)
+
+
+@pytest.mark.slow  # three runs of 10-30 s each; tests/test_client_chunk.py holds the streamed round in the default run
+@pytest.mark.parametrize("model", ["mf", "fedgnn"])
+def test_a_streamed_rounds_peak_grows_with_its_ratings_as_estimated(tmp_path: Path, compose_cfg: Compose,
+                                                                    model: str) -> None:
+    """With FedSGD and ``task.client_chunk`` the round streams: ten times the ratings of the same users, items and
+    clients grow the grouped round and the largest chunk's rows (and FedGNN's per-edge copies of its layer), not
+    every upload's."""
+    run = ("+experiment=fedgnn_synthetic", f"model={model}", "task.rounds=1", "data.users=20000", "data.items=5000",
+           "data.num_clients=2000", "task.client_chunk=100")
+    small, large = (*run, "data.ratings=200000"), (*run, "data.ratings=2000000")
+    growth = estimate_with_chunks(compose_cfg, large) - estimate_with_chunks(compose_cfg, small)
+    assert_within_a_quarter(peak_growth(tmp_path, small, large), growth)
 
 
 #: in a fresh process: generate a tiny dataset first (numba compiles the draws' kernels then, or loads them), reset

@@ -133,13 +133,21 @@ def recommendation_sizes(cfg: DictConfig, num_users: int, num_items: int, num_tr
                          negatives: int = 0, shared: int = 0, chunk: tuple[int, int] | None = None) -> dict[str, Any]:
     """The sizes a recommendation run's model and task estimate from, once its data is loaded (``shared``: the
     model's ω size, 0 before the model exists; ``chunk``: the training ratings and users of the largest chunk of
-    clients that train at once, :func:`largest_chunk`; None: the whole round's)."""
+    clients that train at once, :func:`largest_chunk`; None: the whole round's). ``streamed``: whether a chunk's
+    uploads are summed before the next chunk trains (an additive aggregator and no attack, as
+    :meth:`fedrec.tasks.FedRecTask._streamed` decides), so that they too follow the chunk."""
+    from fedrec.recsys.aggregate import is_additive
+
     expansion = cfg.task.get("expansion") or {}
     chunk_training, chunk_users = (num_training, num_users) if chunk is None else chunk
+    attack = cfg.get("attack") is not None and cfg.attack.get("_target_") is not None
+    streamed = chunk is not None and not attack and cfg.get("aggregator") is not None and \
+        is_additive(group_class(cfg.aggregator, "aggregator"))
     return {"users": num_users, "items": num_items, "training": num_training, "clients": num_clients,
             "negatives": negatives, "embed_dim": whole(cfg.model.get("embed_dim"), 1),
             "pseudo_items": whole(cfg.task.get("pseudo_items"), 0), "neighbours": whole(expansion.get("neighbours"), 0),
-            "shared": shared, "chunk_training": chunk_training, "chunk_users": chunk_users}
+            "shared": shared, "chunk_training": chunk_training, "chunk_users": chunk_users, "streamed": streamed,
+            "chunk_clients": whole(cfg.task.get("client_chunk"), num_clients) if streamed else num_clients}
 
 
 def largest_chunk(cfg: DictConfig, ratings_per_client: np.ndarray, users_per_client: np.ndarray
