@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import fedrec.tasks.recommendation as round_module
+from fedrec.app.build import build_task
+from fedrec.app.build.capacity import recommendation_sizes
 from fedrec.data.ratings import RatingData
 from fedrec.errors import ConfigError
 from fedrec.models import FedGNN, MatrixFactorization, NeuMF
@@ -187,3 +189,23 @@ def test_a_streamed_round_drops_and_counts_a_bad_upload_in_any_chunk_and_abort_s
     assert chunked.summary()["comm_upload_messages_used"] == whole.summary()["comm_upload_messages_used"]
     with pytest.raises(FloatingPointError, match="round 0: a client's update is not finite"):
         task(3, "abort").run_round(0)
+
+
+@pytest.mark.parametrize("overrides, streams", [
+    (("aggregator=fedsgd",), True),
+    (("aggregator=norm_bound",), True),
+    (("aggregator=median",), False),
+    (("aggregator=fedsgd", "attack=scale", "attack.fraction=0.25"), False),
+    (("aggregator=fedsgd", "aggregator.weighting=uniform", "privacy=gaussian", "privacy.placement=server"), True),
+])
+def test_the_memory_estimate_streams_the_rounds_the_task_streams(compose_cfg, overrides: tuple[str, ...],
+                                                                 streams: bool) -> None:
+    """The estimate decides from the config, before the objects exist, what the built task decides from them."""
+    cfg = compose_cfg("+experiment=fedgnn_synthetic", "model=mf", "data.users=60", "data.items=40",
+                      "data.ratings=600", "data.num_clients=12", "task.client_chunk=5", "task.pseudo_items=4",
+                      *overrides)
+    task = build_task(cfg)
+    sizes = recommendation_sizes(cfg, task.data.num_users, task.data.num_items, len(task.data.training),
+                                 task.data.num_clients, chunk=(100, 20))
+    assert task._streamed() == sizes["streamed"] == streams
+    assert sizes["chunk_clients"] == (5 if streams else 12)

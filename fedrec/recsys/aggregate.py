@@ -173,6 +173,13 @@ def is_additive(rule: type[Aggregator]) -> bool:
     return rule.__call__ is Aggregator.__call__
 
 
+def streams_chunks(client_chunk: int | None, rule: type[Aggregator], server_placed: bool, attacked: bool) -> bool:
+    """Whether a round goes ``client_chunk`` clients at a time all the way to the server's sums, so that its uploads,
+    not only its local training, follow the chunk: the combination must be additive (server placement's clipped
+    sums, or a rule that :func:`is_additive`) and no attack may rewrite the round's uploads together."""
+    return client_chunk is not None and (server_placed or is_additive(rule)) and not attacked
+
+
 class FedSGD(Aggregator):
     """FedSGD (McMahan et al. 2017) as the authors run it: one gradient per client, weighted by its uploaded
     items (more local steps are FedAvg: the strategy refuses them with this rule)."""

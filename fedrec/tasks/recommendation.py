@@ -76,7 +76,7 @@ from fedrec.federation.channel import Channel
 from fedrec.federation.collective import Collective
 from fedrec.models.recommender import FederatedRecommender, MatrixFactorization
 from fedrec.privacy.client_dp import ClientDP
-from fedrec.recsys.aggregate import Aggregator, FedSGD, Uploads
+from fedrec.recsys.aggregate import Aggregator, FedSGD, Uploads, streams_chunks
 from fedrec.recsys.attack import Attack
 from fedrec.recsys.data import RoundData, round_data, shard, shard_bounds
 from fedrec.recsys.evaluate import (
@@ -587,6 +587,7 @@ class FedRecTask(FederatedTask):
                                          ("server", torch.zeros_like(part.clients)))
                 s.add_up(sums, s.sums(up, model))
                 loss_sum += loss.double().cpu()[use].sum()
+                del up  # so that the next chunk trains without this one's uploads alive
             self.last_uploads = None
         elif d.num_clients:
             uploads, broken, loss, extra_rows = self._uploads(work, d, pseudo[lo:hi], valid[lo:hi])
@@ -642,10 +643,10 @@ class FedRecTask(FederatedTask):
         return out
 
     def _streamed(self) -> bool:
-        """Whether a round goes ``task.client_chunk`` clients at a time all the way to the server's sums, so that
-        its uploads, not only its local training, follow the chunk: the combination must be additive (not a
-        robust rule) and no attack may rewrite the round's uploads together."""
-        return self.client_chunk is not None and self.strategy.additive and self.attack is None
+        """Whether a round's uploads, not only its local training, go ``task.client_chunk`` clients at a time
+        (:func:`~fedrec.recsys.aggregate.streams_chunks`)."""
+        s = self.strategy
+        return streams_chunks(self.client_chunk, type(s.aggregator), s.server_placed, self.attack is not None)
 
     def _uploads(self, work: _ClientWork, d: RoundData, pseudo: Tensor, valid: Tensor
                  ) -> tuple[Uploads, Tensor, Tensor, Tensor | None]:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from fedrec.app.build.groups import group_class, group_target
+from fedrec.app.build.groups import group_class, group_target, privacy_mechanism
 from fedrec.errors import ConfigError
 
 
@@ -134,15 +134,16 @@ def recommendation_sizes(cfg: DictConfig, num_users: int, num_items: int, num_tr
     """The sizes a recommendation run's model and task estimate from, once its data is loaded (``shared``: the
     model's ω size, 0 before the model exists; ``chunk``: the training ratings and users of the largest chunk of
     clients that train at once, :func:`largest_chunk`; None: the whole round's). ``streamed``: whether a chunk's
-    uploads are summed before the next chunk trains (an additive aggregator and no attack, as
-    :meth:`fedrec.tasks.FedRecTask._streamed` decides), so that they too follow the chunk."""
-    from fedrec.recsys.aggregate import is_additive
+    uploads are summed before the next chunk trains (:func:`~fedrec.recsys.aggregate.streams_chunks`, as the task
+    decides), so that they too follow the chunk."""
+    from fedrec.recsys.aggregate import streams_chunks
 
     expansion = cfg.task.get("expansion") or {}
     chunk_training, chunk_users = (num_training, num_users) if chunk is None else chunk
     attack = cfg.get("attack") is not None and cfg.attack.get("_target_") is not None
-    streamed = chunk is not None and not attack and cfg.get("aggregator") is not None and \
-        is_additive(group_class(cfg.aggregator, "aggregator"))
+    server_placed = privacy_mechanism(cfg) is not None and cfg.privacy.get("placement") == "server"
+    streamed = chunk is not None and cfg.get("aggregator") is not None and \
+        streams_chunks(chunk[0], group_class(cfg.aggregator, "aggregator"), server_placed, attack)
     return {"users": num_users, "items": num_items, "training": num_training, "clients": num_clients,
             "negatives": negatives, "embed_dim": whole(cfg.model.get("embed_dim"), 1),
             "pseudo_items": whole(cfg.task.get("pseudo_items"), 0), "neighbours": whole(expansion.get("neighbours"), 0),
