@@ -34,6 +34,13 @@ Cases (``--cases``, comma-separated):
   measured as the ``shard`` case. Every run must give the same summary, to the last digit, before the ratios are
   reported.
 
+* ``grouping``: rounds of one recommendation task on synthetic ratings without a stream (``--grouping``, sizes of
+  ``synthetic_ratings``; default MovieLens-1M's; ``--grouping-model`` mf or fedgnn), which keeps its round's grouping
+  of the training ratings by client (``fedrec.recsys.data.round_data``) while no ratings arrive, against the same
+  task made to group afresh every round (its kept grouping forgotten before each), ``--grouping-rounds`` rounds each
+  after a warm-up, alternating which goes first, in this process. Every round's metrics must be equal before the
+  ratio of the median seconds per round is reported.
+
 A new case is a function of the parsed arguments returning the dict to print, registered in ``CASES``.
 
     FEDREC_DATA_DIR=/path/to/data .venv/bin/python -m scripts.bench_scale --cases sweep
@@ -59,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SWEEP = "+experiment=fedgnn_ml100k seed=0,1,2,3"
 SHARD = "task.rounds=5"
+GROUPING = "users=6040 items=3706 ratings=1000209 num_clients=605"
 BANDIT_SHARD = "env.num_clients=1000000 protocol.layout=sparse task.steps=100000 task.steps_per_round=10000"
 
 
@@ -195,6 +203,47 @@ def case_shard(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def case_grouping(args: argparse.Namespace) -> dict[str, Any]:
+    """A task keeping its round's grouping against one grouping every round afresh, alternating round by round."""
+    import statistics
+
+    import torch
+
+    from fedrec.data.synthetic import synthetic_ratings
+    from fedrec.models import FedGNN, MatrixFactorization
+    from fedrec.recsys import FedSGD
+    from fedrec.tasks import FedRecTask
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    sizes = {k: int(v) for k, v in (kv.split("=", 1) for kv in shlex.split(args.grouping))}
+    data = synthetic_ratings(**sizes, rounds=args.grouping_rounds + 1, stream=False, seed=0)
+    model = {"mf": MatrixFactorization, "fedgnn": FedGNN}[args.grouping_model]
+
+    def task() -> FedRecTask:
+        torch.manual_seed(0)
+        return FedRecTask(data, model(data.num_users, data.num_items, 8), FedSGD(), rounds=data.rounds, seed=0)
+
+    tasks = {"kept": task(), "fresh": task()}
+    seconds: dict[str, list[float]] = {"kept": [], "fresh": []}
+    for r in range(args.grouping_rounds + 1):  # round 0 groups in both: the warm-up
+        metrics = {}
+        for name in ("kept", "fresh") if r % 2 else ("fresh", "kept"):
+            if name == "fresh":
+                tasks[name]._prepared = {}
+            started = time.perf_counter()
+            metrics[name] = tasks[name].run_round(r)
+            if r:
+                seconds[name].append(time.perf_counter() - started)
+        if metrics["kept"] != metrics["fresh"]:
+            raise SystemExit(f"round {r}: the kept grouping's metrics differ: {metrics}")
+    kept, fresh = (statistics.median(seconds[n]) for n in ("kept", "fresh"))
+    return {"case": "grouping", "sizes": args.grouping, "model": args.grouping_model,
+            "training_ratings": len(data.training), "cores": len(os.sched_getaffinity(0)),
+            "kept_per_round_s": round(kept, 3), "fresh_per_round_s": round(fresh, 3),
+            **{f"{n}_all_s": [round(x, 3) for x in seconds[n]] for n in ("kept", "fresh")},
+            "speedup": round(fresh / kept, 3), "same_metrics": True}
+
+
 def case_bandit_shard(args: argparse.Namespace) -> dict[str, Any]:
     """The Async-LinUCB run of ``--devices`` replicates in one process (numba's threads, and one thread) and over
     ``--devices`` processes; the fastest of each is compared, and their summaries must be the same."""
@@ -324,7 +373,7 @@ def plot_clients(runs: list[dict[str, Any]], path: Path) -> None:
 
 CASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"sweep": case_sweep, "shard": case_shard,
                                                                      "bandit_shard": case_bandit_shard,
-                                                                     "clients": case_clients}
+                                                                     "clients": case_clients, "grouping": case_grouping}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -346,6 +395,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10**5, help="steps of each clients run")
     parser.add_argument("--block", type=int, default=1000, help="steps per protocol call in the clients case")
     parser.add_argument("--plot", default=None, help="the clients case's figure (a .png path)")
+    parser.add_argument("--grouping", default=GROUPING, help="the grouping case's sizes (default: %(default)s)")
+    parser.add_argument("--grouping-model", choices=["mf", "fedgnn"], default="mf", help="the grouping case's model")
+    parser.add_argument("--grouping-rounds", type=int, default=4, help="timed rounds of each grouping setting")
     parser.add_argument("--clients-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.clients_child:

@@ -504,13 +504,20 @@ class FedRecTask(FederatedTask):
         return shard_bounds(d, self.collective.world_size, self.pseudo_items)
 
     def _prepare(self, round_idx: int) -> _Prepared:
-        """Step ①: the round's training data of every client holding ratings, and their pseudo items."""
+        """Step ①: the round's training data of every client holding ratings, and their pseudo items. The grouping
+        of the last round prepared is kept while no ratings arrive (explicit feedback: the same ratings group the
+        same way; implicit feedback draws new negatives every round)."""
         prep = self._prepared.get(round_idx)
         if prep is None:
+            last = next(iter(self._prepared.items()), None)
             self._prepared = {}  # only the current round is ever needed again
             tr, negatives = self._training(round_idx)
-            d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items,
-                           negatives=negatives)
+            if last is not None and not self.implicit and last[0] < round_idx and \
+                    not any(self.data.arrivals(r) for r in range(last[0] + 1, round_idx + 1)):
+                d = last[1].data
+            else:
+                d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items,
+                               negatives=negatives)
             pseudo, valid = sample_pseudo_items(d, self.data.num_items, self.pseudo_items,
                                                 self._key("pseudo_items", round_idx))
             prep = self._prepared[round_idx] = _Prepared(tr, d, pseudo, valid, negatives)
