@@ -81,7 +81,8 @@ MECHANISMS = ("gaussian", "laplace")
 ACCOUNTANTS = ("rdp", "prv")
 #: the largest finite ``privacy.epsilon`` a run accepts. ε bounds by e^ε how much more likely one person's data
 #: makes any output; at e^100 (about 10^43) that bound constrains no attacker, so a larger ε would be reported as a
-#: guarantee it is not. The papers reproduced here use ε ≤ 10 and their sweeps stay far below 100.
+#: guarantee it is not. The papers reproduced here use ε ≤ 10; the largest ε run here is the end of the FCLUB ε
+#: study (``scripts/reproduce_fclub.sh``: 100, once 512, where the paper's node noise let the clusters be found).
 MAX_EPSILON = 100.0
 
 
