@@ -314,25 +314,30 @@ def _exit_code(main: Callable[[], Any]) -> int:
     return result if isinstance(result, int) else 0
 
 
-def with_run_dirs(arguments: list[str], out: str) -> list[str]:
-    """``arguments`` with ``hydra.run.dir``/``hydra.sweep.dir`` set to ``out`` where they do not name their own."""
+def quick_run_arguments(arguments: list[str], out: str) -> list[str]:
+    """``arguments`` with ``quick=true``, and ``hydra.run.dir``/``hydra.sweep.dir`` set to ``out`` where they do not
+    name their own, placed right after the command's last override: Hydra's argparse takes the overrides as one run of
+    positional arguments, so they cannot follow an option that comes after them (``--cfg hydra -p hydra.launcher``)."""
     given = {a.split("=", 1)[0] for a in arguments}
-    return [*arguments, *(f"{key}={out}" for key in ("hydra.run.dir", "hydra.sweep.dir") if key not in given)]
+    extra = ["quick=true", *(f"{key}={out}" for key in ("hydra.run.dir", "hydra.sweep.dir") if key not in given)]
+    overrides = [i for i, a in enumerate(arguments) if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+    at = overrides[-1] + 1 if overrides else len(arguments)
+    return [*arguments[:at], *extra, *arguments[at:]]
 
 
 def run_command(command: Command, workspace: Path, monkeypatch: pytest.MonkeyPatch, train_script: Any) -> int:
-    """Run ``command`` in process (``quick=true`` appended to runs and audits) and give its exit code."""
+    """Run ``command`` in process (runs and audits with :func:`quick_run_arguments`) and give its exit code."""
     kind, arguments = command.kind, command.arguments
     out = str(workspace / "doc_runs" / str(COMMANDS.index(command)))  # absolute: a command may cd into a link
     if kind == "train":
         with _as_command(command, workspace, monkeypatch, [str(ROOT / "train.py"),
-                                                           *with_run_dirs([*arguments, "quick=true"], out)]):
+                                                           *quick_run_arguments(arguments, out)]):
             return _exit_code(train_script.main)
     if kind == "audit":
         from fedrec.app import audit_cli as audit
 
         with _as_command(command, workspace, monkeypatch, ["fedrec.app.audit_cli",
-                                                           *with_run_dirs([*arguments, "quick=true"], out)]):
+                                                           *quick_run_arguments(arguments, out)]):
             return _exit_code(audit.cli)
     if kind == "data":
         from fedrec.data.__main__ import main
