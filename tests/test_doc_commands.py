@@ -329,6 +329,12 @@ def run_command(command: Command, workspace: Path, monkeypatch: pytest.MonkeyPat
     """Run ``command`` in process (runs and audits with :func:`quick_run_arguments`) and give its exit code."""
     kind, arguments = command.kind, command.arguments
     out = str(workspace / "doc_runs" / str(COMMANDS.index(command)))  # absolute: a command may cd into a link
+    processes = (_value(command, key) for key in ("trainer.devices", "trainer.num_nodes"))
+    if kind == "train" and any(value not in (None, "1") for value in processes):
+        # Fabric starts a run's other processes from this process's own command line (here pytest's) and stops this
+        # process when one of them fails, so a run of several processes runs as its own process
+        return subprocess.run([sys.executable, str(ROOT / "train.py"), *quick_run_arguments(arguments, out)],
+                              cwd=workspace / command.cwd, env={**os.environ, **dict(command.env)}).returncode
     if kind == "train":
         with _as_command(command, workspace, monkeypatch, [str(ROOT / "train.py"),
                                                            *quick_run_arguments(arguments, out)]):
