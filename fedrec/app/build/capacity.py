@@ -143,7 +143,7 @@ def recommendation_sizes(cfg: DictConfig, num_users: int, num_items: int, num_tr
     attack = cfg.get("attack") is not None and cfg.attack.get("_target_") is not None
     server_placed = privacy_mechanism(cfg) is not None and cfg.privacy.get("placement") == "server"
     streamed = chunk is not None and cfg.get("aggregator") is not None and \
-        streams_chunks(chunk[0], group_class(cfg.aggregator, "aggregator"), server_placed, attack)
+        streams_chunks(cfg.task.get("client_chunk"), group_class(cfg.aggregator, "aggregator"), server_placed, attack)
     return {"users": num_users, "items": num_items, "training": num_training, "clients": num_clients,
             "negatives": negatives, "embed_dim": whole(cfg.model.get("embed_dim"), 1),
             "pseudo_items": whole(cfg.task.get("pseudo_items"), 0), "neighbours": whole(expansion.get("neighbours"), 0),
