@@ -326,7 +326,8 @@ def quick_run_arguments(arguments: list[str], out: str) -> list[str]:
 
 
 def run_command(command: Command, workspace: Path, monkeypatch: pytest.MonkeyPatch, train_script: Any) -> int:
-    """Run ``command`` in process (runs and audits with :func:`quick_run_arguments`) and give its exit code."""
+    """Run ``command`` in process (a run of several processes as its own; runs and audits with
+    :func:`quick_run_arguments`) and give its exit code."""
     kind, arguments = command.kind, command.arguments
     out = str(workspace / "doc_runs" / str(COMMANDS.index(command)))  # absolute: a command may cd into a link
     processes = (_value(command, key) for key in ("trainer.devices", "trainer.num_nodes"))
