@@ -5,12 +5,13 @@ variants that select the options no experiment does (:data:`VARIANTS`): each yes
 of fixed choices (:mod:`fedrec.app.enums`) given a typo, fields misspelt, a field added with ``+`` that no file
 declares, an option no group has. They run in-process through :func:`fedrec.app.schema.check`, the function ``train.py``
 calls, with the schema composed once per configuration; a sample runs end to end through ``train.py`` in
-``test_schema_cli.py``.
+``test_schema_cli.py``. A test per configuration runs its lines and names every one that fails: the configurations
+are composed when the tests run, not when pytest collects them (which every worker does).
 """
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,21 +71,21 @@ def fields(cfg: DictConfig, groups: tuple[str, ...] = GROUPS) -> Iterator[tuple[
             yield from walk(OmegaConf.to_container(cfg[group], resolve=False), group)
 
 
-def _configs() -> dict[str, DictConfig]:
-    """Each experiment's composed config, and each variant's (:data:`VARIANTS`)."""
-    lines = {**{e: [] for e in EXPERIMENTS}, **VARIANTS}
+#: the configurations the batteries cover: every experiment and every variant
+NAMES = [*EXPERIMENTS, *VARIANTS]
+
+
+@functools.cache
+def config(name: str) -> DictConfig:
+    """The composed config of experiment or variant ``name`` (:data:`VARIANTS`)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return {name: compose("config", overrides=[f"+experiment={name.split('+')[0]}", *extra])
-                for name, extra in lines.items()}
-
-
-CONFIGS = _configs()
+        return compose("config", overrides=[f"+experiment={name.split('+')[0]}", *VARIANTS.get(name, [])])
 
 
 def leaves_of(name: str, groups: tuple[str, ...] = GROUPS) -> list[tuple[str, Any]]:
     """The leaves of config ``name`` the battery perturbs: all of an experiment's, and of a variant only those its
     options bring (under each group it selects, beside each field it sets), which its experiment has not covered."""
-    leaves = list(fields(CONFIGS[name], groups))
+    leaves = list(fields(config(name), groups))
     if name not in VARIANTS:
         return leaves
     keys = [o.split("=", 1)[0] for o in VARIANTS[name]]
@@ -107,57 +108,68 @@ def typo(value: str, choices: tuple[str, ...]) -> str:
     return wrong if wrong != value and wrong not in choices else "bogus"
 
 
-def enum_battery() -> list[tuple[str, list[str], str, tuple[str, ...]]]:
-    """(case id, command line, the field, its choices): a typo of every field of fixed choices of every
-    experiment's composed config (of its value there, else of its first choice: a null or interpolated default)."""
-    cases = []
-    for exp, cfg in CONFIGS.items():
-        for key, value in leaves_of(exp, (*GROUPS, "trainer")):
-            choices = schema.choices(key, cfg)
-            if choices is None:
-                continue
-            assert value is None or "${" in str(value) or value in choices, f"{exp}: {key}={value} is no choice"
-            good = value if isinstance(value, str) and "${" not in value else choices[0]
-            wrong = typo(good, choices)
-            cases.append((f"{exp}:{key}={wrong}", command_line(exp, f"{key}={wrong}"), key, choices))
-    return cases
-
-
-def battery() -> list[tuple[str, list[str], str]]:
-    """(case id, command line, the field the error must name), from every experiment's composed config."""
-    cases = []
-    for exp in CONFIGS:
-        leaves = leaves_of(exp)
-        for key, value in leaves:
-            if isinstance(value, bool):  # a typo of a boolean, and a word that is not one
-                cases.append((f"{exp}:{key}=flase", command_line(exp, f"{key}=flase"), key))
-                cases.append((f"{exp}:{key}=yes", command_line(exp, f"{key}=yes"), key))
-        # a misspelt field (its last two letters swapped): every third of an experiment's, each of a variant's
-        for key, _ in leaves if exp in VARIANTS else leaves[::3]:
-            parent, _, leaf = key.rpartition(".")
-            if len(leaf) > 3 and leaf[-1] != leaf[-2]:
-                typo = f"{parent}.{leaf[:-2]}{leaf[-1]}{leaf[-2]}"
-                cases.append((f"{exp}:{typo}", command_line(exp, f"{typo}=1"), typo))
-        if exp in VARIANTS:
+def enum_battery(exp: str) -> list[tuple[str, list[str], str, tuple[str, ...]]]:
+    """(case id, command line, the field, its choices): a typo of every field of fixed choices of config ``exp``
+    (of its value there, else of its first choice: a null or interpolated default)."""
+    cases, cfg = [], config(exp)
+    for key, value in leaves_of(exp, (*GROUPS, "trainer")):
+        choices = schema.choices(key, cfg)
+        if choices is None:
             continue
-        base = [f"+experiment={exp}"]
-        for group in ("privacy", "protocol", "env", "data", "aggregator", "planner"):
-            cases.append((f"{exp}:+{group}.undeclared", [*base, f"+{group}.undeclared_field=5"],
-                          f"{group}.undeclared_field"))
-        cases.append((f"{exp}:option", [*base, "protocol=asyn"], "protocol"))
-        cases.append((f"{exp}:plots", [*base, "plots=fals"], "plots"))
+        assert value is None or "${" in str(value) or value in choices, f"{exp}: {key}={value} is no choice"
+        good = value if isinstance(value, str) and "${" not in value else choices[0]
+        wrong = typo(good, choices)
+        cases.append((f"{exp}:{key}={wrong}", command_line(exp, f"{key}={wrong}"), key, choices))
     return cases
 
 
-CASES = battery()
-ENUM_CASES = enum_battery()
+def battery(exp: str) -> list[tuple[str, list[str], str]]:
+    """(case id, command line, the field the error must name), from config ``exp``."""
+    cases = []
+    leaves = leaves_of(exp)
+    for key, value in leaves:
+        if isinstance(value, bool):  # a typo of a boolean, and a word that is not one
+            cases.append((f"{exp}:{key}=flase", command_line(exp, f"{key}=flase"), key))
+            cases.append((f"{exp}:{key}=yes", command_line(exp, f"{key}=yes"), key))
+    # a misspelt field (its last two letters swapped): every third of an experiment's, each of a variant's
+    for key, _ in leaves if exp in VARIANTS else leaves[::3]:
+        parent, _, leaf = key.rpartition(".")
+        if len(leaf) > 3 and leaf[-1] != leaf[-2]:
+            typo = f"{parent}.{leaf[:-2]}{leaf[-1]}{leaf[-2]}"
+            cases.append((f"{exp}:{typo}", command_line(exp, f"{typo}=1"), typo))
+    if exp in VARIANTS:
+        return cases
+    base = [f"+experiment={exp}"]
+    for group in ("privacy", "protocol", "env", "data", "aggregator", "planner"):
+        cases.append((f"{exp}:+{group}.undeclared", [*base, f"+{group}.undeclared_field=5"],
+                      f"{group}.undeclared_field"))
+    cases.append((f"{exp}:option", [*base, "protocol=asyn"], "protocol"))
+    cases.append((f"{exp}:plots", [*base, "plots=fals"], "plots"))
+    return cases
+
+
+def failures(cases: list[tuple[Any, ...]], lookups: Any, expected: Callable[..., str]) -> str:
+    """Each of ``cases`` (case id, command line, the field, ...) whose command line is not refused with one line
+    starting ``expected(field, ...)``, with what happened instead, a line each ('' if none)."""
+    options, composer = lookups
+    failed = []
+    for case, argv, *named in cases:
+        try:
+            schema.check(argv, options, composer)
+            failed.append(f"{case}: accepted")
+        except ConfigError as e:
+            message = str(e)
+            if not message.startswith(expected(*named)) or "\n" in message:
+                failed.append(f"{case}: {message}")
+    return "\n".join(failed)
 
 
 def test_the_battery_covers_every_experiment_with_many_lines() -> None:
-    assert len(CASES) >= 150
-    assert {case.split(":")[0] for case, _, _ in CASES} == {*EXPERIMENTS, *VARIANTS}
-    assert sum("=flase" in case for case, _, _ in CASES) >= 20  # yes/no fields of several families
-    named = {field for _, _, field in CASES}
+    cases = [case for name in NAMES for case in battery(name)]
+    assert len(cases) >= 150
+    assert {case.split(":")[0] for case, _, _ in cases} == {*EXPERIMENTS, *VARIANTS}
+    assert sum("=flase" in case for case, _, _ in cases) >= 20  # yes/no fields of several families
+    named = {field for _, _, field in cases}
     for field in ("attack.fractino", "attack.factro", "attack.knowledeg", "attack.target_itme", "server.bet1a",
                   "server.bias_correction", "aggregator.iteratiosn", "aggregator.boudn", "privacy.placemetn",
                   "privacy.adaptive_clip", "strategy.local_stesp", "strategy.participatino", "task.eval.negativse",
@@ -167,33 +179,26 @@ def test_the_battery_covers_every_experiment_with_many_lines() -> None:
 
 
 def test_the_enum_battery_covers_every_experiment_and_many_fields() -> None:
-    assert {case.split(":")[0] for case, *_ in ENUM_CASES} >= set(EXPERIMENTS)
-    fields = {field for _, _, field, _ in ENUM_CASES}
+    cases = [case for name in NAMES for case in enum_battery(name)]
+    assert {case.split(":")[0] for case, *_ in cases} >= set(EXPERIMENTS)
+    fields = {field for _, _, field, _ in cases}
     assert {"task.optimizer", "strategy.participation", "privacy.placement", "aggregator.weighting", "data.normalize",
             "model.head", "task.eval.ranking", "protocol.backend", "protocol.mode", "env.theta",
             "trainer.accelerator"} <= fields, sorted(fields)
-    assert len(ENUM_CASES) >= 150
+    assert len(cases) >= 150
 
 
-@pytest.mark.parametrize("argv, field, choices", [(a, f, c) for _, a, f, c in ENUM_CASES],
-                         ids=[c for c, *_ in ENUM_CASES])
-def test_a_typo_of_a_fixed_choice_is_one_error_naming_the_field_and_its_choices(
-    lookups: Any, argv: list[str], field: str, choices: tuple[str, ...]
-) -> None:
-    options, composer = lookups
-    with pytest.raises(ConfigError) as info:
-        schema.check(argv, options, composer)
-    message = str(info.value)
-    assert message.startswith(f"{field}: must be one of {list(choices)}, got ") and "\n" not in message, message
+@pytest.mark.parametrize("name", NAMES)
+def test_a_typo_of_a_fixed_choice_is_one_error_naming_the_field_and_its_choices(lookups: Any, name: str) -> None:
+    failed = failures(enum_battery(name), lookups, lambda field, choices: f"{field}: must be one of {list(choices)}, "
+                                                                          "got ")
+    assert not failed, failed
 
 
-@pytest.mark.parametrize("argv, field", [(a, f) for _, a, f in CASES], ids=[c for c, _, _ in CASES])
-def test_bad_command_line_is_one_error_naming_the_field(lookups: Any, argv: list[str], field: str) -> None:
-    options, composer = lookups
-    with pytest.raises(ConfigError) as info:
-        schema.check(argv, options, composer)
-    message = str(info.value)
-    assert message.startswith(f"{field}: ") and "\n" not in message, message
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_command_line_is_one_error_naming_the_field(lookups: Any, name: str) -> None:
+    failed = failures(battery(name), lookups, lambda field: f"{field}: ")
+    assert not failed, failed
 
 
 @pytest.mark.parametrize("argv", [
