@@ -38,8 +38,9 @@ Cases (``--cases``, comma-separated):
   ``synthetic_ratings``; default MovieLens-1M's; ``--grouping-model`` mf or fedgnn), which keeps its round's grouping
   of the training ratings by client (``fedrec.recsys.data.round_data``) while no ratings arrive, against the same
   task made to group afresh every round (its kept grouping forgotten before each), ``--grouping-rounds`` rounds each
-  after a warm-up, alternating which goes first, in this process. Every round's metrics must be equal before the
-  ratio of the median seconds per round is reported.
+  after a warm-up, alternating which goes first, in this process. With ``--grouping-stream`` ratings arrive in every
+  round, and the kept task merges them into its last round's sort order (``entry_order``) instead. Every round's
+  metrics must be equal before the ratio of the median seconds per round is reported.
 
 A new case is a function of the parsed arguments returning the dict to print, registered in ``CASES``.
 
@@ -216,7 +217,7 @@ def case_grouping(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(1)  # as a run (num_threads=1): FedGNN's rounds are bit for bit the same only on one thread
     sizes = {k: int(v) for k, v in (kv.split("=", 1) for kv in shlex.split(args.grouping))}
-    data = synthetic_ratings(**sizes, rounds=args.grouping_rounds + 1, stream=False, seed=0)
+    data = synthetic_ratings(**sizes, rounds=args.grouping_rounds + 1, stream=args.grouping_stream, seed=0)
     model = {"mf": MatrixFactorization, "fedgnn": FedGNN}[args.grouping_model]
 
     def task() -> FedRecTask:
@@ -237,7 +238,7 @@ def case_grouping(args: argparse.Namespace) -> dict[str, Any]:
         if metrics["kept"] != metrics["fresh"]:
             raise SystemExit(f"round {r}: the kept grouping's metrics differ: {metrics}")
     kept, fresh = (statistics.median(seconds[n]) for n in ("kept", "fresh"))
-    return {"case": "grouping", "sizes": args.grouping, "model": args.grouping_model,
+    return {"case": "grouping", "sizes": args.grouping, "model": args.grouping_model, "stream": args.grouping_stream,
             "training_ratings": len(data.training), "threads": 1,
             "kept_per_round_s": round(kept, 3), "fresh_per_round_s": round(fresh, 3),
             **{f"{n}_all_s": [round(x, 3) for x in seconds[n]] for n in ("kept", "fresh")},
@@ -397,6 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot", default=None, help="the clients case's figure (a .png path)")
     parser.add_argument("--grouping", default=GROUPING, help="the grouping case's sizes (default: %(default)s)")
     parser.add_argument("--grouping-model", choices=["mf", "fedgnn"], default="mf", help="the grouping case's model")
+    parser.add_argument("--grouping-stream", action="store_true", help="the grouping case's ratings arrive by round")
     parser.add_argument("--grouping-rounds", type=int, default=4, help="timed rounds of each grouping setting")
     parser.add_argument("--clients-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -1,24 +1,37 @@
 """A round's grouping of the training ratings (:func:`fedrec.recsys.data.round_data`) is built once while no ratings
 arrive and kept for the next rounds: the runs equal those that group every round afresh, and a stream regroups in
-every round that brings ratings."""
+every round that brings ratings, merging the arrivals into the last round's sort order (:func:`entry_order`: the
+order numpy's stable sort of the ratings by client, user and item gives, and a streamed or implicit-feedback run
+equal to one that sorts afresh)."""
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fedrec.tasks.recommendation as round_module
+from fedrec.data.implicit import ImplicitData, load_implicit
 from fedrec.data.ratings import RatingData
 from fedrec.models import MatrixFactorization
 from fedrec.privacy import ClientDP
 from fedrec.recsys import FedSGD, Strategy
+from fedrec.recsys.data import entry_order
 from fedrec.tasks import FedRecTask
-from tests.helpers import make_task, tiny_fixture
+from tests.helpers import make_task, tiny_fixture, write_ml1m
 
 ROUNDS = 4
 whole = tiny_fixture(users=50, items=40, seed=5, rounds=ROUNDS, num_clients=9, stream=False)
 streamed = tiny_fixture(users=50, items=40, seed=5, rounds=ROUNDS, num_clients=9)
+
+
+@pytest.fixture(scope="module")
+def implicit(tmp_path_factory: pytest.TempPathFactory) -> ImplicitData:
+    folder = write_ml1m(tmp_path_factory.mktemp("ml1m"), users=50, items=40, seed=5)
+    return load_implicit("ml-1m", folder, num_clients=9)
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -79,3 +92,38 @@ def test_a_streamed_run_regroups_in_every_round_that_brings_ratings(streamed: Ra
         assert calls[0] - before == 1, r
     # and the kept grouping is the round's own: the last round's holds every training rating
     assert int(task._prepare(ROUNDS - 1).data.entry_rating.numel()) == len(streamed.training_until(ROUNDS - 1))
+
+
+@given(seed=st.integers(0, 2**32 - 1), ratings=st.integers(0, 300), done=st.floats(0, 1),
+       users=st.integers(1, 30), items=st.integers(1, 20), clients=st.integers(1, 8))
+def test_merging_arrivals_into_an_earlier_order_gives_the_stable_sort_of_all(
+        seed: int, ratings: int, done: float, users: int, items: int, clients: int) -> None:
+    rng = np.random.default_rng(seed)
+    user, item = rng.integers(0, users, ratings), rng.integers(0, items, ratings)  # repeated pairs too
+    client_of_user = rng.integers(0, clients, users)
+    want = np.lexsort((item, user, client_of_user[user]))  # numpy's stable sort by client, then user, then item
+    first = int(done * ratings)
+    earlier = entry_order(user[:first], item[:first], client_of_user, items)
+    np.testing.assert_array_equal(entry_order(user, item, client_of_user, items), want)
+    np.testing.assert_array_equal(entry_order(user, item, client_of_user, items, earlier), want)
+
+
+@pytest.mark.parametrize("case", ["implicit", "streamed"])
+def test_a_run_that_merges_into_the_last_order_equals_one_that_sorts_afresh(
+        streamed: RatingData, implicit: ImplicitData, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    make = {"streamed": lambda: make_task(streamed),
+            "implicit": lambda: make_task(implicit, rounds=ROUNDS, objective="bpr")}[case]
+    merged, fresh = make(), make()
+    sorts = [0]
+    real = entry_order
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        sorts[0] += kw.get("previous", args[4] if len(args) > 4 else None) is None
+        return real(*args, **kw)
+
+    monkeypatch.setattr(round_module, "entry_order", counted)
+    for r in range(ROUNDS):
+        assert merged.run_round(r) == _regrouped(fresh, r), r
+    assert sorts[0] == 1 + ROUNDS  # the merged task sorted in round 0 only, the fresh one in every round
+    for name, v in fresh.model.state_dict().items():
+        assert torch.equal(merged.model.state_dict()[name], v), name

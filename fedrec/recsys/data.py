@@ -99,16 +99,45 @@ def _unique_inverse(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarra
     return unique, position[keys]
 
 
+def _group_keys(user: np.ndarray, item: np.ndarray, client: np.ndarray, num_users: int, num_items: int) -> np.ndarray:
+    """Each rating's (client, user, item) as one number, which orders the ratings as a round groups them."""
+    return (client * num_users + user) * num_items + np.asarray(item, dtype=np.int64)
+
+
+def _stable_order(key: np.ndarray) -> np.ndarray:
+    """The stable order that sorts ``key`` (torch's sort: about twice numpy's speed)."""
+    return torch.sort(torch.from_numpy(key), stable=True).indices.numpy()
+
+
+def entry_order(user: np.ndarray, item: np.ndarray, client_of_user: np.ndarray, num_items: int,
+                previous: np.ndarray | None = None) -> np.ndarray:
+    """The stable order that sorts ratings by client, user and item (:func:`round_data`'s). ``previous``: this order
+    of the first ``len(previous)`` ratings (an earlier round's, whose ratings these extend): only the ratings past
+    them are sorted, and merged in, which gives the same order (equal keys keep their index order)."""
+    user = np.asarray(user, dtype=np.int64)
+    client_of_user = np.asarray(client_of_user, dtype=np.int64)
+    key = _group_keys(user, item, client_of_user[user], len(client_of_user), num_items)
+    if previous is None:
+        return _stable_order(key)
+    done = len(previous)
+    new = np.argsort(key[done:], kind="stable") + done
+    # after the equal keys already placed, as a stable sort of all would put them
+    return np.insert(previous, np.searchsorted(key[previous], key[new], side="right"), new)
+
+
 def round_data(
     user: np.ndarray, item: np.ndarray, rating: np.ndarray, client_of_user: np.ndarray, num_items: int,
-    keep_client: np.ndarray | None = None, negatives: Triples | None = None,
+    keep_client: np.ndarray | None = None, negatives: Triples | None = None, order: np.ndarray | None = None,
 ) -> RoundData:
     """Group ratings by client (sorted by client, user, item). ``keep_client`` (bool per global client) drops the
     ratings of clients that do not take part. ``negatives``: sampled negatives of training positives (each triple's
-    (user, positive) one of the ratings, :func:`fedrec.data.implicit.sample_negatives`), kept as pairs."""
+    (user, positive) one of the ratings, :func:`fedrec.data.implicit.sample_negatives`), kept as pairs. ``order``:
+    the ratings' :func:`entry_order` where it is known (without ``keep_client``), else it is sorted here."""
     user = np.asarray(user, dtype=np.int64)
     client = np.asarray(client_of_user, dtype=np.int64)[user]
     if keep_client is not None:
+        if order is not None:
+            raise ValueError("round_data: an order is of all the ratings, not of the kept clients' alone")
         keep = np.asarray(keep_client, dtype=bool)[client]
         user, item, rating, client = user[keep], np.asarray(item)[keep], np.asarray(rating)[keep], client[keep]
         if negatives is not None:
@@ -116,8 +145,9 @@ def round_data(
             negatives = Triples(negatives.user[kept], negatives.positive[kept], negatives.negative[kept])
     item = np.asarray(item, dtype=np.int64)
     num_users = len(client_of_user)
-    key = torch.from_numpy((client * num_users + user) * num_items + item)  # (client, user, item) as one number
-    order = torch.sort(key, stable=True).indices.numpy()  # torch's stable sort: about twice numpy's speed
+    key = _group_keys(user, item, client, num_users, num_items)
+    if order is None:
+        order = _stable_order(key)
     user, item, client = user[order], item[order], client[order]
     first = np.r_[True, client[1:] != client[:-1]] if len(client) else np.zeros(0, dtype=bool)
     clients, entry_client = client[first], np.cumsum(first) - 1  # clients are sorted: their runs give the ids
@@ -131,7 +161,7 @@ def round_data(
         per = negatives.negative.shape[1]
         triple = (np.asarray(client_of_user, dtype=np.int64)[negatives.user] * num_users + negatives.user) \
             * num_items + negatives.positive
-        pair_entry = np.repeat(np.searchsorted(key.numpy()[order], triple), per)
+        pair_entry = np.repeat(np.searchsorted(key[order], triple), per)
         by_entry = np.argsort(pair_entry, kind="stable")
         pair_entry = pair_entry[by_entry]
         row_keys = np.concatenate([row_keys, entry_client[pair_entry] * num_items

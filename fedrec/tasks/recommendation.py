@@ -78,7 +78,7 @@ from fedrec.models.recommender import FederatedRecommender, MatrixFactorization
 from fedrec.privacy.client_dp import ClientDP
 from fedrec.recsys.aggregate import Aggregator, FedSGD, Uploads, streams_chunks
 from fedrec.recsys.attack import Attack
-from fedrec.recsys.data import RoundData, round_data, shard, shard_bounds
+from fedrec.recsys.data import RoundData, entry_order, round_data, shard, shard_bounds
 from fedrec.recsys.evaluate import (
     RankingEval,
     RankingSplit,
@@ -146,6 +146,7 @@ class _Prepared:
     pseudo: Tensor  # (C, M) item ids
     pseudo_valid: Tensor  # (C, M)
     negatives: Any = None  # the round's sampled negatives (fedrec.data.implicit.Triples), implicit feedback only
+    order: np.ndarray | None = None  # the training ratings' entry_order, which a later round's merges its arrivals into
 
 
 class FedRecTask(FederatedTask):
@@ -242,7 +243,8 @@ class FedRecTask(FederatedTask):
           client, user and item (:func:`~fedrec.recsys.data.round_data`: keys, sort order, index arrays). Measured
           with 1.44 million more training ratings (the same users, items and clients), the peak grew by 275 bytes
           a rating with MF (this says 278; without this term it said 128, and a MF round at Netflix's size that it
-          let start was killed for memory) and by 740 with FedGNN (790)."""
+          let start was killed for memory) and by 740 with FedGNN (790). The sort order kept for the next round
+          (:func:`~fedrec.recsys.data.entry_order`, 8 bytes a rating) is one of the arrays counted there."""
         k, pseudo = sizes["embed_dim"], min(sizes["pseudo_items"], sizes["items"])
         drawn = sizes["training"] * sizes["negatives"]
         expansion = sizes["training"] * sizes["neighbours"] * (8 * 4 * k + 24)
@@ -506,21 +508,24 @@ class FedRecTask(FederatedTask):
     def _prepare(self, round_idx: int) -> _Prepared:
         """Step ①: the round's training data of every client holding ratings, and their pseudo items. The grouping
         of the last round prepared is kept while no ratings arrive (explicit feedback: the same ratings group the
-        same way; implicit feedback draws new negatives every round)."""
+        same way; implicit feedback draws new negatives every round), and otherwise its sort order is: a later
+        round's training ratings extend an earlier one's, so only the arrivals are sorted and merged in."""
         prep = self._prepared.get(round_idx)
         if prep is None:
-            last = next(iter(self._prepared.items()), None)
+            kept = next(iter(self._prepared.items()), None)
             self._prepared = {}  # only the current round is ever needed again
+            last = kept[1] if kept is not None and kept[0] < round_idx else None  # its ratings begin this round's
             tr, negatives = self._training(round_idx)
-            if last is not None and not self.implicit and last[0] < round_idx and \
-                    not any(self.data.arrivals(r) for r in range(last[0] + 1, round_idx + 1)):
-                d = last[1].data
+            if last is not None and not self.implicit and len(tr) == len(last.training):  # no arrivals since
+                d, order = last.data, last.order
             else:
+                order = entry_order(tr.user, tr.item, self.data.client_of_user, self.data.num_items,
+                                    None if last is None else last.order)
                 d = round_data(tr.user, tr.item, tr.rating, self.data.client_of_user, self.data.num_items,
-                               negatives=negatives)
+                               negatives=negatives, order=order)
             pseudo, valid = sample_pseudo_items(d, self.data.num_items, self.pseudo_items,
                                                 self._key("pseudo_items", round_idx))
-            prep = self._prepared[round_idx] = _Prepared(tr, d, pseudo, valid, negatives)
+            prep = self._prepared[round_idx] = _Prepared(tr, d, pseudo, valid, negatives, order)
         return prep
 
     def _training(self, round_idx: int) -> tuple[Ratings, Any]:
