@@ -13,7 +13,8 @@ over every rating (``aggregator.reduce=sum``), so that ``--weight-decay`` is MF'
 counts and second moment, averaged from round ``--average-from`` and weighted by the items' counts to the power
 ``--count-power`` in private runs, with ``--noise-ridge`` and ``--count-average``; the non-private reference takes
 full, unweighted steps at ``--reference-ridge``); ``--noise-schedule`` gives server placement's rounds their factors
-on the noise multiplier.
+on the noise multiplier; ``--accountant prv`` calibrates server placement's noise by the PRV accountant instead of
+RDP (tighter: about 5 % less noise at ε = 8 with every client every round).
 Client placement: every client takes part every round and noises its own upload (the accountant's per-client
 ledger, no amplification). Server placement: Poisson sampling at ``--sample-rate`` (the expected clients per
 round over the clients, per data set), each upload clipped to ``--server-clip``, one Gaussian draw on the sum,
@@ -113,7 +114,8 @@ def run(data: Any, model: str, placement: str, epsilon: float, args: argparse.Na
     elif private:
         privacy = ClientDP(N, "gaussian", epsilon=epsilon, delta=DELTA, clip=args.server_clip, placement="server",
                            adjacency="add_remove", sensitivity_factor=1.0, adaptive_clip=args.adaptive_clip,
-                           target_quantile=args.target_quantile, noise_schedule=args.noise_schedule)
+                           target_quantile=args.target_quantile, noise_schedule=args.noise_schedule,
+                           accountant=args.accountant)
         strategy, pseudo = Strategy("poisson", sample_rate=args.sample_rate), 0
         aggregator = aggregator if args.summed else FedSGD("uniform")
         server = None if args.server_momentum_lr is None else FedAvgM(lr=args.server_momentum_lr)
@@ -125,7 +127,7 @@ def run(data: Any, model: str, placement: str, epsilon: float, args: argparse.Na
         ridge = args.reference_ridge or args.item_ridge
         if private:  # a fixed ridge, or one in proportion to the noise's standard deviation z · clip
             ridge = args.item_ridge if args.ridge_per_noise is None else args.ridge_per_noise * args.server_clip * \
-                sampled_noise_multiplier(epsilon, DELTA, args.sample_rate, data.rounds)
+                sampled_noise_multiplier(epsilon, DELTA, args.sample_rate, data.rounds, args.accountant)
         setting["item_solve"] = {"enabled": True, "factor_scale": args.factor_scale, "ridge": ridge,
                                  "average_from": args.average_from if private and args.average_from >= 0 else None,
                                  "count_power": args.count_power if private else 0.0,
@@ -178,6 +180,8 @@ def main() -> None:
     p.add_argument("--server-clip", type=float, default=0.1)
     p.add_argument("--client-clip", type=float, default=0.1)
     p.add_argument("--pseudo-items", type=int, default=0)
+    p.add_argument("--accountant", choices=["rdp", "prv"], default="rdp",
+                   help="server placement: the accountant that calibrates the noise")
     p.add_argument("--adaptive-clip", action="store_true", help="server placement: adaptive clipping")
     p.add_argument("--noise-schedule", type=lambda text: [float(g) for g in text.split(",")], default=None,
                    help="server placement: each round's factor on the noise multiplier, comma-separated")
