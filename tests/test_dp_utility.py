@@ -11,7 +11,8 @@ from scipy.sparse import csr_matrix, hstack
 from scipy.sparse.linalg import lsqr
 
 from fedrec.data.synthetic import synthetic_ratings
-from scripts.dp_utility import bias_baseline, run
+from fedrec.privacy.accountant import sampled_noise_multiplier
+from scripts.dp_utility import DELTA, bias_baseline, run
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,8 @@ def _args(**given: object) -> argparse.Namespace:
                     target_quantile=0.5, server_momentum_lr=None, dim=4, lr=0.05, weight_decay=2.0, summed=True,
                     init_std=0.05, init_bias=0.6, user_solve=True, device="cpu", item_solve=False,
                     item_ridge=30.0, reference_ridge=None, factor_scale=25.0, average_from=4, count_power=0.0,
-                    ridge_per_noise=None, noise_ridge=0.0, count_average=False, noise_schedule=None)
+                    ridge_per_noise=None, noise_ridge=0.0, count_average=False, noise_schedule=None,
+                    accountant="rdp")
     return argparse.Namespace(**{**settings, **given})
 
 
@@ -54,6 +56,14 @@ def test_a_private_summed_run_spends_its_budget_and_reports_it(small: object, pl
     assert row["placement"] == placement and 0 < row["epsilon_spent"] <= 8.0 and row["noise_multiplier"] > 0
     assert math.isfinite(row["test_rmse"]) and 0 <= row["round"] < small.rounds
     assert row["sample_rate"] == (0.5 if placement == "server" else 1.0)
+
+
+def test_the_prv_accountant_calibrates_server_placement_with_less_noise(small: object) -> None:
+    """--accountant prv: the run's noise is PRV's calibration for the same ε (below RDP's), and it spends at most ε."""
+    rows = {a: run(small, "mf", "server", 8.0, _args(accountant=a, adaptive_clip=False)) for a in ("rdp", "prv")}
+    assert rows["prv"]["noise_multiplier"] == sampled_noise_multiplier(8.0, DELTA, 0.5, small.rounds, "prv")
+    assert rows["prv"]["noise_multiplier"] < rows["rdp"]["noise_multiplier"]
+    assert 7.9 <= rows["prv"]["epsilon_spent"] <= 8.0
 
 
 def test_a_non_private_summed_run_learns_from_the_middle_of_the_scale(small: object) -> None:
