@@ -145,9 +145,8 @@ def round_data(
             negatives = Triples(negatives.user[kept], negatives.positive[kept], negatives.negative[kept])
     item = np.asarray(item, dtype=np.int64)
     num_users = len(client_of_user)
-    key = _group_keys(user, item, client, num_users, num_items)
     if order is None:
-        order = _stable_order(key)
+        order = _stable_order(_group_keys(user, item, client, num_users, num_items))
     user, item, client = user[order], item[order], client[order]
     first = np.r_[True, client[1:] != client[:-1]] if len(client) else np.zeros(0, dtype=bool)
     clients, entry_client = client[first], np.cumsum(first) - 1  # clients are sorted: their runs give the ids
@@ -159,9 +158,9 @@ def round_data(
     pair_entry = np.zeros(0, dtype=np.int64)
     if negatives is not None:  # each triple's entry, found by its (client, user, item) key among the sorted ones
         per = negatives.negative.shape[1]
-        triple = (np.asarray(client_of_user, dtype=np.int64)[negatives.user] * num_users + negatives.user) \
-            * num_items + negatives.positive
-        pair_entry = np.repeat(np.searchsorted(key[order], triple), per)
+        triple = _group_keys(negatives.user, negatives.positive,
+                             np.asarray(client_of_user, dtype=np.int64)[negatives.user], num_users, num_items)
+        pair_entry = np.repeat(np.searchsorted(_group_keys(user, item, client, num_users, num_items), triple), per)
         by_entry = np.argsort(pair_entry, kind="stable")
         pair_entry = pair_entry[by_entry]
         row_keys = np.concatenate([row_keys, entry_client[pair_entry] * num_items
