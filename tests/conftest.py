@@ -67,6 +67,18 @@ def compose_cfg() -> Callable[..., DictConfig]:
     return compose_cfg
 
 
+@pytest.fixture
+def float64() -> Iterator[None]:
+    """Models built inside default to float64, where a computation summed in another order or shape differs by a few
+    units in the last place on every CPU; float32 differs by more, and by how much depends on the CPU's kernels."""
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
+
+
 @pytest.fixture(scope="module")
 def train_script() -> Any:
     spec = importlib.util.spec_from_file_location("fedrec_train_script", ROOT / "train.py")

@@ -64,6 +64,16 @@ PINNED = {
         "fedavg-gaussian": ("23a63bea8f95991610b4feff5b12e5cf5e756ffc", "cd0120aab87f954f7b79b98c9451087c94d2ece5",
                             0.34135436069636294),
     },
+    "AMD EPYC, AVX-512 kernels (2026-11-30)": {
+        "fedsgd": ("77d3574b12fbfd3df0d143f3efd94910a0e0b213", "4954714479e4b64ad49b45c491117bee0b5c9067",
+                   0.33847739845415664),
+        "fedsgd-gaussian": ("307d23579b380ccf6f280f28cb430f997658197b", "e0e2d2eade723e15b5e52de2bd45e37125222f80",
+                            0.34131800534555745),
+        "fedavg-laplace-fedadam": ("292bb6a659f5b2c57bf2fdfd2da022ef48399f95",
+                                   "45506806715a588faa53217d03d317666aff41c4", 0.47295568328412113),
+        "fedavg-gaussian": ("00df39550dfeef9bf89834f6f84549ca42d9393b", "0d2c1f58fb447cd1f6c3de88fe7cbfa1a9770926",
+                            0.34135436806075586),
+    },
 }
 CASES = {  # model, privacy, aggregator, local steps (then: FedAvg(local_steps=2)), server optimiser
     "fedsgd": (FedGNN, None, FedSGD, None, None),
