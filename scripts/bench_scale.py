@@ -42,6 +42,12 @@ Cases (``--cases``, comma-separated):
   round, and the kept task merges them into its last round's sort order (``entry_order``) instead. Every round's
   metrics must be equal before the ratio of the median seconds per round is reported.
 
+* ``rows``: a round's grouping itself (``fedrec.recsys.data.round_data`` given the ratings' order, its compiled
+  one-pass kernel), on the training ratings of the last round of ``--grouping``'s sizes, against a plain numpy
+  formulation (gathers by the order, then ``np.unique`` with inverse for the clients, the users and the (client, item)
+  rows), ``--grouping-rounds`` calls each, alternating. Both must give the same arrays before the ratio of the
+  median seconds is reported.
+
 A new case is a function of the parsed arguments returning the dict to print, registered in ``CASES``.
 
     FEDREC_DATA_DIR=/path/to/data .venv/bin/python -m scripts.bench_scale --cases sweep
@@ -245,6 +251,60 @@ def case_grouping(args: argparse.Namespace) -> dict[str, Any]:
             "speedup": round(fresh / kept, 3), "same_metrics": True}
 
 
+def numpy_grouping(user: Any, item: Any, rating: Any, client_of_user: Any, num_items: int, order: Any
+                   ) -> dict[str, Any]:
+    """The rows case's reference: ``round_data``'s arrays (no negatives) by numpy's gathers and ``np.unique``."""
+    import numpy as np
+
+    u, i, c = user[order], item[order], client_of_user[user][order]
+    clients, entry_client = np.unique(c, return_inverse=True)
+    users, entry_user = np.unique(u, return_inverse=True)
+    rows, entry_row = np.unique(entry_client * num_items + i, return_inverse=True)
+    return {"clients": clients, "users": users, "user_client": np.searchsorted(clients, client_of_user[users]),
+            "entry_user": entry_user, "entry_row": entry_row, "entry_rating": rating.astype(np.float32)[order],
+            "row_client": rows // num_items, "row_item": rows % num_items}
+
+
+def case_rows(args: argparse.Namespace) -> dict[str, Any]:
+    """``round_data`` given the order against :func:`numpy_grouping`, alternating call by call."""
+    import statistics
+
+    import numpy as np
+    import torch
+
+    from fedrec.data.synthetic import synthetic_ratings
+    from fedrec.recsys.data import entry_order, round_data
+
+    torch.set_num_threads(1)
+    sizes = {k: int(v) for k, v in (kv.split("=", 1) for kv in shlex.split(args.grouping))}
+    data = synthetic_ratings(**sizes, rounds=args.grouping_rounds + 1, stream=args.grouping_stream, seed=0)
+    tr = data.training_until(data.rounds - 1)
+    user, item = np.asarray(tr.user, dtype=np.int64), np.asarray(tr.item, dtype=np.int64)
+    rating, client_of_user = np.asarray(tr.rating), np.asarray(data.client_of_user, dtype=np.int64)
+    order = entry_order(user, item, client_of_user, data.num_items)
+    def ours() -> Any:
+        return round_data(user, item, rating, client_of_user, data.num_items, order=order)
+
+    def plain() -> dict[str, Any]:
+        return numpy_grouping(user, item, rating, client_of_user, data.num_items, order)
+
+    got, want = ours(), plain()  # also the warm-up (the kernel compiles, or loads from numba's cache)
+    for name, value in want.items():
+        if not np.array_equal(getattr(got, name).numpy(), value):
+            raise SystemExit(f"round_data's {name} differs from numpy's")
+    seconds: dict[str, list[float]] = {"ours": [], "numpy": []}
+    for r in range(args.grouping_rounds):
+        for name, call in (("ours", ours), ("numpy", plain)) if r % 2 else (("numpy", plain), ("ours", ours)):
+            started = time.perf_counter()
+            call()
+            seconds[name].append(time.perf_counter() - started)
+    ours_s, numpy_s = (statistics.median(seconds[n]) for n in ("ours", "numpy"))
+    return {"case": "rows", "sizes": args.grouping, "stream": args.grouping_stream, "training_ratings": len(user),
+            "rows": int(got.row_item.numel()), "threads": 1, "ours_s": round(ours_s, 3), "numpy_s": round(numpy_s, 3),
+            **{f"{n}_all_s": [round(x, 3) for x in seconds[n]] for n in ("ours", "numpy")},
+            "speedup": round(numpy_s / ours_s, 3), "same_arrays": True}
+
+
 def case_bandit_shard(args: argparse.Namespace) -> dict[str, Any]:
     """The Async-LinUCB run of ``--devices`` replicates in one process (numba's threads, and one thread) and over
     ``--devices`` processes; the fastest of each is compared, and their summaries must be the same."""
@@ -374,7 +434,8 @@ def plot_clients(runs: list[dict[str, Any]], path: Path) -> None:
 
 CASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"sweep": case_sweep, "shard": case_shard,
                                                                      "bandit_shard": case_bandit_shard,
-                                                                     "clients": case_clients, "grouping": case_grouping}
+                                                                     "clients": case_clients, "grouping": case_grouping,
+                                                                     "rows": case_rows}
 
 
 def main(argv: list[str] | None = None) -> None:

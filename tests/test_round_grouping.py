@@ -14,12 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fedrec.tasks.recommendation as round_module
-from fedrec.data.implicit import ImplicitData, load_implicit
+from fedrec.data.implicit import ImplicitData, Triples, load_implicit
 from fedrec.data.ratings import RatingData
 from fedrec.models import MatrixFactorization
 from fedrec.privacy import ClientDP
 from fedrec.recsys import FedSGD, Strategy
-from fedrec.recsys.data import entry_order
+from fedrec.recsys.data import entry_order, round_data
 from fedrec.tasks import FedRecTask
 from tests.helpers import make_task, tiny_fixture, write_ml1m
 
@@ -127,3 +127,52 @@ def test_a_run_that_merges_into_the_last_order_equals_one_that_sorts_afresh(
     assert sorts[0] == 1 + ROUNDS  # the merged task sorted in round 0 only, the fresh one in every round
     for name, v in fresh.model.state_dict().items():
         assert torch.equal(merged.model.state_dict()[name], v), name
+
+
+def grouped_by_hand(user: np.ndarray, item: np.ndarray, rating: np.ndarray, client_of_user: np.ndarray,
+                    keep: np.ndarray | None, negatives: Triples | None) -> dict[str, list]:
+    """:func:`round_data`'s arrays by a plain loop: the kept clients' ratings in the stable order of (client, user,
+    item), the clients and users present by id, a client's rows its distinct items (its ratings' and its pairs')
+    in increasing order, and each negative paired with the first entry of its (user, positive)."""
+    entries = sorted((e for e in range(len(user)) if keep is None or keep[client_of_user[user[e]]]),
+                     key=lambda e: (client_of_user[user[e]], user[e], item[e]))
+    clients = sorted({int(client_of_user[user[e]]) for e in entries})
+    users = sorted({int(user[e]) for e in entries})
+    local = {c: n for n, c in enumerate(clients)}
+    pairs = []  # (entry, negative item), by entry then as drawn
+    for t in range(0 if negatives is None else len(negatives)):
+        if keep is None or keep[client_of_user[negatives.user[t]]]:
+            first = next(k for k, e in enumerate(entries)
+                         if (user[e], item[e]) == (negatives.user[t], negatives.positive[t]))
+            pairs += [(first, int(j)) for j in negatives.negative[t]]
+    pairs.sort(key=lambda pair: pair[0])
+    entry_client = [local[int(client_of_user[user[e]])] for e in entries]
+    rows = sorted({(entry_client[k], int(item[e])) for k, e in enumerate(entries)}
+                  | {(entry_client[k], j) for k, j in pairs})
+    row = {r: n for n, r in enumerate(rows)}
+    return {"clients": clients, "users": users,
+            "user_client": [local[int(client_of_user[u])] for u in users],
+            "entry_user": [users.index(int(user[e])) for e in entries],
+            "entry_row": [row[entry_client[k], int(item[e])] for k, e in enumerate(entries)],
+            "entry_rating": [float(np.float32(rating[e])) for e in entries],
+            "row_client": [c for c, _ in rows], "row_item": [i for _, i in rows],
+            "pair_entry": [k for k, _ in pairs], "pair_row": [row[entry_client[k], j] for k, j in pairs]}
+
+
+@given(seed=st.integers(0, 2**32 - 1), ratings=st.integers(0, 120), users=st.integers(1, 12),
+       items=st.integers(1, 15), clients=st.integers(1, 5), kept=st.booleans(), per=st.integers(0, 3))
+def test_the_grouping_equals_a_plain_loop(seed: int, ratings: int, users: int, items: int, clients: int, kept: bool,
+                                          per: int) -> None:
+    """Clients of several users whose items interleave, repeated (user, item) pairs, dropped clients, negatives."""
+    rng = np.random.default_rng(seed)
+    user, item = rng.integers(0, users, ratings), rng.integers(0, items, ratings)
+    rating = rng.uniform(0, 1, ratings)
+    client_of_user = rng.integers(0, clients, users)
+    keep = rng.uniform(size=clients) < 0.7 if kept else None
+    negatives = None
+    if per:
+        t = rng.integers(0, ratings, ratings // 2) if ratings else np.zeros(0, dtype=np.int64)
+        negatives = Triples(user[t], item[t], rng.integers(0, items, (len(t), per)))
+    got = round_data(user, item, rating, client_of_user, items, keep, negatives)
+    for name, want in grouped_by_hand(user, item, rating, client_of_user, keep, negatives).items():
+        assert getattr(got, name).tolist() == want, name

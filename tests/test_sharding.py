@@ -34,7 +34,7 @@ from fedrec.models import FedGNN, MatrixFactorization
 from fedrec.models.recommender import Neighbours
 from fedrec.privacy import ClientDP
 from fedrec.recsys import AggregateSums, FedAvg, FedSGD, Uploads
-from fedrec.recsys.data import _unique_inverse, round_data
+from fedrec.recsys.data import round_data
 from fedrec.tasks import FedRecTask
 from fedrec.trainer import FederatedTrainer
 from fedrec.trainer.distributed import check_distribution
@@ -194,16 +194,6 @@ def test_a_shard_equals_round_data_of_its_clients(seed: int, a: int, b: int) -> 
     mine = ((d.entry_client >= lo) & (d.entry_client < hi)).numpy()
     shard_nb = expanded.select(lo, hi).neighbours
     assert torch.equal(shard_nb.vecs, vecs[mine]) and torch.equal(shard_nb.mask, vecs[mine][..., 0] % 2 == 0)
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.integers(0, 2_000), max_size=300), st.sampled_from([2_001, 10 ** 9]))
-def test_unique_inverse_equals_numpys_by_either_route(keys: list[int], bound: int) -> None:
-    """The table route (a small key range) and the sorting route (a large one) both equal ``np.unique``."""
-    arr = np.asarray(keys, dtype=np.int64)
-    want = np.unique(arr, return_inverse=True)
-    got = _unique_inverse(arr, bound)
-    assert got[0].tolist() == want[0].tolist() and got[1].reshape(-1).tolist() == want[1].reshape(-1).tolist()
 
 
 def _uploads(rng: np.random.Generator, clients: int, items: int, k: int) -> Uploads:

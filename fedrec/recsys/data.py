@@ -16,6 +16,7 @@ from torch import Tensor
 
 from fedrec.data.implicit import Triples
 from fedrec.models.recommender import Neighbours
+from fedrec.utils.jit import jit
 
 
 @dataclass(frozen=True)
@@ -86,19 +87,6 @@ class RoundData:
         )
 
 
-def _unique_inverse(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(keys, return_inverse=True)`` for keys in ``[0, bound)``: by a table over the key range when it is
-    small next to the keys (linear time), else by sorting (torch's, about three times numpy's speed on a round of
-    MovieLens-10M's size)."""
-    if bound > 8 * len(keys) + 4096:
-        unique, inverse = torch.unique(torch.from_numpy(keys), return_inverse=True)
-        return unique.numpy(), inverse.numpy()
-    present = np.bincount(keys, minlength=bound) > 0
-    unique = np.flatnonzero(present)
-    position = np.cumsum(present) - 1
-    return unique, position[keys]
-
-
 def _group_keys(user: np.ndarray, item: np.ndarray, client: np.ndarray, num_users: int, num_items: int) -> np.ndarray:
     """Each rating's (client, user, item) as one number, which orders the ratings as a round groups them."""
     return (client * num_users + user) * num_items + np.asarray(item, dtype=np.int64)
@@ -132,7 +120,8 @@ def round_data(
     """Group ratings by client (sorted by client, user, item). ``keep_client`` (bool per global client) drops the
     ratings of clients that do not take part. ``negatives``: sampled negatives of training positives (each triple's
     (user, positive) one of the ratings, :func:`fedrec.data.implicit.sample_negatives`), kept as pairs. ``order``:
-    the ratings' :func:`entry_order` where it is known (without ``keep_client``), else it is sorted here."""
+    the ratings' :func:`entry_order` where it is known (without ``keep_client``), else it is sorted here. The arrays
+    come from one compiled pass over the sorted ratings (:func:`_group`)."""
     user = np.asarray(user, dtype=np.int64)
     client = np.asarray(client_of_user, dtype=np.int64)[user]
     if keep_client is not None:
@@ -145,42 +134,104 @@ def round_data(
             negatives = Triples(negatives.user[kept], negatives.positive[kept], negatives.negative[kept])
     item = np.asarray(item, dtype=np.int64)
     num_users = len(client_of_user)
+    keys = None if order is not None and negatives is None else _group_keys(user, item, client, num_users, num_items)
     if order is None:
-        order = _stable_order(_group_keys(user, item, client, num_users, num_items))
-    user, item, client = user[order], item[order], client[order]
-    first = np.r_[True, client[1:] != client[:-1]] if len(client) else np.zeros(0, dtype=bool)
-    clients, entry_client = client[first], np.cumsum(first) - 1  # clients are sorted: their runs give the ids
-    users = np.flatnonzero(np.bincount(user, minlength=num_users))  # the users present, by id
-    position = np.zeros(num_users, dtype=np.int64)
-    position[users] = np.arange(len(users))
-    entry_user = position[user]
-    row_keys = entry_client * num_items + item
-    pair_entry = np.zeros(0, dtype=np.int64)
+        order = _stable_order(keys)
+    pair_entry, pair_item = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if negatives is not None:  # each triple's entry, found by its (client, user, item) key among the sorted ones
         per = negatives.negative.shape[1]
         triple = _group_keys(negatives.user, negatives.positive,
                              np.asarray(client_of_user, dtype=np.int64)[negatives.user], num_users, num_items)
-        pair_entry = np.repeat(np.searchsorted(_group_keys(user, item, client, num_users, num_items), triple), per)
+        pair_entry = np.repeat(np.searchsorted(keys[order], triple), per)
         by_entry = np.argsort(pair_entry, kind="stable")
         pair_entry = pair_entry[by_entry]
-        row_keys = np.concatenate([row_keys, entry_client[pair_entry] * num_items
-                                   + negatives.negative.reshape(-1)[by_entry]])
-    rows, row_index = _unique_inverse(row_keys, len(clients) * num_items)
-    entry_row, pair_row = row_index[:len(item)], row_index[len(item):]
+        pair_item = np.asarray(negatives.negative, dtype=np.int64).reshape(-1)[by_entry]
+    client_of_user = np.asarray(client_of_user, dtype=np.int64)
+    clients, users, entry_user, entry_row, entry_rating, row_client, row_item, pair_row = _group(
+        np.asarray(order, dtype=np.int64), user, item, np.asarray(rating, dtype=np.float32), client_of_user,
+        num_items, pair_entry, pair_item)
     t = torch.from_numpy
     return RoundData(
         clients=t(clients),
         users=t(users),
-        user_client=t(np.searchsorted(clients, np.asarray(client_of_user, dtype=np.int64)[users])),
-        entry_user=t(entry_user.reshape(-1)),
-        entry_row=t(entry_row.reshape(-1)),
-        entry_rating=t(np.asarray(rating, dtype=np.float32)[order]),
-        row_client=t(rows // num_items),
-        row_item=t(rows % num_items),
+        user_client=t(np.searchsorted(clients, client_of_user[users])),
+        entry_user=t(entry_user),
+        entry_row=t(entry_row),
+        entry_rating=t(entry_rating),
+        row_client=t(row_client),
+        row_item=t(row_item),
         pair_entry=t(pair_entry),
-        pair_row=t(pair_row.reshape(-1)),
+        pair_row=t(pair_row),
     )
 
+
+@jit
+def _group(order: np.ndarray, user: np.ndarray, item: np.ndarray, rating: np.ndarray, client_of_user: np.ndarray,
+           num_items: int, pair_entry: np.ndarray, pair_item: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:func:`round_data`'s arrays from the ratings' ``order`` (by client, user, item) in one pass over the sorted
+    entries: ``(clients, users, entry_user, entry_row, entry_rating, row_client, row_item, pair_row)``. A client's
+    rows are the distinct items of its entries and of its pairs (``pair_entry`` non-decreasing, so a client's pairs
+    are a run too), in increasing item order, so the rows are sorted by (client, item); the users are those present,
+    by id."""
+    n, m = len(order), len(pair_entry)
+    present = np.zeros(len(client_of_user), dtype=np.bool_)
+    for e in range(n):
+        present[user[e]] = True
+    users = np.flatnonzero(present)
+    position = np.zeros(len(client_of_user), dtype=np.int64)
+    for s in range(len(users)):
+        position[users[s]] = s
+    clients = np.empty(len(users), dtype=np.int64)  # a client holds one user at least
+    entry_user, entry_row = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    entry_rating = np.empty(n, dtype=np.float32)
+    row_client, row_item = np.empty(n + m, dtype=np.int64), np.empty(n + m, dtype=np.int64)
+    pair_row = np.empty(m, dtype=np.int64)
+    stamp = np.full(num_items, -1, dtype=np.int64)  # the last client (local id) that has item i among its rows
+    row_of = np.empty(num_items, dtype=np.int64)  # item i's row in that client
+    distinct = np.empty(num_items, dtype=np.int64)
+    entry_item = np.empty(n, dtype=np.int64)
+    k = p = rows = c = 0
+    while k < n:
+        client = client_of_user[user[order[k]]]
+        end = k
+        while end < n:
+            e = order[end]
+            u = user[e]
+            if client_of_user[u] != client:
+                break
+            entry_user[end], entry_rating[end], entry_item[end] = position[u], rating[e], item[e]
+            end += 1
+        pair_end = p
+        while pair_end < m and pair_entry[pair_end] < end:
+            pair_end += 1
+        d, ordered = 0, True  # the client's distinct items, its entries' then its pairs', each once
+        for t in range(k, end + pair_end - p):
+            i = entry_item[t] if t < end else pair_item[t - end + p]
+            if stamp[i] != c:
+                stamp[i] = c
+                ordered = ordered and (d == 0 or distinct[d - 1] < i)
+                distinct[d] = i
+                d += 1
+        if not ordered:  # several users' items interleave (one user's are increasing): sort them, or where they
+            if 64 * d > num_items:  # are many, read them off the stamps in item order (a pass over the items)
+                d = 0
+                for i in range(num_items):
+                    if stamp[i] == c:
+                        distinct[d] = i
+                        d += 1
+            else:
+                distinct[:d].sort()
+        for j in range(d):
+            row_of[distinct[j]] = rows + j
+            row_client[rows + j], row_item[rows + j] = c, distinct[j]
+        for j in range(k, end):
+            entry_row[j] = row_of[entry_item[j]]
+        for j in range(p, pair_end):
+            pair_row[j] = row_of[pair_item[j]]
+        clients[c] = client
+        c, rows, k, p = c + 1, rows + d, end, pair_end
+    return (clients[:c].copy(), users, entry_user, entry_row, entry_rating, row_client[:rows].copy(),
+            row_item[:rows].copy(), pair_row)
 
 
 def shard_bounds(data: RoundData, world_size: int, pseudo_items: int) -> list[tuple[int, int]]:
