@@ -282,6 +282,7 @@ def case_rows(args: argparse.Namespace) -> dict[str, Any]:
     user, item = np.asarray(tr.user, dtype=np.int64), np.asarray(tr.item, dtype=np.int64)
     rating, client_of_user = np.asarray(tr.rating), np.asarray(data.client_of_user, dtype=np.int64)
     order = entry_order(user, item, client_of_user, data.num_items)
+
     def ours() -> Any:
         return round_data(user, item, rating, client_of_user, data.num_items, order=order)
 

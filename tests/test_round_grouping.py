@@ -160,10 +160,12 @@ def grouped_by_hand(user: np.ndarray, item: np.ndarray, rating: np.ndarray, clie
 
 
 @given(seed=st.integers(0, 2**32 - 1), ratings=st.integers(0, 120), users=st.integers(1, 12),
-       items=st.integers(1, 15), clients=st.integers(1, 5), kept=st.booleans(), per=st.integers(0, 3))
+       items=st.sampled_from([1, 4, 15, 2_000]), clients=st.integers(1, 5), kept=st.booleans(), per=st.integers(0, 3))
 def test_the_grouping_equals_a_plain_loop(seed: int, ratings: int, users: int, items: int, clients: int, kept: bool,
                                           per: int) -> None:
-    """Clients of several users whose items interleave, repeated (user, item) pairs, dropped clients, negatives."""
+    """Clients of several users whose items interleave, repeated (user, item) pairs, dropped clients, negatives; a
+    client's interleaved items ordered both ways, read off in item order where they are many of the catalogue (few
+    items) and sorted where they are few (2,000 items)."""
     rng = np.random.default_rng(seed)
     user, item = rng.integers(0, users, ratings), rng.integers(0, items, ratings)
     rating = rng.uniform(0, 1, ratings)
