@@ -122,31 +122,31 @@ def round_data(
     (user, positive) one of the ratings, :func:`fedrec.data.implicit.sample_negatives`), kept as pairs. ``order``:
     the ratings' :func:`entry_order` where it is known (without ``keep_client``), else it is sorted here. The arrays
     come from one compiled pass over the sorted ratings (:func:`_group`)."""
-    user = np.asarray(user, dtype=np.int64)
-    client = np.asarray(client_of_user, dtype=np.int64)[user]
+    user, item = np.asarray(user, dtype=np.int64), np.asarray(item, dtype=np.int64)
+    client_of_user = np.asarray(client_of_user, dtype=np.int64)
     if keep_client is not None:
         if order is not None:
             raise ValueError("round_data: an order is of all the ratings, not of the kept clients' alone")
-        keep = np.asarray(keep_client, dtype=bool)[client]
-        user, item, rating, client = user[keep], np.asarray(item)[keep], np.asarray(rating)[keep], client[keep]
+        keep_client = np.asarray(keep_client, dtype=bool)
+        keep = keep_client[client_of_user[user]]
+        user, item, rating = user[keep], item[keep], np.asarray(rating)[keep]
         if negatives is not None:
-            kept = np.asarray(keep_client, dtype=bool)[np.asarray(client_of_user)[negatives.user]]
+            kept = keep_client[client_of_user[negatives.user]]
             negatives = Triples(negatives.user[kept], negatives.positive[kept], negatives.negative[kept])
-    item = np.asarray(item, dtype=np.int64)
     num_users = len(client_of_user)
-    keys = None if order is not None and negatives is None else _group_keys(user, item, client, num_users, num_items)
+    # the (client, user, item) keys: to sort by, or to find the negatives' entries by (a given order needs neither)
+    keys = None if order is not None and negatives is None else \
+        _group_keys(user, item, client_of_user[user], num_users, num_items)
     if order is None:
         order = _stable_order(keys)
     pair_entry, pair_item = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if negatives is not None:  # each triple's entry, found by its (client, user, item) key among the sorted ones
         per = negatives.negative.shape[1]
-        triple = _group_keys(negatives.user, negatives.positive,
-                             np.asarray(client_of_user, dtype=np.int64)[negatives.user], num_users, num_items)
+        triple = _group_keys(negatives.user, negatives.positive, client_of_user[negatives.user], num_users, num_items)
         pair_entry = np.repeat(np.searchsorted(keys[order], triple), per)
         by_entry = np.argsort(pair_entry, kind="stable")
         pair_entry = pair_entry[by_entry]
         pair_item = np.asarray(negatives.negative, dtype=np.int64).reshape(-1)[by_entry]
-    client_of_user = np.asarray(client_of_user, dtype=np.int64)
     clients, users, entry_user, entry_row, entry_rating, row_client, row_item, pair_row = _group(
         np.asarray(order, dtype=np.int64), user, item, np.asarray(rating, dtype=np.float32), client_of_user,
         num_items, pair_entry, pair_item)
