@@ -43,10 +43,11 @@ Cases (``--cases``, comma-separated):
   metrics must be equal before the ratio of the median seconds per round is reported.
 
 * ``rows``: a round's grouping itself (``fedrec.recsys.data.round_data`` given the ratings' order, its compiled
-  one-pass kernel), on the training ratings of the last round of ``--grouping``'s sizes, against a plain numpy
-  formulation (gathers by the order, then ``np.unique`` with inverse for the clients, the users and the (client, item)
-  rows), ``--grouping-rounds`` calls each, alternating. Both must give the same arrays before the ratio of the
-  median seconds is reported.
+  one-pass kernel, in one block on one thread and in ``--grouping-threads`` blocks on as many threads), on the
+  training ratings of the last round of ``--grouping``'s sizes, against a plain numpy formulation (gathers by the
+  order, then ``np.unique`` with inverse for the clients, the users and the (client, item) rows),
+  ``--grouping-rounds`` calls each, in turn. All must give the same arrays before the ratios of the median seconds
+  are reported.
 
 A new case is a function of the parsed arguments returning the dict to print, registered in ``CASES``.
 
@@ -266,7 +267,8 @@ def numpy_grouping(user: Any, item: Any, rating: Any, client_of_user: Any, num_i
 
 
 def case_rows(args: argparse.Namespace) -> dict[str, Any]:
-    """``round_data`` given the order against :func:`numpy_grouping`, alternating call by call."""
+    """``round_data`` given the order (one thread, and ``--grouping-threads``) against :func:`numpy_grouping`, in
+    turn call by call."""
     import statistics
 
     import numpy as np
@@ -275,7 +277,7 @@ def case_rows(args: argparse.Namespace) -> dict[str, Any]:
     from fedrec.data.synthetic import synthetic_ratings
     from fedrec.recsys.data import entry_order, round_data
 
-    torch.set_num_threads(1)
+    threads = args.grouping_threads
     sizes = {k: int(v) for k, v in (kv.split("=", 1) for kv in shlex.split(args.grouping))}
     data = synthetic_ratings(**sizes, rounds=args.grouping_rounds + 1, stream=args.grouping_stream, seed=0)
     tr = data.training_until(data.rounds - 1)
@@ -283,27 +285,35 @@ def case_rows(args: argparse.Namespace) -> dict[str, Any]:
     rating, client_of_user = np.asarray(tr.rating), np.asarray(data.client_of_user, dtype=np.int64)
     order = entry_order(user, item, client_of_user, data.num_items)
 
-    def ours() -> Any:
-        return round_data(user, item, rating, client_of_user, data.num_items, order=order)
+    def ours(blocks: int) -> Any:
+        torch.set_num_threads(blocks)  # numba's pool runs the blocks; torch's count is the run's
+        return round_data(user, item, rating, client_of_user, data.num_items, order=order, blocks=blocks)
 
     def plain() -> dict[str, Any]:
+        torch.set_num_threads(1)
         return numpy_grouping(user, item, rating, client_of_user, data.num_items, order)
 
-    got, want = ours(), plain()  # also the warm-up (the kernel compiles, or loads from numba's cache)
-    for name, value in want.items():
-        if not np.array_equal(getattr(got, name).numpy(), value):
-            raise SystemExit(f"round_data's {name} differs from numpy's")
-    seconds: dict[str, list[float]] = {"ours": [], "numpy": []}
+    calls = {"ours": lambda: ours(1), "ours_threads": lambda: ours(threads), "numpy": plain}
+    want = plain()
+    for name in ("ours", "ours_threads"):  # also the warm-up (the kernels compile, or load from numba's cache)
+        got = calls[name]()
+        for field, value in want.items():
+            if not np.array_equal(getattr(got, field).numpy(), value):
+                raise SystemExit(f"round_data's {field} ({name}) differs from numpy's")
+    seconds: dict[str, list[float]] = {n: [] for n in calls}
+    names = list(calls)
     for r in range(args.grouping_rounds):
-        for name, call in (("ours", ours), ("numpy", plain)) if r % 2 else (("numpy", plain), ("ours", ours)):
+        for name in names[r % 3:] + names[:r % 3]:
             started = time.perf_counter()
-            call()
+            calls[name]()
             seconds[name].append(time.perf_counter() - started)
-    ours_s, numpy_s = (statistics.median(seconds[n]) for n in ("ours", "numpy"))
+    median = {n: statistics.median(seconds[n]) for n in calls}
     return {"case": "rows", "sizes": args.grouping, "stream": args.grouping_stream, "training_ratings": len(user),
-            "rows": int(got.row_item.numel()), "threads": 1, "ours_s": round(ours_s, 3), "numpy_s": round(numpy_s, 3),
-            **{f"{n}_all_s": [round(x, 3) for x in seconds[n]] for n in ("ours", "numpy")},
-            "speedup": round(numpy_s / ours_s, 3), "same_arrays": True}
+            "rows": int(got.row_item.numel()), "threads": threads,
+            **{f"{n}_s": round(median[n], 3) for n in calls},
+            **{f"{n}_all_s": [round(x, 3) for x in seconds[n]] for n in calls},
+            "speedup": round(median["numpy"] / median["ours"], 3),
+            "speedup_threads": round(median["numpy"] / median["ours_threads"], 3), "same_arrays": True}
 
 
 def case_bandit_shard(args: argparse.Namespace) -> dict[str, Any]:
@@ -462,6 +472,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grouping-model", choices=["mf", "fedgnn"], default="mf", help="the grouping case's model")
     parser.add_argument("--grouping-stream", action="store_true", help="the grouping case's ratings arrive by round")
     parser.add_argument("--grouping-rounds", type=int, default=4, help="timed rounds of each grouping setting")
+    parser.add_argument("--grouping-threads", type=int, default=os.cpu_count() or 1,
+                        help="the rows case's threads for its parallel grouping (default: the machine's cores)")
     parser.add_argument("--clients-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.clients_child:

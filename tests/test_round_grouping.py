@@ -160,12 +160,14 @@ def grouped_by_hand(user: np.ndarray, item: np.ndarray, rating: np.ndarray, clie
 
 
 @given(seed=st.integers(0, 2**32 - 1), ratings=st.integers(0, 120), users=st.integers(1, 12),
-       items=st.sampled_from([1, 4, 15, 2_000]), clients=st.integers(1, 5), kept=st.booleans(), per=st.integers(0, 3))
+       items=st.sampled_from([1, 4, 15, 2_000]), clients=st.integers(1, 5), kept=st.booleans(), per=st.integers(0, 3),
+       blocks=st.integers(1, 6))
 def test_the_grouping_equals_a_plain_loop(seed: int, ratings: int, users: int, items: int, clients: int, kept: bool,
-                                          per: int) -> None:
+                                          per: int, blocks: int) -> None:
     """Clients of several users whose items interleave, repeated (user, item) pairs, dropped clients, negatives; a
     client's interleaved items ordered both ways, read off in item order where they are many of the catalogue (few
-    items) and sorted where they are few (2,000 items)."""
+    items) and sorted where they are few (2,000 items); the ratings grouped in one block, or in several over threads
+    (more blocks than clients too)."""
     rng = np.random.default_rng(seed)
     user, item = rng.integers(0, users, ratings), rng.integers(0, items, ratings)
     rating = rng.uniform(0, 1, ratings)
@@ -175,6 +177,6 @@ def test_the_grouping_equals_a_plain_loop(seed: int, ratings: int, users: int, i
     if per:
         t = rng.integers(0, ratings, ratings // 2) if ratings else np.zeros(0, dtype=np.int64)
         negatives = Triples(user[t], item[t], rng.integers(0, items, (len(t), per)))
-    got = round_data(user, item, rating, client_of_user, items, keep, negatives)
+    got = round_data(user, item, rating, client_of_user, items, keep, negatives, blocks=blocks)
     for name, want in grouped_by_hand(user, item, rating, client_of_user, keep, negatives).items():
         assert getattr(got, name).tolist() == want, name

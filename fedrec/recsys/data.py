@@ -16,7 +16,7 @@ from torch import Tensor
 
 from fedrec.data.implicit import Triples
 from fedrec.models.recommender import Neighbours
-from fedrec.utils.jit import jit
+from fedrec.utils.jit import jit, keeping_torch_threads, parallel_variant, prange
 
 
 @dataclass(frozen=True)
@@ -116,12 +116,15 @@ def entry_order(user: np.ndarray, item: np.ndarray, client_of_user: np.ndarray, 
 def round_data(
     user: np.ndarray, item: np.ndarray, rating: np.ndarray, client_of_user: np.ndarray, num_items: int,
     keep_client: np.ndarray | None = None, negatives: Triples | None = None, order: np.ndarray | None = None,
+    blocks: int | None = None,
 ) -> RoundData:
     """Group ratings by client (sorted by client, user, item). ``keep_client`` (bool per global client) drops the
     ratings of clients that do not take part. ``negatives``: sampled negatives of training positives (each triple's
     (user, positive) one of the ratings, :func:`fedrec.data.implicit.sample_negatives`), kept as pairs. ``order``:
     the ratings' :func:`entry_order` where it is known (without ``keep_client``), else it is sorted here. The arrays
-    come from one compiled pass over the sorted ratings (:func:`_group`)."""
+    come from one compiled pass over the sorted ratings (:func:`_group_blocks`) in ``blocks`` runs of whole clients
+    at once (default: torch's thread count from :data:`PARALLEL_ENTRIES` ratings on, else one); the arrays are the
+    same for any ``blocks``."""
     user, item = np.asarray(user, dtype=np.int64), np.asarray(item, dtype=np.int64)
     client_of_user = np.asarray(client_of_user, dtype=np.int64)
     if keep_client is not None:
@@ -147,9 +150,16 @@ def round_data(
         by_entry = np.argsort(pair_entry, kind="stable")
         pair_entry = pair_entry[by_entry]
         pair_item = np.asarray(negatives.negative, dtype=np.int64).reshape(-1)[by_entry]
-    clients, users, entry_user, entry_row, entry_rating, row_client, row_item, pair_row = _group(
-        np.asarray(order, dtype=np.int64), user, item, np.asarray(rating, dtype=np.float32), client_of_user,
-        num_items, pair_entry, pair_item)
+    if blocks is None:
+        blocks = torch.get_num_threads() if len(user) >= PARALLEL_ENTRIES else 1
+    args = (np.asarray(order, dtype=np.int64), user, item, np.asarray(rating, dtype=np.float32), client_of_user,
+            num_items, pair_entry, pair_item, max(int(blocks), 1))
+    if blocks > 1:
+        with keeping_torch_threads():
+            grouped = _group_parallel(*args)
+    else:
+        grouped = _group(*args)
+    clients, users, entry_user, entry_row, entry_rating, row_client, row_item, pair_row = grouped
     t = torch.from_numpy
     return RoundData(
         clients=t(clients),
@@ -165,73 +175,106 @@ def round_data(
     )
 
 
-@jit
-def _group(order: np.ndarray, user: np.ndarray, item: np.ndarray, rating: np.ndarray, client_of_user: np.ndarray,
-           num_items: int, pair_entry: np.ndarray, pair_item: np.ndarray) -> tuple[np.ndarray, ...]:
-    """:func:`round_data`'s arrays from the ratings' ``order`` (by client, user, item) in one pass over the sorted
-    entries: ``(clients, users, entry_user, entry_row, entry_rating, row_client, row_item, pair_row)``. A client's
-    rows are the distinct items of its entries and of its pairs (``pair_entry`` non-decreasing, so a client's pairs
-    are a run too), in increasing item order, so the rows are sorted by (client, item); the users are those present,
-    by id."""
+def _group_blocks(order: np.ndarray, user: np.ndarray, item: np.ndarray, rating: np.ndarray,
+                  client_of_user: np.ndarray, num_items: int, pair_entry: np.ndarray, pair_item: np.ndarray,
+                  blocks: int) -> tuple[np.ndarray, ...]:  # pragma: no cover - compiled
+    """:func:`round_data`'s arrays from the ratings' ``order`` (by client, user, item), in one pass over the sorted
+    entries cut into ``blocks`` runs of whole clients (each its own thread in the parallel variant; the arrays do not
+    depend on ``blocks``): ``(clients, users, entry_user, entry_row, entry_rating, row_client, row_item, pair_row)``.
+    A client's rows are the distinct items of its entries and of its pairs (``pair_entry`` non-decreasing, so a
+    client's pairs are a run too), in increasing item order, so the rows are sorted by (client, item); the clients
+    and users are those present, by id. A block writes its rows from its first entry's and pair's position on (it
+    has no more rows than entries and pairs), and a second pass moves them into place."""
     n, m = len(order), len(pair_entry)
+    num_clients = client_of_user.max() + 1 if len(client_of_user) else 0
     present = np.zeros(len(client_of_user), dtype=np.bool_)
-    for e in range(n):
+    for e in prange(n):  # every write stores True: the order of the writes does not matter
         present[user[e]] = True
     users = np.flatnonzero(present)
     position = np.zeros(len(client_of_user), dtype=np.int64)
     for s in range(len(users)):
         position[users[s]] = s
-    clients = np.empty(len(users), dtype=np.int64)  # a client holds one user at least
+    start = np.empty(blocks + 1, dtype=np.int64)  # block b holds entries start[b]:start[b + 1], whole clients
+    start[0], start[blocks] = 0, n
+    for b in range(1, blocks):
+        k = max(b * n // blocks, start[b - 1])
+        while 0 < k < n and client_of_user[user[order[k]]] == client_of_user[user[order[k - 1]]]:
+            k += 1
+        start[b] = k
+    pair_start = np.searchsorted(pair_entry, start)  # its pairs: those of its entries
     entry_user, entry_row = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    entry_rating = np.empty(n, dtype=np.float32)
-    row_client, row_item = np.empty(n + m, dtype=np.int64), np.empty(n + m, dtype=np.int64)
+    entry_rating, entry_item = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.int64)
     pair_row = np.empty(m, dtype=np.int64)
-    stamp = np.full(num_items, -1, dtype=np.int64)  # the last client (local id) that has item i among its rows
-    row_of = np.empty(num_items, dtype=np.int64)  # item i's row in that client
-    distinct = np.empty(num_items, dtype=np.int64)
-    entry_item = np.empty(n, dtype=np.int64)
-    k = p = rows = c = 0
-    while k < n:
-        client = client_of_user[user[order[k]]]
-        end = k
-        while end < n:
-            e = order[end]
-            u = user[e]
-            if client_of_user[u] != client:
-                break
-            entry_user[end], entry_rating[end], entry_item[end] = position[u], rating[e], item[e]
-            end += 1
-        pair_end = p
-        while pair_end < m and pair_entry[pair_end] < end:
-            pair_end += 1
-        d, ordered = 0, True  # the client's distinct items, its entries' then its pairs', each once
-        for t in range(k, end + pair_end - p):
-            i = entry_item[t] if t < end else pair_item[t - end + p]
-            if stamp[i] != c:
-                stamp[i] = c
-                ordered = ordered and (d == 0 or distinct[d - 1] < i)
-                distinct[d] = i
-                d += 1
-        if not ordered:  # several users' items interleave (one user's are increasing): sort them, or where they
-            if 64 * d > num_items:  # are many, read them off the stamps in item order (a pass over the items)
-                d = 0
-                for i in range(num_items):
-                    if stamp[i] == c:
-                        distinct[d] = i
-                        d += 1
-            else:
-                distinct[:d].sort()
-        for j in range(d):
-            row_of[distinct[j]] = rows + j
-            row_client[rows + j], row_item[rows + j] = c, distinct[j]
-        for j in range(k, end):
-            entry_row[j] = row_of[entry_item[j]]
-        for j in range(p, pair_end):
-            pair_row[j] = row_of[pair_item[j]]
-        clients[c] = client
-        c, rows, k, p = c + 1, rows + d, end, pair_end
-    return (clients[:c].copy(), users, entry_user, entry_row, entry_rating, row_client[:rows].copy(),
-            row_item[:rows].copy(), pair_row)
+    held_client, held_item = np.empty(n + m, dtype=np.int64), np.empty(n + m, dtype=np.int64)
+    has = np.zeros(num_clients, dtype=np.bool_)
+    block_rows = np.zeros(blocks, dtype=np.int64)
+    for b in prange(blocks):
+        stamp = np.full(num_items, -1, dtype=np.int64)  # the last client that has item i among its rows
+        row_of = np.empty(num_items, dtype=np.int64)  # item i's row in that client, counted from the block's first
+        distinct = np.empty(num_items, dtype=np.int64)
+        k, p, rows, base = start[b], pair_start[b], 0, start[b] + pair_start[b]
+        while k < start[b + 1]:
+            client = client_of_user[user[order[k]]]
+            end = k
+            while end < start[b + 1]:
+                e = order[end]
+                u = user[e]
+                if client_of_user[u] != client:
+                    break
+                entry_user[end], entry_rating[end], entry_item[end] = position[u], rating[e], item[e]
+                end += 1
+            pair_end = p
+            while pair_end < m and pair_entry[pair_end] < end:
+                pair_end += 1
+            d, ordered = 0, True  # the client's distinct items, its entries' then its pairs', each once
+            for t in range(k, end + pair_end - p):
+                i = entry_item[t] if t < end else pair_item[t - end + p]
+                if stamp[i] != client:
+                    stamp[i] = client
+                    ordered = ordered and (d == 0 or distinct[d - 1] < i)
+                    distinct[d] = i
+                    d += 1
+            if not ordered:  # several users' items interleave (one user's are increasing): sort them, or where they
+                if 64 * d > num_items:  # are many, read them off the stamps in item order (a pass over the items)
+                    d = 0
+                    for i in range(num_items):
+                        if stamp[i] == client:
+                            distinct[d] = i
+                            d += 1
+                else:
+                    distinct[:d].sort()
+            for j in range(d):
+                row_of[distinct[j]] = rows + j
+                held_client[base + rows + j], held_item[base + rows + j] = client, distinct[j]
+            for j in range(k, end):
+                entry_row[j] = row_of[entry_item[j]]
+            for j in range(p, pair_end):
+                pair_row[j] = row_of[pair_item[j]]
+            has[client] = True
+            rows, k, p = rows + d, end, pair_end
+        block_rows[b] = rows
+    clients = np.flatnonzero(has)
+    local = np.empty(num_clients, dtype=np.int64)
+    for c in range(len(clients)):
+        local[clients[c]] = c
+    row_start = np.zeros(blocks + 1, dtype=np.int64)
+    row_start[1:] = np.cumsum(block_rows)
+    row_client, row_item = np.empty(row_start[blocks], dtype=np.int64), np.empty(row_start[blocks], dtype=np.int64)
+    for b in prange(blocks):  # the blocks' rows into place, and their row indices counted from the first row
+        base, first = start[b] + pair_start[b], row_start[b]
+        for j in range(block_rows[b]):
+            row_client[first + j], row_item[first + j] = local[held_client[base + j]], held_item[base + j]
+        for j in range(start[b], start[b + 1]):
+            entry_row[j] += first
+        for j in range(pair_start[b], pair_start[b + 1]):
+            pair_row[j] += first
+    return clients, users, entry_user, entry_row, entry_rating, row_client, row_item, pair_row
+
+
+#: one block, and blocks of whole clients over torch's threads for a round of at least :data:`PARALLEL_ENTRIES`
+#: ratings (the same arrays; the parallel one is compiled only when a round that large is grouped)
+_group, _group_parallel = jit(_group_blocks), jit(parallel_variant(_group_blocks), parallel=True)
+PARALLEL_ENTRIES = 1 << 18
 
 
 def shard_bounds(data: RoundData, world_size: int, pseudo_items: int) -> list[tuple[int, int]]:
