@@ -508,7 +508,7 @@ class NoiseMechanism(Mechanism):
                 raise ValueError(f"the keyed noise source has {generator.owner.shape[0]} rows, the part "
                                  f"{part.shape[0]}")
             width = math.prod(part.shape[1:])
-            noise = torch.from_numpy(generator.draw(self.distribution, width)).view(part.shape).to(part)
+            noise = generator.tensor(self.distribution, width, part.device).view(part.shape).to(part)
         else:
             noise = self._unit_noise(tuple(part.shape), part, generator)
         return part + noise * s.view(-1, *([1] * (part.dim() - 1)))

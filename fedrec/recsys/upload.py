@@ -97,8 +97,8 @@ def pseudo_item_rows(rows: Tensor, row_client: Tensor, clients: Tensor, valid: T
     mean = s1 / n.clamp_min(1)
     std = (s2 / n.clamp_min(1) - mean * mean).clamp_min(0).sqrt()
     shape = (num_clients, valid.shape[1], rows.shape[-1])
-    draw = torch.from_numpy(KeyedRows(key, clients.cpu().numpy()).draw("normal", shape[1] * shape[2]))
-    out = mean.view(-1, 1, 1) + std.view(-1, 1, 1) * draw.view(shape).to(device)
+    draw = KeyedRows(key, clients.cpu().numpy()).tensor("normal", shape[1] * shape[2], device)  # drawn on the device
+    out = mean.view(-1, 1, 1) + std.view(-1, 1, 1) * draw.view(shape)
     return (out * valid.to(device).unsqueeze(-1)).to(rows.dtype)
 
 

@@ -12,11 +12,15 @@ calls:
   :func:`fill` writes consecutive draws, computing each Box–Muller pair once.
 
 :class:`KeyedRows` draws blocks of rows (FedGNN's client-DP noise), :func:`normals` LinTS's samples, and
-:mod:`fedrec.privacy.tree_noise` the binary mechanism's node noise, all through these functions.
+:mod:`fedrec.privacy.tree_noise` the binary mechanism's node noise, all through these functions. On a GPU,
+:meth:`KeyedRows.tensor` computes the same recipe on the device in torch's 64-bit integer arithmetic (the same bits,
+and the same uniforms; normals and Laplace draws to the device's last bit of log, cos and sin), so that a round's
+noise is neither drawn on the host nor copied over.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -234,3 +238,75 @@ class KeyedRows:
         else:
             _keyed_fill(self.key, self.owner, self.start, DISTRIBUTIONS[distribution], out)
         return out
+
+    def tensor(self, distribution: str, width: int, device: Any = "cpu") -> Any:
+        """:meth:`draw` as a float64 torch tensor on ``device``: on the CPU the compiled draws themselves, elsewhere
+        the same recipe computed on the device (:func:`torch_draws`), so nothing is drawn on the host or copied."""
+        import torch
+
+        device = torch.device(device)
+        if device.type == "cpu":
+            return torch.from_numpy(self.draw(distribution, width))
+        check_choice("distribution", distribution, DISTRIBUTIONS)
+        return torch_draws(self.key, torch.tensor(self.owner, device=device), torch.tensor(self.start, device=device),
+                           DISTRIBUTIONS[distribution], int(width))
+
+
+# ---- the recipe in torch's int64 arithmetic, for draws on a device --------------------------------------------
+
+
+def _signed(value: np.uint64) -> int:
+    """A uint64 constant as the int64 of the same bits (torch's integer tensors are signed)."""
+    return int(value) - (1 << 64) if int(value) >= 1 << 63 else int(value)
+
+
+def _shift_right(z: Any, s: int) -> Any:
+    """``z >> s`` of the uint64 whose bits the int64 tensor ``z`` holds (torch shifts int64 arithmetically)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix_torch(z: Any) -> Any:
+    """:func:`mix64` of int64 tensors (multiplication wraps as uint64's does: the same bits)."""
+    z = (z ^ _shift_right(z, 30)) * _signed(_M1)
+    z = (z ^ _shift_right(z, 27)) * _signed(_M2)
+    return z ^ _shift_right(z, 31)
+
+
+def _uniform_torch(state: Any, c: Any) -> Any:
+    """:func:`uniform` of int64 tensors ``state`` and ``c`` (broadcast)."""
+    bits = _mix_torch(state + (c + 1) * _signed(_GOLDEN))
+    return (_shift_right(bits, 11).double() + 0.5) * _TWO_M53
+
+
+#: the most draws :func:`torch_draws` computes at once (its int64 temporaries stay a few hundred MB)
+TORCH_DRAW_BLOCK = 1 << 22
+
+
+def torch_draws(key: np.uint64, owner: Any, start: Any, kind: int, width: int) -> Any:
+    """``(rows, width)`` float64 draws on ``owner``'s device: row ``i`` draws ``start[i]``, ``start[i] + 1``, ... of
+    owner ``owner[i]``'s stream under ``key``, of :func:`uniform`, :func:`normal` or :func:`laplace` (``kind``), each
+    draw computed by its own counters, as those functions do (a Box–Muller pair's two uniforms for each normal)."""
+    import torch
+
+    rows, device = owner.shape[0], owner.device
+    out = torch.empty((rows, width), dtype=torch.float64, device=device)
+    if rows == 0 or width == 0:
+        return out
+    owner_key = _mix_torch(owner.long() + _signed(_GOLDEN))
+    state = _mix_torch(owner_key ^ _signed(np.uint64(key)))
+    step = max(TORCH_DRAW_BLOCK // width, 1)
+    offsets = torch.arange(width, device=device)
+    for a in range(0, rows, step):
+        st = state[a:a + step, None]
+        c = start[a:a + step, None].long() + offsets
+        if kind == UNIFORM:
+            out[a:a + step] = _uniform_torch(st, c)
+        elif kind == NORMAL:
+            pair = torch.div(c, 2, rounding_mode="floor")
+            radius = torch.sqrt(-2.0 * torch.log(_uniform_torch(st, 2 * pair)))
+            angle = 2.0 * np.pi * _uniform_torch(st, 2 * pair + 1)
+            out[a:a + step] = radius * torch.where(c % 2 == 0, torch.cos(angle), torch.sin(angle))
+        else:
+            u = _uniform_torch(st, c) - 0.5
+            out[a:a + step] = -torch.sign(u) * torch.log(1.0 - 2.0 * torch.abs(u))
+    return out
