@@ -2,6 +2,7 @@
 host waits for the device.
 
 Sizes (``--sizes``):
+  tiny     synthetic: 300 users in 30 clients, 100 items, 6,000 ratings (a check that the script runs)
   ml100k   MovieLens-100K from $FEDREC_DATA_DIR (943 users, one per client; 1,682 items)
   ml10m    synthetic ratings of MovieLens-10M's size: 69,878 users in 6,988 clients, 10,677 items, 10,000,054 ratings
   netflix  synthetic ratings of Netflix's size: 480,189 users in 48,019 clients, 17,770 items, 100,480,507 ratings
@@ -39,12 +40,15 @@ from fedrec.trainer import FederatedTrainer
 from fedrec.trainer.host_sync import HostSyncCounter
 
 SIZES = {  # users, items, ratings, clients
+    "tiny": (300, 100, 6_000, 30),
     "ml10m": (69_878, 10_677, 10_000_054, 6_988),
     "netflix": (480_189, 17_770, 100_480_507, 48_019),
 }
-#: the functions of a round timed as steps (module-level names of fedrec.tasks.recommendation, task attributes)
-STEP_FUNCTIONS = ("local_updates", "privatize_uploads", "assemble_uploads", "record_round")
-STEP_ATTRIBUTES = ("_prepare", "_admit", "aggregator", "server_step", "user_step", "evaluate")
+#: the parts of a round timed as steps: functions the round calls by their names in fedrec.tasks.recommendation, and
+#: methods of the task and of its strategy (one process, client placement: none of them calls another)
+STEP_FUNCTIONS = ("local_updates", "assemble_uploads")
+STEP_METHODS = {"task": ("_prepare", "_admit", "evaluate"),
+                "strategy": ("privatize", "aggregate", "combine", "step", "record")}
 
 
 def parse_args() -> argparse.Namespace:
@@ -108,11 +112,12 @@ def step_shares(task: FedRecTask, round_idx: int, device: str) -> tuple[float, d
     """One instrumented round: its seconds and each step's share of them (the rest: the round's own glue)."""
     seconds: Counter = Counter()
     saved_functions = {n: getattr(round_module, n) for n in STEP_FUNCTIONS}
-    saved_attributes = {n: task.__dict__.get(n) for n in STEP_ATTRIBUTES}
+    owners = {"task": task, "strategy": task.strategy}
     for n, f in saved_functions.items():
         setattr(round_module, n, _Timed(f, n, seconds, device))
-    for n in STEP_ATTRIBUTES:
-        setattr(task, n, _Timed(getattr(task, n), n, seconds, device))
+    for owner, names in STEP_METHODS.items():  # instance attributes, which shadow the class's methods
+        for n in names:
+            setattr(owners[owner], n, _Timed(getattr(owners[owner], n), n, seconds, device))
     try:
         synchronize(device)
         t0 = time.perf_counter()
@@ -122,11 +127,9 @@ def step_shares(task: FedRecTask, round_idx: int, device: str) -> tuple[float, d
     finally:
         for n, f in saved_functions.items():
             setattr(round_module, n, f)
-        for n, v in saved_attributes.items():
-            if v is None:
-                task.__dict__.pop(n, None)
-            else:
-                setattr(task, n, v)
+        for owner, names in STEP_METHODS.items():
+            for n in names:
+                del owners[owner].__dict__[n]
     shares = {n: round(s / total, 3) for n, s in seconds.most_common()}
     shares["other"] = round(1 - sum(seconds.values()) / total, 3)
     return total, shares
