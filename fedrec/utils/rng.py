@@ -13,9 +13,9 @@ calls:
 
 :class:`KeyedRows` draws blocks of rows (FedGNN's client-DP noise), :func:`normals` LinTS's samples, and
 :mod:`fedrec.privacy.tree_noise` the binary mechanism's node noise, all through these functions. On a GPU,
-:meth:`KeyedRows.tensor` computes the same recipe on the device in torch's 64-bit integer arithmetic (the same bits,
-and the same uniforms; normals and Laplace draws to the device's last bit of log, cos and sin), so that a round's
-noise is neither drawn on the host nor copied over.
+:meth:`KeyedRows.tensor` computes the same recipe on the device in torch's 64-bit integer arithmetic (the uniforms bit
+for bit; normals and Laplace draws to the last bits of the device's log, cos and sin), so that a round's noise is
+neither drawn on the host nor copied over.
 """
 from __future__ import annotations
 
@@ -241,7 +241,7 @@ class KeyedRows:
 
     def tensor(self, distribution: str, width: int, device: Any = "cpu") -> Any:
         """:meth:`draw` as a float64 torch tensor on ``device``: on the CPU the compiled draws themselves, elsewhere
-        the same recipe computed on the device (:func:`torch_draws`), so nothing is drawn on the host or copied."""
+        the same recipe computed on the device (:func:`torch_draws`): only the owners and counters are copied over."""
         import torch
 
         device = torch.device(device)
