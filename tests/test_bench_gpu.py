@@ -20,8 +20,8 @@ def test_the_step_shares_cover_the_rounds_steps_and_leave_the_task_as_it_was() -
     total, shares = bench_gpu.step_shares(task, 1, "cpu")
     called = {*bench_gpu.STEP_FUNCTIONS, "_prepare", "_admit", "evaluate", "privatize", "aggregate", "step", "record"}
     assert set(shares) == called | {"other"}  # combine: only a run of several processes or a streamed round's
+    # the rest of the round is what no step took: negative if a timed step ran inside another (counted twice)
     assert total > 0 and all(v >= 0 for v in shares.values())
-    assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)  # disjoint steps (each share is rounded)
     for owner in (task, task.strategy):
         assert not set(owner.__dict__) & {n for names in bench_gpu.STEP_METHODS.values() for n in names}
     assert all(not isinstance(getattr(bench_gpu.round_module, n), bench_gpu._Timed) for n in bench_gpu.STEP_FUNCTIONS)
