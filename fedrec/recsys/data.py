@@ -152,13 +152,11 @@ def round_data(
         pair_item = np.asarray(negatives.negative, dtype=np.int64).reshape(-1)[by_entry]
     if blocks is None:
         blocks = torch.get_num_threads() if len(user) >= PARALLEL_ENTRIES else 1
+    blocks = max(int(blocks), 1)
     args = (np.asarray(order, dtype=np.int64), user, item, np.asarray(rating, dtype=np.float32), client_of_user,
-            num_items, pair_entry, pair_item, max(int(blocks), 1))
-    if blocks > 1:
-        with keeping_torch_threads():
-            grouped = _group_parallel(*args)
-    else:
-        grouped = _group(*args)
+            num_items, pair_entry, pair_item, blocks)
+    with keeping_torch_threads():  # the parallel variant may start numba's pool
+        grouped = _group_parallel(*args) if blocks > 1 else _group(*args)
     clients, users, entry_user, entry_row, entry_rating, row_client, row_item, pair_row = grouped
     t = torch.from_numpy
     return RoundData(
